@@ -1,0 +1,56 @@
+"""The `c2jax` command: `c2jax <verb> [flags]`.
+
+Each verb lives in its own module, which defines its absl flags at import time and a
+`main(argv) -> int`; only the chosen verb's module is imported, so verbs never clash over
+flag names. Configs are ml-collections files: `--config=configs/<file>.py:<arg>` plus any
+`--config.<key>=<value>` overrides (unknown keys and wrong types are rejected by absl).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from absl import app, flags
+
+VERBS: dict[str, tuple[str, str]] = {
+    "plan": ("c2jax.commands.plan", "count parameters of a config (and later: shardings, memory)"),
+    "pretrain": ("c2jax.commands.train", "continued pretraining / long-context phases"),
+    "sft": ("c2jax.commands.train", "SFT phase on agent traces (chat data, loss mask)"),
+    "smoke": ("c2jax.commands.smoke", "train a model config for a few steps on a synthetic task"),
+    "data": ("c2jax.data.command", "build the code corpus and tokenizer"),
+    "convert": ("c2jax.hf.command", "convert checkpoints between HF safetensors and c2jax"),
+    "sandbox": ("c2jax.env.command", "run a command in a fresh sandbox over a repository"),
+    "agent": ("c2jax.agent.command", "run one model turn's tool calls in a sandbox"),
+}
+
+
+def usage() -> str:
+  lines = ["usage: c2jax <verb> [--flags]", "", "verbs:"]
+  lines += [f"  {verb:<10} {doc}" for verb, (_, doc) in VERBS.items()]
+  lines.append("\n`c2jax <verb> --help` lists a verb's flags.")
+  return "\n".join(lines)
+
+
+def run(argv: list[str] | None = None) -> None:
+  argv = list(sys.argv if argv is None else argv)
+  if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+    print(usage())
+    sys.exit(0 if len(argv) >= 2 else 2)
+  verb = argv[1]
+  if verb not in VERBS:
+    print(f"c2jax: unknown verb {verb!r}.\n\n{usage()}", file=sys.stderr)
+    sys.exit(2)
+  module = importlib.import_module(VERBS[verb][0])
+  if any(arg in ("-h", "--help", "--helpshort") for arg in argv[2:]):
+    # absl's own help lists only the main module's flags, which are not the verb's.
+    print(f"c2jax {verb}: {(module.__doc__ or VERBS[verb][1]).strip()}\n")
+    print(flags.FLAGS.module_help(module.__name__))
+    sys.exit(0)
+  # absl logs INFO by default (e.g. JAX's backend probing); --verbosity=0 brings it back.
+  flags.FLAGS.set_default("verbosity", -1)
+  app.run(module.main, argv=[f"c2jax {verb}"] + argv[2:])
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,12 @@
+"""Meshes and logical-axis rules: the only place that knows how arrays map to devices.
+
+Modules annotate parameters and activations with logical axis names only; a job config's
+`parallel` group says the mesh shape and the logical->mesh rules.
+"""
+
+from c2jax.parallel.mesh import (MESH_AXES, default_parallel_config, make_mesh,
+                                 validate_parallel)
+from c2jax.parallel.rules import DEFAULT_RULES, logical_shardings, rules_of
+
+__all__ = ["DEFAULT_RULES", "MESH_AXES", "default_parallel_config", "logical_shardings",
+           "make_mesh", "rules_of", "validate_parallel"]

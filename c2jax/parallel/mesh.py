@@ -1,0 +1,77 @@
+"""Device meshes from config: named axes whose sizes may be -1 (absorb the remaining devices).
+
+Axes, outermost first: data (pure data parallel), fsdp (data parallel with sharded
+parameters), expert (expert parallel), context (sequence parallel), tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import ml_collections
+import numpy as np
+from jax.experimental import mesh_utils
+
+from c2jax import config as configlib
+
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
+
+
+def default_parallel_config() -> ml_collections.ConfigDict:
+  from c2jax.parallel.rules import DEFAULT_RULES
+
+  c = ml_collections.ConfigDict()
+  c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "expert": 1, "context": 1,
+                                      "tensor": 1})
+  c.rules = DEFAULT_RULES
+  return c
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
+  """Axis sizes with at most one -1 resolved so the product is `num_devices`."""
+  sizes = {axis: int(mesh_cfg[axis]) for axis in MESH_AXES}
+  free = [axis for axis, size in sizes.items() if size == -1]
+  if len(free) > 1:
+    raise configlib.ConfigError(f"parallel.mesh.{free[1]}",
+                                f"only one axis may be -1, got {free}.")
+  for axis, size in sizes.items():
+    if size == 0 or size < -1:
+      raise configlib.ConfigError(f"parallel.mesh.{axis}", f"is {size}; use >= 1 or -1.")
+  fixed = math.prod(size for size in sizes.values() if size != -1)
+  if free:
+    if num_devices % fixed:
+      raise configlib.ConfigError(
+          f"parallel.mesh.{free[0]}",
+          f"cannot absorb {num_devices} devices: the other axes multiply to {fixed}.")
+    sizes[free[0]] = num_devices // fixed
+  elif fixed != num_devices:
+    raise configlib.ConfigError(
+        "parallel.mesh", f"axes {sizes} use {fixed} devices but {num_devices} are present; "
+        "set one axis to -1 or fix the sizes.")
+  return sizes
+
+
+def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = mesh_shape(mesh_cfg, len(devices))
+  shape = tuple(sizes[axis] for axis in MESH_AXES)
+  try:
+    device_array = mesh_utils.create_device_mesh(shape, devices)
+  except (AssertionError, NotImplementedError, ValueError):
+    device_array = np.asarray(devices).reshape(shape)
+  return jax.sharding.Mesh(device_array, MESH_AXES)
+
+
+def validate_parallel(parallel_cfg, num_devices: int | None = None) -> None:
+  configlib.check_keys(parallel_cfg, default_parallel_config(), "parallel.")
+  mesh_shape(parallel_cfg.mesh, jax.device_count() if num_devices is None else num_devices)
+  for i, rule in enumerate(parallel_cfg.rules):
+    if len(rule) != 2 or not isinstance(rule[0], str):
+      raise configlib.ConfigError(f"parallel.rules[{i}]",
+                                  f"is {rule!r}; expected (logical_name, mesh_axes).")
+    targets = rule[1] if isinstance(rule[1], (tuple, list)) else (rule[1],)
+    for target in targets:
+      if target is not None and target not in MESH_AXES:
+        raise configlib.ConfigError(f"parallel.rules[{i}]",
+                                    f"maps to unknown mesh axis {target!r}; use {MESH_AXES}.")

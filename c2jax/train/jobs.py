@@ -1,0 +1,123 @@
+"""Training job configs (pretrain / long-context / SFT): schema, validation, datasets.
+
+A job config has groups: model (c2jax/model/variants), data (c2jax.data.default_config),
+train (loop and optimizer), parallel (mesh + logical rules), sft (chat data for the SFT
+phase), plus `task` ('pretrain' | 'sft') and `init_from` (a previous phase's workdir).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import ml_collections
+
+from c2jax import config as configlib
+from c2jax import data, parallel
+from c2jax.model import config as model_config
+from c2jax.model import variants
+from c2jax.train.optimizer import SCHEDULES
+
+BATCH_KEYS = ("inputs", "targets", "positions", "segment_ids", "loss_mask")
+TASKS = ("pretrain", "sft")
+
+
+def train_defaults() -> ml_collections.ConfigDict:
+  t = ml_collections.ConfigDict()
+  t.seed = 0
+  t.steps = 200
+  t.batch_size = 8
+  t.seq_len = 128
+  t.learning_rate = 3e-3
+  t.warmup_steps = 20
+  t.schedule = "cosine"
+  t.end_lr_fraction = 0.1
+  t.weight_decay = 0.1
+  t.b1 = 0.9
+  t.b2 = 0.95
+  t.clip_norm = 1.0
+  t.log_every = 10
+  t.eval_every = 50
+  t.eval_batches = 8
+  t.checkpoint_every = 50
+  t.keep_checkpoints = 3
+  return t
+
+
+def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.task = "pretrain"
+  c.model = variants.get(variant)
+  c.data = data.default_config()
+  c.data.vocab_size = c.model.vocab_size
+  c.train = train_defaults()
+  c.parallel = parallel.default_parallel_config()
+  c.init_from = ""
+  c.sft = ml_collections.ConfigDict({"train_path": "", "heldout_path": ""})
+  return c
+
+
+def validate(cfg) -> None:
+  reference = job_defaults()
+  for key in cfg.keys():
+    if key not in reference:
+      raise configlib.ConfigError(key, f"is not a job config key ({sorted(reference)}).")
+  configlib.check_choice(cfg, "task", TASKS)
+  model_config.validate(cfg.model)
+  configlib.check_keys(cfg.train, reference.train, "train.")
+  configlib.check_keys(cfg.data, reference.data, "data.")
+  configlib.check_choice(cfg, "train.schedule", SCHEDULES)
+  for key in ("train.steps", "train.batch_size", "train.seq_len", "train.learning_rate",
+              "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
+              "train.eval_batches", "data.vocab_size"):
+    configlib.check_positive(cfg, key)
+  configlib.check_positive(cfg, "train.eval_every", allow_zero=True)
+  configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
+  configlib.check_at_most(cfg, "train.seq_len", "model.max_position")
+  parallel.validate_parallel(cfg.parallel)
+  batch_ways = 1
+  sizes = parallel.mesh.mesh_shape(cfg.parallel.mesh, jax.device_count())
+  for name, axes in parallel.rules_of(cfg.parallel):
+    if name == "batch":
+      for axis in (axes if isinstance(axes, tuple) else (axes,)):
+        batch_ways *= sizes.get(axis, 1) if axis else 1
+      break
+  if cfg.train.batch_size % batch_ways:
+    raise configlib.ConfigError(
+        "train.batch_size", f"= {cfg.train.batch_size} must be divisible by the {batch_ways} "
+        "devices the 'batch' rule shards it over.")
+  if cfg.task == "sft" and not cfg.sft.train_path:
+    raise configlib.ConfigError("sft.train_path", "is empty; give a JSONL of conversations.")
+
+
+@dataclasses.dataclass
+class Datasets:
+  train: object  # a grain IterDataset (checkpointable iterator)
+  evals: dict[str, Callable[[], object]]  # eval name -> fresh finite dataset
+
+
+def datasets(cfg) -> Datasets:
+  t = cfg.train
+  prepared = data.prepare_from_config(cfg.data)
+  tokenizer = prepared.tokenizer()
+  shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+  common = dict(seq_len=t.seq_len, batch_size=t.batch_size // jax.process_count())
+  if cfg.task == "sft":
+    train = data.chat_dataset(cfg.sft.train_path, tokenizer, seed=t.seed, **common, **shard)
+    evals = {}
+    if cfg.sft.heldout_path:
+      evals["eval_loss"] = lambda: data.chat_dataset(
+          cfg.sft.heldout_path, tokenizer, shuffle=False, num_epochs=1, **common, **shard)
+    return Datasets(train, evals)
+  corpus = prepared.corpus()
+  train = data.pretrain_dataset(corpus, "train", tokenizer, seed=t.seed, **common, **shard)
+  evals = {
+      "eval_loss": lambda: data.pretrain_dataset(
+          corpus, "heldout", tokenizer, shuffle=False, num_epochs=1, **common, **shard),
+      # Whole held-out repositories, files in path order: the codebase-perplexity eval.
+      "codebase_loss": lambda: data.pretrain_dataset(
+          corpus, "heldout", tokenizer, shuffle=False, num_epochs=1,
+          granularity="repository", **common, **shard),
+  }
+  return Datasets(train, evals)

@@ -1,0 +1,260 @@
+"""The training loop around the pure `train_step`: data, mesh, checkpoints, metrics, eval.
+
+    summary = loop.train(config, workdir)
+
+It is resumable by construction: rerunning the same command after a kill restores the
+newest readable checkpoint (TrainState + data-iterator state), truncates metrics.jsonl to
+that step and continues the identical loss curve. Metrics are read one step late so the
+host never stalls device dispatch, except at checkpoint steps, where the step's loss is
+checked before anything is saved: a NaN/inf loss stops the run with the last good
+checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from c2jax import data, model, parallel
+from c2jax.train import checkpoint as checkpoint_lib
+from c2jax.train import jobs
+from c2jax.train.metrics import MetricsWriter
+from c2jax.train.optimizer import make_optimizer
+from c2jax.train.step import TrainState, loss_fn, train_step
+
+
+class NonFiniteLossError(RuntimeError):
+  pass
+
+
+@dataclasses.dataclass
+class Runtime:
+  """Everything derived from a config that the loop and eval share."""
+  cfg: object
+  mesh: jax.sharding.Mesh
+  rules: tuple
+  optimizer: optax.GradientTransformation
+  state_shardings: object
+  batch_sharding: jax.sharding.NamedSharding
+
+  def scope(self):
+    return _Scope(self.mesh, self.rules)
+
+
+class _Scope:
+  """Mesh + logical-axis rules active while tracing and running jitted functions."""
+
+  def __init__(self, mesh, rules):
+    self._contexts = [jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh")
+                      else mesh, nn.logical_axis_rules(rules)]
+
+  def __enter__(self):
+    for context in self._contexts:
+      context.__enter__()
+
+  def __exit__(self, *exc):
+    for context in reversed(self._contexts):
+      context.__exit__(*exc)
+
+
+def build_runtime(cfg) -> Runtime:
+  jobs.validate(cfg)
+  mesh = parallel.make_mesh(cfg.parallel.mesh)
+  rules = parallel.rules_of(cfg.parallel)
+  t = cfg.train
+  optimizer, _ = make_optimizer(
+      learning_rate=t.learning_rate, total_steps=t.steps, warmup_steps=t.warmup_steps,
+      schedule=t.schedule, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
+      clip_norm=t.clip_norm, end_lr_fraction=t.end_lr_fraction)
+  param_specs = model.param_axes(cfg.model)
+  abstract_params = jax.eval_shape(lambda: model.init(cfg.model, jax.random.key(0)))
+  abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
+  opt_specs = _optimizer_specs(abstract_opt, param_specs)
+  specs = TrainState(step=jax.sharding.PartitionSpec(), params=param_specs,
+                     opt_state=opt_specs)
+  state_shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+  batch_sharding = nn.logical_to_mesh_sharding(
+      jax.sharding.PartitionSpec("batch", "length"), mesh, rules)
+  return Runtime(cfg, mesh, rules, optimizer, state_shardings, batch_sharding)
+
+
+def _dict_keys(path) -> tuple:
+  return tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+
+
+def _optimizer_specs(abstract_opt, param_specs):
+  """Optimizer-state leaves shaped like a parameter (Adam moments) share its sharding.
+
+  They are found by their key path: an optimizer state nests copies of the parameter tree,
+  so a moment's dict-key path ends with its parameter's path. Scalars (counts) replicate.
+  """
+  by_path = {_dict_keys(path): spec for path, spec in jax.tree_util.tree_leaves_with_path(
+      param_specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))}
+
+  def spec_of(path, leaf):
+    keys = _dict_keys(path)
+    for start in range(len(keys)):
+      spec = by_path.get(keys[start:])
+      if spec is not None and len(spec) == leaf.ndim:
+        return spec
+    return jax.sharding.PartitionSpec()
+  return jax.tree_util.tree_map_with_path(spec_of, abstract_opt)
+
+
+def init_state(rt: Runtime) -> TrainState:
+  def create(rng):
+    params = model.init(rt.cfg.model, rng)
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                      opt_state=rt.optimizer.init(params))
+  with rt.scope():
+    return jax.jit(create, out_shardings=rt.state_shardings)(
+        jax.random.key(rt.cfg.train.seed))
+
+
+def abstract_state(rt: Runtime) -> TrainState:
+  shapes = jax.eval_shape(
+      lambda: TrainState(step=jnp.zeros((), jnp.int32),
+                         params=model.init(rt.cfg.model, jax.random.key(0)),
+                         opt_state=None))
+  shapes = shapes.replace(opt_state=jax.eval_shape(rt.optimizer.init, shapes.params))
+  return checkpoint_lib.abstract_like(shapes, rt.state_shardings)
+
+
+def device_batch(rt: Runtime, batch: dict) -> dict:
+  return {key: jax.make_array_from_process_local_data(rt.batch_sharding, np.asarray(value))
+          for key, value in batch.items() if key in jobs.BATCH_KEYS}
+
+
+def make_train_step(rt: Runtime):
+  step = functools.partial(train_step, rt.cfg.model, rt.optimizer)
+  return jax.jit(step, in_shardings=(rt.state_shardings, rt.batch_sharding),
+                 out_shardings=(rt.state_shardings, None), donate_argnums=0)
+
+
+def make_eval_step(rt: Runtime):
+  def eval_step(params, batch):
+    _, stats = loss_fn(rt.cfg.model, params, batch)
+    return stats["ce_loss"] * stats["tokens"], stats["tokens"]
+  return jax.jit(eval_step, in_shardings=(rt.state_shardings.params, rt.batch_sharding))
+
+
+def evaluate(rt: Runtime, eval_step, params, dataset, max_batches: int) -> float | None:
+  """Mean per-token loss over up to `max_batches` batches of a finite dataset."""
+  total = count = 0.0
+  with rt.scope():
+    for i, batch in enumerate(dataset):
+      if i >= max_batches:
+        break
+      nll, tokens = eval_step(params, device_batch(rt, batch))
+      total, count = total + float(nll), count + float(tokens)
+  return total / count if count else None
+
+
+def initial_params(rt: Runtime, state: TrainState) -> TrainState:
+  """A fresh run of a later phase starts from the previous phase's newest parameters."""
+  source = rt.cfg.init_from
+  if not source:
+    return state
+  directory = pathlib.Path(source).expanduser()
+  if (directory / "checkpoints").is_dir():
+    directory = directory / "checkpoints"
+  previous = checkpoint_lib.Checkpointer(directory, async_save=False)
+  if not previous.steps():
+    raise FileNotFoundError(
+        f"config.init_from = {source!r} has no checkpoints; run the previous phase first "
+        "(see configs/longctx.py and configs/sft.py for the chain).")
+  step = previous.steps()[-1]
+  with rt.scope():
+    params = previous.restore_params(
+        step, checkpoint_lib.abstract_like(state.params, rt.state_shardings.params))
+  previous.close()
+  print(f"init: parameters from {directory} step {step}", flush=True)
+  return state.replace(params=params)
+
+
+def train(cfg, workdir: str | pathlib.Path) -> dict:
+  """Runs (or resumes) a job to `cfg.train.steps`; returns a summary dict."""
+  workdir = pathlib.Path(workdir).expanduser()
+  workdir.mkdir(parents=True, exist_ok=True)
+  rt = build_runtime(cfg)
+  t = cfg.train
+  datasets = jobs.datasets(cfg)
+  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints,
+                                     every=t.checkpoint_every)
+  (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
+  restored = None
+  with rt.scope():
+    restored = ckpt.restore_latest(abstract_state(rt))
+  iterator = iter(datasets.train)
+  if restored is None:
+    start, state = 0, initial_params(rt, init_state(rt))
+  else:
+    start, state, data_state = restored
+    iterator.set_state(data_state)
+    print(f"resume: step {start} from {ckpt.directory}", flush=True)
+  writer = MetricsWriter(workdir, resume_step=start)
+  step_fn, eval_step = make_train_step(rt), make_eval_step(rt)
+  tokens_per_step = t.batch_size * t.seq_len
+  pending, last, begun, eval_rows = None, {}, time.time(), []
+
+  def report(step, metrics):
+    row = writer.write(step, {k: float(v) for k, v in metrics.items()})
+    if not math.isfinite(row["loss"] if isinstance(row["loss"], float) else math.nan):
+      raise NonFiniteLossError(
+          f"loss is {row['loss']} at step {step}; stopping. The last good checkpoint is "
+          f"step {max(ckpt.steps(), default=0)} in {ckpt.directory}. Lower "
+          "config.train.learning_rate or check the data, then rerun.")
+    return row
+
+  try:
+    for step in range(start + 1, t.steps + 1):
+      with rt.scope():
+        state, metrics = step_fn(state, device_batch(rt, next(iterator)))
+      if pending is not None:
+        last = report(*pending)
+      pending = (step, metrics)
+      at_checkpoint = step % t.checkpoint_every == 0 or step == t.steps
+      if at_checkpoint:
+        last, pending = report(*pending), None
+        ckpt.save(step, state, iterator.get_state(), cfg.to_dict(), force=True)
+      if step % t.log_every == 0 or step == t.steps:
+        done = step - start
+        rate = done * tokens_per_step / (time.time() - begun)
+        eta = (t.steps - step) * tokens_per_step / max(rate, 1e-9)
+        shown = last.get("loss", float("nan"))
+        print(f"step {step}/{t.steps}  loss {shown:.4f}  {rate:,.0f} tok/s  "
+              f"ETA {eta:,.0f}s", flush=True)
+      if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
+        if pending is not None:
+          last, pending = report(*pending), None
+        row = run_evals(rt, eval_step, state.params, datasets, step)
+        eval_rows.append(writer.write(step, row))
+        print("eval " + json.dumps(row), flush=True)
+    if pending is not None:
+      last = report(*pending)
+  finally:
+    ckpt.close()
+    writer.close()
+  return {"steps": t.steps, "final_loss": last.get("loss"), "evals": eval_rows,
+          "workdir": str(workdir)}
+
+
+def run_evals(rt: Runtime, eval_step, params, datasets, step: int) -> dict:
+  row = {}
+  for name, make_dataset in datasets.evals.items():
+    value = evaluate(rt, eval_step, params, make_dataset(), rt.cfg.train.eval_batches)
+    if value is not None:
+      row[name] = value
+      if name == "codebase_loss":
+        row["codebase_perplexity"] = math.exp(min(value, 50.0))
+  return row

@@ -1,0 +1,36 @@
+"""Phase 2: long-context extension, initialised from the pretraining phase.
+
+8x the pretraining sequence length, with YaRN RoPE scaling over the pretraining length
+(real scale: 32k -> 256k tokens).
+  c2jax pretrain --config=configs/longctx.py:tiny --workdir=runs/tiny/longctx
+init_from defaults to runs/<variant>/pretrain; override with --config.init_from=DIR.
+"""
+
+import pathlib
+
+from c2jax import config as configlib
+
+TEST_ARGS = ("tiny", "kimi_k25")
+LENGTH_FACTOR = 8
+
+
+def get_config(variant: str = "tiny"):
+  variant = variant or "tiny"
+  c = configlib.load_config_file(pathlib.Path(__file__).with_name("pretrain.py"), variant)
+  short = c.train.seq_len
+  c.train.seq_len = short * LENGTH_FACTOR
+  c.train.batch_size = max(c.train.batch_size // LENGTH_FACTOR, 1)
+  c.train.steps = max(c.train.steps // 4, 1)
+  c.train.learning_rate = c.train.learning_rate / 3
+  c.train.eval_every = max(c.train.steps // 2, 1)
+  c.train.checkpoint_every = max(c.train.steps // 2, 1)
+  if c.model.rope.scaling != "yarn":
+    # Real-scale variants already ship YaRN for 256k; CPU variants get it here.
+    c.model.rope.scaling = "yarn"
+    c.model.rope.factor = float(LENGTH_FACTOR)
+    c.model.rope.original_max_position = short
+    c.model.rope.mscale = 1.0
+    c.model.rope.mscale_all_dim = 1.0 if c.model.attention == "mla" else 0.0
+  c.model.max_position = max(c.model.max_position, c.train.seq_len)
+  c.init_from = f"runs/{variant}/pretrain"
+  return c

@@ -1,0 +1,38 @@
+"""Phase 1 of continued pretraining: short context on the code corpus.
+
+  c2jax pretrain --config=configs/pretrain.py:tiny --workdir=runs/tiny/pretrain
+  c2jax pretrain --config=configs/pretrain.py:small --workdir=runs/small/pretrain
+Real-scale variants (deepseek_v3, kimi_k25, qwen3_moe_30b_a3b) use 32k-token sequences.
+"""
+
+from c2jax.train import jobs
+
+TEST_ARGS = ("tiny", "small", "kimi_k25")
+
+# Per-variant run sizes: CPU sizes build a small corpus from this machine's Python sources.
+RUNS = {
+    "tiny": dict(steps=200, batch_size=8, seq_len=128, learning_rate=3e-3, warmup_steps=20,
+                 eval_every=50, checkpoint_every=50, data_bytes=6 * 2**20),
+    "small": dict(steps=150, batch_size=8, seq_len=256, learning_rate=2e-3, warmup_steps=15,
+                  eval_every=25, checkpoint_every=50, data_bytes=24 * 2**20),
+}
+REAL_SCALE = dict(steps=100_000, batch_size=256, seq_len=32768, learning_rate=2e-4,
+                  warmup_steps=2000, eval_every=1000, checkpoint_every=500,
+                  data_bytes=None)
+
+
+def get_config(variant: str = "tiny"):
+  variant = variant or "tiny"
+  c = jobs.job_defaults(variant)
+  run = dict(RUNS.get(variant, REAL_SCALE))
+  data_bytes = run.pop("data_bytes")
+  for key, value in run.items():
+    c.train[key] = value
+  if data_bytes is not None:
+    c.data.max_total_bytes = data_bytes
+    c.data.tokenizer_train_bytes = min(data_bytes, 4 * 2**20)
+  else:
+    c.train.schedule = "wsd"
+    c.parallel.mesh.expert = 8
+    c.parallel.mesh.context = 2
+  return c

@@ -1,0 +1,32 @@
+"""Pallas kernels, each with a custom VJP, per-backend implementations and a jnp reference.
+
+- grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *, impl=None,
+  preferred_element_type=None) -> [M, N]: the MoE expert matmul (kernels/grouped_matmul);
+  impls: grouped_matmul_impls(), default per platform: default_grouped_matmul_impl().
+- quantize(x, fmt, axis=-1) -> QuantizedArray; dequantize(q, dtype=None); fmt in
+  BLOCK_FORMATS ('mxfp8_e4m3', 'mxfp8_e5m2', 'nvfp4') (kernels/block_scaled/formats.py).
+- block_scaled_matmul(a, b, *, recipe='mxfp8', path=None, preferred_element_type=None)
+  and block_scaled_grouped_matmul(lhs, rhs, group_sizes, *, recipe='mxfp8', impl=None,
+  preferred_element_type=None); recipes in BLOCK_SCALED_RECIPES.
+"""
+
+from kernels.block_scaled import FORMATS as BLOCK_FORMATS
+from kernels.block_scaled import RECIPES as BLOCK_SCALED_RECIPES
+from kernels.block_scaled import QuantizedArray
+from kernels.block_scaled import block_scaled_grouped_matmul
+from kernels.block_scaled import block_scaled_matmul
+from kernels.block_scaled import dequantize
+from kernels.block_scaled import quantize
+from kernels.grouped_matmul import IMPLS as _GROUPED_MATMUL_IMPLS
+from kernels.grouped_matmul import default_impl as default_grouped_matmul_impl
+from kernels.grouped_matmul import grouped_matmul
+
+
+def grouped_matmul_impls():
+  """Names accepted by `grouped_matmul(..., impl=)`."""
+  return tuple(_GROUPED_MATMUL_IMPLS)
+
+
+__all__ = ['BLOCK_FORMATS', 'BLOCK_SCALED_RECIPES', 'QuantizedArray',
+           'block_scaled_grouped_matmul', 'block_scaled_matmul', 'default_grouped_matmul_impl',
+           'dequantize', 'grouped_matmul', 'grouped_matmul_impls', 'quantize']

@@ -1,0 +1,74 @@
+"""Block-scaled grouped matmul: the MoE expert GEMMs under a quantisation recipe.
+
+Legend: M rows (tokens sorted by group), K contraction, N output features, G groups.
+Same requantisation rule as matmul.py, with the grouped primitives of
+kernels/grouped_matmul doing the GEMMs:
+  forward   out  = gmm(lhs, rhs)        lhs along K, rhs[g] along K   (recipe.forward)
+  backward  dlhs = gmm(dout, rhs^T)     dout along N, rhs[g] along N  (recipe.backward)
+            drhs = tgmm(lhs, dout)      lhs along M, dout along M     (recipe.backward)
+Operands are quantised, then dequantised into the input dtype and fed to the chosen
+grouped-matmul impl (float32 accumulation). For MXFP8 the dequantised values are exact in
+bfloat16 (FP8 value times a power of two), so a bf16 grouped GEMM computes exactly the
+block-scaled GEMM; for NVFP4 the float32 per-token scale picks up a bf16 rounding (2^-9
+relative), negligible against E2M1's own 2^-2. Blocks along the token axis (weight gradient) follow row order and may
+straddle two groups; each block still gets a scale covering its own values.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from kernels.block_scaled import formats
+from kernels.block_scaled import matmul
+from kernels.grouped_matmul import api as grouped_api
+
+
+def _fake_quant(x, fmt, axis, dtype):
+  return formats.dequantize(formats.quantize(x, fmt, axis=axis), dtype=dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _grouped(lhs_MxK, rhs_GxKxN, group_sizes_G, recipe, impl, out_dtype):
+  fmt = matmul.get_recipe(recipe).forward
+  dtype = lhs_MxK.dtype
+  kernels = grouped_api.IMPLS[impl]
+  return kernels.gmm(_fake_quant(lhs_MxK, fmt, 1, dtype),
+                     _fake_quant(rhs_GxKxN, fmt, 1, dtype), group_sizes_G,
+                     transpose_rhs=False, out_dtype=out_dtype,
+                     interpret=grouped_api.interpret_on_this_backend(impl))
+
+
+def _fwd(lhs_MxK, rhs_GxKxN, group_sizes_G, recipe, impl, out_dtype):
+  out_MxN = _grouped(lhs_MxK, rhs_GxKxN, group_sizes_G, recipe, impl, out_dtype)
+  return out_MxN, (lhs_MxK, rhs_GxKxN, group_sizes_G)
+
+
+def _bwd(recipe, impl, out_dtype, residuals, dout_MxN):
+  del out_dtype
+  lhs_MxK, rhs_GxKxN, group_sizes_G = residuals
+  fmt = matmul.get_recipe(recipe).backward
+  dtype = lhs_MxK.dtype
+  kernels = grouped_api.IMPLS[impl]
+  interpret = grouped_api.interpret_on_this_backend(impl)
+  dlhs_MxK = kernels.gmm(_fake_quant(dout_MxN, fmt, 1, dtype),
+                         _fake_quant(rhs_GxKxN, fmt, 2, dtype), group_sizes_G,
+                         transpose_rhs=True, out_dtype=lhs_MxK.dtype, interpret=interpret)
+  drhs_GxKxN = kernels.tgmm(_fake_quant(lhs_MxK, fmt, 0, dtype),
+                            _fake_quant(dout_MxN, fmt, 0, dtype), group_sizes_G,
+                            out_dtype=rhs_GxKxN.dtype, interpret=interpret)
+  return dlhs_MxK, drhs_GxKxN, np.zeros(group_sizes_G.shape, dtype=jax.dtypes.float0)
+
+
+_grouped.defvjp(_fwd, _bwd)
+
+
+def block_scaled_grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *, recipe='mxfp8',
+                                impl=None, preferred_element_type=None):
+  """grouped_matmul (same contract and impls) on block-quantised operands."""
+  matmul.get_recipe(recipe)
+  impl = grouped_api.check_args(lhs_MxK, rhs_GxKxN, group_sizes_G, impl)
+  out_dtype = jnp.dtype(preferred_element_type or lhs_MxK.dtype)
+  return _grouped(lhs_MxK, rhs_GxKxN, group_sizes_G.astype(jnp.int32), recipe, impl,
+                  out_dtype)

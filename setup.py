@@ -1,0 +1,35 @@
+"""c2jax: a JAX/Flax reproduction of the Composer 2 training system."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="c2jax",
+    version="0.1.0",
+    description="JAX/Flax reproduction of the Composer 2 coding-agent training system",
+    python_requires=">=3.12",
+    packages=find_packages(include=["c2jax", "c2jax.*", "kernels", "kernels.*"]),
+    install_requires=[
+        "jax>=0.11.2",
+        "jaxlib>=0.11.2",
+        "flax>=0.12",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.11",
+        "grain>=0.2.12",
+        "array-record>=0.8",
+        "ml-collections>=1.1",
+        "absl-py>=2.1",
+        "numpy>=2.0",
+        "safetensors>=0.4",
+        "tokenizers>=0.21",
+        "tensorstore>=0.1.70",
+        "tqdm>=4.66",
+        "docker>=7.1",
+    ],
+    extras_require={
+        # torch and transformers are deliberately absent: HF reference outputs are
+        # committed fixtures (tools/make_hf_fixtures.py) and live comparisons run in a
+        # separate venv where the CPU torch wheel exists.
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100"],
+    },
+    entry_points={"console_scripts": ["c2jax=c2jax.cli:run"]},
+)

@@ -1,0 +1,45 @@
+"""Helpers for running `c2jax pretrain|sft` jobs in subprocesses at tiny size."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# Tiny, fast settings shared by every job test (one small corpus and tokenizer, cached).
+TINY = ["--config.train.seq_len=32", "--config.train.batch_size=8",
+        "--config.train.eval_batches=2", "--config.train.log_every=2",
+        "--config.data.vocab_size=1024", "--config.data.max_total_bytes=1000000",
+        "--config.data.tokenizer_train_bytes=300000"]
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+  return tmp_path_factory.mktemp("data_cache")
+
+
+def job_command(verb, config, workdir, data_cache, *overrides):
+  return [sys.executable, "-m", "c2jax.cli", verb, f"--config={config}",
+          f"--workdir={workdir}", f"--config.data.cache_dir={data_cache}", *TINY, *overrides]
+
+
+def run_job(verb, config, workdir, data_cache, *overrides, devices=1, check=True):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["JAX_PLATFORMS"] = "cpu"
+  result = subprocess.run(job_command(verb, config, workdir, data_cache, *overrides),
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+  if check and result.returncode != 0:
+    raise AssertionError(f"job failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                         f"{result.stderr[-3000:]}")
+  return result
+
+
+def losses(workdir):
+  rows = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text()
+          .splitlines() if line.strip()]
+  return {row["step"]: row["loss"] for row in rows if "loss" in row}

