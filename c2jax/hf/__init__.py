@@ -1,0 +1,23 @@
+"""c2jax.hf: HuggingFace checkpoint interop for DeepseekV3, Kimi-K2/K2.5 (text) and Qwen3-MoE.
+
+    from c2jax import hf, model
+    cfg, params = hf.load("path/to/hf_dir")        # validated config + numpy params
+    logits = model.forward(cfg, params, tokens)     # float32 [B, L, V]
+    hf.save(cfg, params, "out_dir")                 # config.json + shards + index
+
+Streaming (bounded memory, for checkpoints larger than RAM), also as `c2jax convert`:
+    hf.convert_from_hf("hf_dir", "ckpt")            # -> c2jax CKPT (see checkpoint.py)
+    hf.convert_to_hf("ckpt", "hf_dir")
+    cfg, params = hf.load_checkpoint("ckpt")
+
+On disk HF tensors use the legacy per-expert names of real checkpoints. Multi-token
+prediction layers and Kimi-K2.5's vision tower are skipped (c2jax's base model has
+neither); quantized (fp8 / int4) checkpoints must be dequantized first.
+"""
+
+from c2jax.hf.checkpoint import load_checkpoint
+from c2jax.hf.config import HFConfigError, Layout, from_hf, to_hf
+from c2jax.hf.convert import convert_from_hf, convert_to_hf, load, save
+
+__all__ = ["HFConfigError", "Layout", "convert_from_hf", "convert_to_hf", "from_hf",
+           "load", "load_checkpoint", "save", "to_hf"]

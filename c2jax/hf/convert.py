@@ -1,0 +1,199 @@
+"""HF checkpoints <-> c2jax parameters, in memory (`load`/`save`) or streaming to disk.
+
+Both directions walk the table in `names.leaves(cfg)`: an HF tensor is read, transformed
+and written into its slice (`_hf_into`), or a slice is read and written out as an HF
+tensor (`_hf_plan`). At no point is more than one tensor (plus its transformed copy) held
+by the converter, so `convert_from_hf` / `convert_to_hf` handle checkpoints larger than
+RAM; `load` / `save` use the same walk with an in-memory sink / source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+from typing import Protocol
+
+import ml_collections
+import numpy as np
+
+from c2jax.hf import checkpoint
+from c2jax.hf import config as hf_config
+from c2jax.hf import names
+from c2jax.hf import safetensors_io
+
+DEFAULT_SHARD_BYTES = 5 * 2**30  # HF's usual shard size
+
+
+class Sink(Protocol):
+  def create(self, path: names.Path, shape: tuple[int, ...], dtype: np.dtype,
+             slice_rank: int) -> None: ...
+  def write(self, path: names.Path, index: tuple[int, ...], array: np.ndarray) -> None: ...
+
+
+class Source(Protocol):
+  def dtype(self, path: names.Path) -> np.dtype: ...
+  def read(self, path: names.Path, index: tuple[int, ...]) -> np.ndarray: ...
+
+
+class _MemorySink:
+  def __init__(self):
+    self.params: dict = {}
+
+  def create(self, path, shape, dtype, slice_rank):
+    node = self.params
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = np.empty(shape, dtype)
+
+  def write(self, path, index, array):
+    _get(self.params, path)[index] = array
+
+
+class _MemorySource:
+  def __init__(self, params: dict):
+    self.params = params
+
+  def dtype(self, path):
+    return np.dtype(_get(self.params, path).dtype)
+
+  def read(self, path, index):
+    return np.asarray(_get(self.params, path)[index])
+
+
+def _get(tree: dict, path: names.Path):
+  node = tree
+  for key in path:
+    if key not in node:
+      raise KeyError(f"params have no leaf {'/'.join(path)} (at {key!r}); the params do "
+                     "not match the model config.")
+    node = node[key]
+  return node
+
+
+def _paths(tree: dict, prefix: names.Path = ()) -> set[names.Path]:
+  out = set()
+  for key, value in tree.items():
+    out |= _paths(value, prefix + (key,)) if isinstance(value, dict) else {prefix + (key,)}
+  return out
+
+
+def _read_hf_config(hf_dir: pathlib.Path) -> dict:
+  path = hf_dir / "config.json"
+  if not path.exists():
+    raise FileNotFoundError(f"{hf_dir} has no config.json; pass an HF model directory.")
+  return json.loads(path.read_text())
+
+
+def _hf_into(reader: safetensors_io.SafetensorsReader, cfg, layout: hf_config.Layout,
+             sink: Sink) -> list[tuple[str, str]]:
+  """Streams every HF tensor into its leaf slice; returns the (name, reason) skipped."""
+  leaves = names.leaves(cfg, layout.prefix)
+  pieces = {p.hf_name: (leaf, p) for leaf in leaves for p in leaf.pieces}
+  missing = [name for name in pieces if name not in reader.tensors]
+  if missing:
+    raise ValueError(f"{reader.dir}: {len(missing)} tensors the config.json implies are "
+                     f"missing, e.g. {missing[:3]}; is the checkpoint complete?")
+  skipped = []
+  for name, info in reader.tensors.items():  # all checks before anything is written
+    if name not in pieces:
+      reason = names.skipped_reason(name, cfg, layout.prefix)
+      if reason is None:
+        raise ValueError(f"{reader.dir}: {names.unmapped_error(name)}")
+      skipped.append((name, reason))
+      continue
+    leaf, piece = pieces[name]
+    expected = piece.hf_shape(leaf.slice_shape)
+    if info.shape != expected:
+      raise ValueError(f"{reader.dir}: tensor {name!r} has shape {list(info.shape)}, the "
+                       f"config.json implies {list(expected)}.")
+  for leaf in leaves:
+    dtypes = {reader.tensors[p.hf_name].dtype for p in leaf.pieces}
+    if len(dtypes) != 1:
+      raise ValueError(f"{reader.dir}: the tensors of {'/'.join(leaf.path)} mix dtypes "
+                       f"{sorted(map(str, dtypes))}; cast them to one dtype first.")
+    sink.create(leaf.path, leaf.shape, dtypes.pop(), len(leaf.slice_shape))
+  for name in reader.tensors:  # on-disk order: each shard is read front to back
+    if name not in pieces:
+      continue
+    leaf, piece = pieces[name]
+    sink.write(leaf.path, piece.index, piece.to_leaf(reader.read(name), leaf.slice_shape))
+  return skipped
+
+
+def _hf_plan(source: Source, cfg) -> list[safetensors_io.PlannedTensor]:
+  """The HF tensors of cfg's model in canonical order, each produced from its slice."""
+  plan = []
+  for leaf in names.leaves(cfg):
+    dtype = source.dtype(leaf.path)
+    for piece in leaf.pieces:
+      def produce(piece=piece, leaf=leaf):
+        return piece.to_hf(source.read(leaf.path, piece.index))
+      plan.append(safetensors_io.PlannedTensor(
+          piece.hf_name, dtype, piece.hf_shape(leaf.slice_shape), produce))
+  return sorted(plan, key=lambda t: _natural_key(t.name))
+
+
+def _natural_key(name: str) -> list:
+  """model.layers.2 before model.layers.10; experts likewise."""
+  return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in name.split(".")]
+
+
+def load(path: str | os.PathLike) -> tuple[ml_collections.ConfigDict, dict]:
+  """(validated c2jax config, params) of an HF directory; params are numpy arrays."""
+  hf_dir = pathlib.Path(path)
+  cfg, layout = hf_config.from_hf(_read_hf_config(hf_dir))
+  sink = _MemorySink()
+  _hf_into(safetensors_io.SafetensorsReader(hf_dir), cfg, layout, sink)
+  return cfg, sink.params
+
+
+def save(cfg: ml_collections.ConfigDict, params: dict, path: str | os.PathLike, *,
+         max_shard_bytes: int = DEFAULT_SHARD_BYTES, base_config: dict | None = None) -> None:
+  """Writes params as an HF directory: config.json + safetensors shards + index."""
+  extra = sorted("/".join(path) for path in _paths(params)
+                 - {leaf.path for leaf in names.leaves(cfg)})
+  if extra:  # silently dropping trained weights would be worse than failing
+    raise ValueError(f"params hold leaves no HF tensor of this config stores: {extra[:5]}.")
+  _write_hf(_MemorySource(params), cfg, pathlib.Path(path), max_shard_bytes, base_config)
+
+
+def _write_hf(source: Source, cfg, hf_dir: pathlib.Path, max_shard_bytes: int,
+              base_config: dict | None) -> None:
+  config = hf_config.to_hf(cfg, base_config)  # fails before any file is written
+  if any(hf_dir.glob("*.safetensors")):  # mixing shards of two models corrupts both
+    raise FileExistsError(f"{hf_dir} already holds safetensors weights; write to a new "
+                          "directory.")
+  hf_dir.mkdir(parents=True, exist_ok=True)
+  safetensors_io.write_sharded(hf_dir, _hf_plan(source, cfg), max_shard_bytes)
+  (hf_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def convert_from_hf(hf_dir: str | os.PathLike, out_ckpt: str | os.PathLike, *,
+                    reader: safetensors_io.SafetensorsReader | None = None) -> dict:
+  """Streams an HF directory into a CKPT directory; returns a summary dict."""
+  hf_dir = pathlib.Path(hf_dir)
+  hf = _read_hf_config(hf_dir)
+  cfg, layout = hf_config.from_hf(hf)
+  reader = reader or safetensors_io.SafetensorsReader(hf_dir)
+  writer = checkpoint.CheckpointWriter(out_ckpt)
+  skipped = _hf_into(reader, cfg, layout, writer)
+  writer.finalize(cfg, hf, hf_dir)
+  converted = [i for n, i in reader.tensors.items() if n not in dict(skipped)]
+  return {"tensors": len(converted), "bytes": sum(i.nbytes for i in converted),
+          "skipped": len(skipped), "skipped_reasons": sorted({r for _, r in skipped})}
+
+
+def convert_to_hf(ckpt: str | os.PathLike, hf_dir: str | os.PathLike, *,
+                  max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+                  source: Source | None = None) -> dict:
+  """Streams a CKPT directory out as an HF directory; returns a summary dict."""
+  reader = checkpoint.CheckpointReader(ckpt)
+  hf_dir = pathlib.Path(hf_dir)
+  _write_hf(source or reader, reader.cfg, hf_dir, max_shard_bytes, reader.hf_source)
+  if reader.files_dir.is_dir():
+    for item in reader.files_dir.iterdir():
+      shutil.copy2(item, hf_dir / item.name)
+  shards = sorted(hf_dir.glob("*.safetensors"))
+  return {"shards": len(shards), "bytes": sum(p.stat().st_size for p in shards)}
