@@ -1,0 +1,163 @@
+"""Mixture-of-Experts layer (DeepSeek-V3 / Kimi-K2.5 and Qwen3-MoE), the public face.
+
+y = shared(x) + sum_k w_k expert_{i_k}(x), with experts chosen by a router from ROUTERS
+(cfg.moe.router) and run by a dispatch implementation from DISPATCH (cfg.moe_impl).
+Routing lives in moe_routing.py, dispatch in moe_dispatch.py.
+
+Parameters (under the layer's `moe/` scope; the enclosing scan adds a leading 'layers'):
+  router/kernel            [D, E]        ('embed', 'expert')
+  router/correction_bias   [E] float32   ('expert',)  only for routers that use one;
+                           selection-only, stop_gradient in the forward, trained by
+                           `update_correction_bias` outside the optimizer
+  experts/gate_proj        [E, D, Fe]    ('expert', 'embed', 'expert_mlp')
+  experts/up_proj          [E, D, Fe]
+  experts/down_proj        [E, Fe, D]    ('expert', 'expert_mlp', 'embed')
+  shared/{gate,up,down}_proj/kernel      one SwiGLU MLP of width S*Fe (iff S > 0)
+
+Einsum legend: B batch, L length, T = B*L tokens, D hidden, E experts, K experts per
+token, Fe expert width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from c2jax.model import layers
+from c2jax.model import moe_routing
+from c2jax.model.moe_dispatch import DISPATCH, ExpertWeights
+from c2jax.model.moe_routing import ROUTERS
+
+__all__ = ["DISPATCH", "ROUTERS", "ExpertWeights", "MoE", "update_correction_bias"]
+
+_BIAS_NAME = "correction_bias"
+
+
+class Router(nn.Module):
+  """Router parameters and float32 logits (HF computes DeepSeek-V3's in float32)."""
+  cfg: Any
+
+  @nn.compact
+  def __call__(self, x_TxD: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+    cfg = self.cfg
+    num_experts = cfg.moe.num_experts
+    kernel_DxE = layers.logical_param(
+        self, "kernel", nn.initializers.normal(cfg.init_std),
+        (cfg.hidden_size, num_experts), ("embed", "expert"), layers.param_dtype(cfg))
+    logits_TxE = jnp.einsum("td,de->te", x_TxD.astype(jnp.float32),
+                            kernel_DxE.astype(jnp.float32))
+    bias_E = None
+    if ROUTERS[cfg.moe.router].uses_correction_bias:
+      # float32 whatever param_dtype is: the balancing update's steps are tiny.
+      bias_E = jax.lax.stop_gradient(layers.logical_param(
+          self, _BIAS_NAME, nn.initializers.zeros, (num_experts,), ("expert",),
+          jnp.float32))
+    return logits_TxE, bias_E
+
+
+class Experts(nn.Module):
+  """The routed experts' stacked SwiGLU weights, run by the configured dispatch."""
+  cfg: Any
+
+  @nn.compact
+  def __call__(self, x_TxD, weights_TxK, indices_TxK) -> jax.Array:
+    cfg = self.cfg
+    e, d, f = cfg.moe.num_experts, cfg.hidden_size, cfg.moe.intermediate_size
+    dtype = layers.compute_dtype(cfg)
+
+    def weight(name, shape, axes):
+      value = layers.logical_param(self, name, nn.initializers.normal(cfg.init_std), shape,
+                                   axes, layers.param_dtype(cfg))
+      return value.astype(dtype)
+
+    experts = ExpertWeights(
+        gate_ExDxF=weight("gate_proj", (e, d, f), ("expert", "embed", "expert_mlp")),
+        up_ExDxF=weight("up_proj", (e, d, f), ("expert", "embed", "expert_mlp")),
+        down_ExFxD=weight("down_proj", (e, f, d), ("expert", "expert_mlp", "embed")))
+    return DISPATCH[cfg.moe_impl](x_TxD.astype(dtype), weights_TxK, indices_TxK, experts)
+
+
+class MoE(nn.Module):
+  """Routed experts (+ shared experts) with router replay and routing statistics.
+
+  __call__(x_BxLxD, routing_BxLxK=None, valid_BxL=None) -> (y_BxLxD, stats):
+    routing_BxLxK: int32 expert indices in [0, E) to use instead of the router's choice
+      (router replay); gate weights are still gathered from the live scores, so the
+      router kernel gets gradients.
+    valid_BxL: optional bool mask; False tokens (padding) are still computed but left out
+      of expert_loads and aux_loss.
+    stats: {'expert_loads': float32 [E] token copies per expert,
+            'expert_indices': int32 [B, L, K] experts used,
+            'aux_loss': float32 scalar, sequence-wise balance loss * cfg.moe.aux_loss_coef}
+  """
+  cfg: Any
+
+  @nn.compact
+  def __call__(self, x_BxLxD, routing_BxLxK=None, valid_BxL=None):
+    cfg, moe_cfg = self.cfg, self.cfg.moe
+    batch, length, hidden = x_BxLxD.shape
+    top_k = moe_cfg.num_experts_per_tok
+    if routing_BxLxK is not None and routing_BxLxK.shape != (batch, length, top_k):
+      raise ValueError(
+          f"MoE router replay: routing has shape {routing_BxLxK.shape}, expected "
+          f"[batch, length, num_experts_per_tok] = {(batch, length, top_k)}; pass the "
+          "expert indices the engine recorded for this layer.")
+    x_BxLxD = layers.constrain(x_BxLxD, ("batch", "length", "embed"))
+    x_TxD = x_BxLxD.reshape(batch * length, hidden)
+
+    logits_TxE, bias_E = Router(cfg, name="router")(x_TxD)
+    replay_TxK = None if routing_BxLxK is None else routing_BxLxK.reshape(-1, top_k)
+    routing = moe_routing.route(logits_TxE, bias_E, moe_cfg, replay_TxK)
+
+    y_TxD = Experts(cfg, name="experts")(x_TxD, routing.weights_TxK, routing.indices_TxK)
+    y_BxLxD = y_TxD.reshape(batch, length, hidden)
+    if moe_cfg.num_shared_experts > 0:
+      shared = layers.MLP(moe_cfg.num_shared_experts * moe_cfg.intermediate_size, cfg,
+                          name="shared")
+      y_BxLxD = y_BxLxD + shared(x_BxLxD)
+    y_BxLxD = layers.constrain(y_BxLxD, ("batch", "length", "embed"))
+    return y_BxLxD, self._stats(routing, batch, length, valid_BxL)
+
+  def _stats(self, routing, batch, length, valid_BxL) -> dict[str, jax.Array]:
+    moe_cfg = self.cfg.moe
+    indices_BxLxK = routing.indices_TxK.reshape(batch, length, -1)
+    if moe_cfg.aux_loss_coef > 0:
+      scores_BxLxE = routing.scores_TxE.reshape(batch, length, -1)
+      aux_loss = moe_cfg.aux_loss_coef * moe_routing.sequence_balance_loss(
+          scores_BxLxE, indices_BxLxK, valid_BxL)
+    else:  # skip the work entirely when the loss is off (aux-loss-free balancing)
+      aux_loss = jnp.zeros((), jnp.float32)
+    return {
+        "expert_loads": moe_routing.expert_loads(indices_BxLxK, moe_cfg.num_experts,
+                                                 valid_BxL),
+        "expert_indices": indices_BxLxK,
+        "aux_loss": aux_loss,
+    }
+
+
+def update_correction_bias(params, expert_loads, rate: float):
+  """Aux-loss-free balancing: bias += rate * sign(mean_load - load), outside the optimizer.
+
+  Applies to every `correction_bias` leaf of `params` (plain or logically boxed arrays);
+  `expert_loads` must have that leaf's shape, e.g. the model's stacked [Lm, E] loads for
+  the stacked [Lm, E] bias. Over-loaded experts become less likely to be chosen,
+  under-loaded ones more. Returns a new tree; other leaves are passed through unchanged.
+  """
+  loads = jnp.asarray(expert_loads, jnp.float32)
+
+  def update(path, leaf):
+    if not any(getattr(key, "key", None) == _BIAS_NAME for key in path):
+      return leaf
+    if leaf.shape != loads.shape:
+      name = "/".join(str(key.key) for key in path if hasattr(key, "key"))
+      raise ValueError(
+          f"update_correction_bias: {name} has shape {leaf.shape} but expert_loads has "
+          f"shape {loads.shape}; pass the loads of exactly the layers this bias stacks "
+          "(the model's aux['expert_loads']).")
+    step = jnp.sign(loads.mean(axis=-1, keepdims=True) - loads)
+    return (leaf.astype(jnp.float32) + rate * step).astype(leaf.dtype)
+
+  return jax.tree_util.tree_map_with_path(update, params)
