@@ -1,0 +1,39 @@
+"""Resource limits shared by every sandbox backend."""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """What one sandbox may consume.
+
+  timeout_s: default wall-clock limit of one command (a call may pass its own).
+  memory_mb: total memory of all processes of one command.
+  max_processes: processes (and threads) alive at once; stops fork bombs.
+  max_output_bytes: output a command may produce before it is killed; the result keeps
+    the head and the tail of it.
+  max_file_mb: largest file a process may write (RLIMIT_FSIZE).
+  """
+  timeout_s: float = 60.0
+  memory_mb: int = 1024
+  max_processes: int = 128
+  max_output_bytes: int = 4 * 1024 * 1024
+  max_file_mb: int = 256
+
+  def __post_init__(self):
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      if not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(
+            f'Sandbox limit {field.name}={value!r} must be a positive number; '
+            f'pass e.g. {field.name}={field.default}.')
+
+  @classmethod
+  def from_kwargs(cls, **limits) -> 'Limits':
+    """Builds limits from keyword arguments, naming any unknown key."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(limits) - known)
+    if unknown:
+      raise TypeError(
+          f'Unknown sandbox limit(s) {unknown}; known limits are {sorted(known)}.')
+    return cls(**limits)

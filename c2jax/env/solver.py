@@ -1,0 +1,84 @@
+"""Scripted reference solver for procedurally generated tasks; emits SFT traces.
+
+It works only through the tool protocol, like a model would: it writes turns as text,
+the Toolbox parses and runs them, and it reads the observations to decide what to do
+next (where the code lives, whether the exact text to replace is there, whether the
+code now runs). The gold edits in task.metadata['solution'] tell it *what* to change,
+the tools tell it *where*. The transcript is an OpenAI-style message list.
+"""
+
+import json
+import re
+
+from c2jax.agent import protocol
+from c2jax.env import tasks as tasks_lib
+from c2jax.env import tools as tools_lib
+
+SYSTEM_PROMPT = ('You are a coding agent working in a repository at /workspace. Use the '
+                 'tools to inspect and change the code, then call finish.')
+
+
+class SolverError(RuntimeError):
+  """The scripted solver could not follow its plan (a tool result surprised it)."""
+
+
+def _numbered_to_text(observation: str) -> str:
+  """read_file output back to file text (drops the line numbers)."""
+  lines = [line.split('\t', 1)[1] if '\t' in line else ''
+           for line in observation.splitlines() if not line.startswith('[...')]
+  return '\n'.join(lines) + '\n'
+
+
+class _Session:
+  """Sends turns through the toolbox and records the transcript."""
+
+  def __init__(self, toolbox, task):
+    self.toolbox = toolbox
+    self.messages = [{'role': 'system', 'content': SYSTEM_PROMPT},
+                     {'role': 'user', 'content': task.prompt}]
+    self.turns = 0
+
+  def turn(self, content: str, calls: list[tuple[str, dict]]):
+    text = protocol.render_turn(content, calls)
+    turn, observations = self.toolbox.run_turn(text)
+    self.messages += protocol.to_openai_messages(turn, observations, self.turns)
+    self.turns += 1
+    return observations
+
+
+def _symbols(task) -> list[str]:
+  return re.findall(r'\b([a-z]+_[a-z_]+)\b', task.prompt)
+
+
+def solve(task: tasks_lib.Task, toolbox: tools_lib.Toolbox) -> list[dict]:
+  """Fixes `task` in the toolbox's sandbox; returns the transcript."""
+  session = _Session(toolbox, task)
+  solution = task.metadata['solution']
+  symbol = _symbols(task)[0]
+  (found,) = session.turn(f'I will find where {symbol} is defined and used.',
+                          [('grep', {'pattern': re.escape(symbol)})])
+  definition = re.search(rf'^([^:\n]+):\d+: def {symbol}\(', found.output, re.M)
+  if not found.ok or not definition:
+    raise SolverError(f'grep found no definition of {symbol}:\n{found.output}')
+  module = definition.group(1)
+  paths = sorted({path for path, _, _ in solution})
+  reads = session.turn('Let me read the relevant file' + ('s.' if len(paths) > 1 else '.'),
+                       [('read_file', {'path': p}) for p in paths])
+  contents = {p: _numbered_to_text(o.output) for p, o in zip(paths, reads)}
+  edits = []
+  for path, old, new in solution:
+    if contents[path].count(old) != 1:
+      raise SolverError(f'Expected exactly one {old!r} in {path}; read:\n{contents[path]}')
+    edits.append(('edit_file', {'path': path, 'old_string': old, 'new_string': new}))
+  results = session.turn(f'The bug is clear; fixing it with {len(edits)} edit(s).', edits)
+  if not all(r.ok for r in results):
+    raise SolverError(f'An edit failed: {[r.output for r in results if not r.ok]}')
+  import_line = f'from {module[:-3].replace("/", ".")} import {symbol}; print({symbol})'
+  (check,) = session.turn('Checking that the module still imports.',
+                          [('run_shell', {'command': f'python -c {json.dumps(import_line)}'})])
+  if 'exit code: 0' not in check.output:
+    raise SolverError(f'The fixed code does not import:\n{check.output}')
+  session.turn('', [('finish', {'message': f'Fixed {symbol} (edited {", ".join(paths)}).'})])
+  if not toolbox.finished:
+    raise SolverError('finish was not accepted.')
+  return session.messages

@@ -1,0 +1,71 @@
+"""Builds task suites for c2jax environments.
+
+  # Procedural tasks, solved by the scripted solver through the tools; writes
+  # tasks.jsonl and the solver's traces (OpenAI-style message lists) for SFT:
+  python tools/build_tasks.py procgen --out /tmp/suite --count 40 --seed 0
+
+  # Revert-and-restore tasks from a real package's sdist and tests:
+  python tools/build_tasks.py revert_restore --out /tmp/rr --package six==1.16.0
+
+Every procedural task is checked: its hidden tests fail before and pass after the
+solver's edits; a task the solver cannot solve is an error (the generator is broken).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from c2jax.env import procgen, reward, revert_restore, sandbox as sandbox_lib, solver
+from c2jax.env import tasks as tasks_lib
+from c2jax.env import tools as tools_lib
+
+
+def build_procgen(out_dir: str, count: int, seed: int, backend: str = 'bubblewrap'):
+  """Generates, verifies and solves `count` tasks; returns (tasks, traces)."""
+  suite = procgen.generate_suite(os.path.join(out_dir, 'repos'), count, seed)
+  traces = []
+  for task in suite:
+    with sandbox_lib.make_sandbox(backend, task.repo) as box:
+      before = reward.grade(box, task)
+      if before.reward != 0.0:
+        raise RuntimeError(f'{task.id}: hidden tests pass before any fix; the generator '
+                           f'planted no bug.\n{before.output[-1000:]}')
+      messages = solver.solve(task, tools_lib.Toolbox(box))
+      after = reward.grade(box, task)
+      if after.reward != 1.0:
+        raise RuntimeError(f'{task.id}: the scripted solver did not solve it.\n'
+                           f'{after.output[-2000:]}')
+    traces.append({'task_id': task.id, 'reward': after.reward, 'messages': messages})
+  return suite, traces
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument('kind', choices=['procgen', 'revert_restore'])
+  parser.add_argument('--out', required=True, help='Output folder.')
+  parser.add_argument('--count', type=int, default=20, help='procgen: number of tasks.')
+  parser.add_argument('--seed', type=int, default=0)
+  parser.add_argument('--package', default='six==1.16.0',
+                      help='revert_restore: pip requirement of a pure-Python package.')
+  parser.add_argument('--max_tasks', type=int, default=3)
+  parser.add_argument('--backend', default='bubblewrap')
+  args = parser.parse_args(argv)
+  os.makedirs(args.out, exist_ok=True)
+  if args.kind == 'procgen':
+    suite, traces = build_procgen(args.out, args.count, args.seed, args.backend)
+    with open(os.path.join(args.out, 'traces.jsonl'), 'w') as f:
+      for trace in traces:
+        f.write(json.dumps(trace) + '\n')
+  else:
+    suite = revert_restore.build(
+        args.package, args.out, lambda repo: sandbox_lib.make_sandbox(args.backend, repo),
+        max_tasks=args.max_tasks, seed=args.seed)
+  tasks_lib.save_jsonl(suite, os.path.join(args.out, 'tasks.jsonl'))
+  print(f'wrote {len(suite)} {args.kind} tasks to {args.out}/tasks.jsonl')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
