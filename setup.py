@@ -24,6 +24,9 @@ setup(
         "tensorstore>=0.1.70",
         "tqdm>=4.66",
         "docker>=7.1",
+        "PyYAML>=6",
+        "tensorboardX>=2.6",
+        "ml-dtypes>=0.5",
     ],
     extras_require={
         # torch and transformers are deliberately absent: HF reference outputs are

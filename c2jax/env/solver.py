@@ -82,3 +82,28 @@ def solve(task: tasks_lib.Task, toolbox: tools_lib.Toolbox) -> list[dict]:
   if not toolbox.finished:
     raise SolverError('finish was not accepted.')
   return session.messages
+
+
+def solve_suite(suite: list[tasks_lib.Task], backend: str = 'bubblewrap') -> list[dict]:
+  """Solves every task in its own sandbox and returns SFT traces, one dict per task.
+
+  Each task is checked: its hidden tests fail before and pass after the solver's edits;
+  a task the solver cannot solve is an error (the generator is broken).
+  """
+  from c2jax.env import reward
+  from c2jax.env import sandbox as sandbox_lib
+
+  traces = []
+  for task in suite:
+    with sandbox_lib.make_sandbox(backend, task.repo) as box:
+      before = reward.grade(box, task)
+      if before.reward != 0.0:
+        raise SolverError(f'{task.id}: hidden tests pass before any fix; the generator '
+                          f'planted no bug.\n{before.output[-1000:]}')
+      messages = solve(task, tools_lib.Toolbox(box))
+      after = reward.grade(box, task)
+      if after.reward != 1.0:
+        raise SolverError(f'{task.id}: the scripted solver did not solve it.\n'
+                          f'{after.output[-2000:]}')
+    traces.append({'task_id': task.id, 'reward': after.reward, 'messages': messages})
+  return traces

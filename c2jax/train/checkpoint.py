@@ -53,11 +53,24 @@ class Checkpointer:
         logging.warning("checkpoint step %d in %s cannot be restored (%s: %s); "
                         "falling back to the previous checkpoint", step, self.directory,
                         type(err).__name__, str(err).splitlines()[0][:200])
+        kept = self._set_aside(step)
         print(f"checkpoint: step {step} is corrupt or partial ({type(err).__name__}); "
-              "using the previous checkpoint", flush=True)
+              f"moved to {kept.name} and using the previous checkpoint", flush=True)
         continue
       return step, restored["state"], restored["data"]
     return None
+
+  def _set_aside(self, step: int) -> pathlib.Path:
+    """Renames an unreadable step out of orbax's way (kept for inspection, not deleted)."""
+    source = self.directory / str(step)
+    target = self.directory / f"{step}.corrupt"
+    suffix = 0
+    while target.exists():
+      suffix += 1
+      target = self.directory / f"{step}.corrupt{suffix}"
+    source.rename(target)
+    self._manager.reload()
+    return target
 
   def restore_params(self, step: int | None, abstract_params):
     """Only the parameters of a checkpoint (to initialise a later phase)."""

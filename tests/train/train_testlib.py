@@ -6,8 +6,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # Tiny, fast settings shared by every job test (one small corpus and tokenizer, cached).
@@ -15,11 +13,6 @@ TINY = ["--config.train.seq_len=32", "--config.train.batch_size=8",
         "--config.train.eval_batches=2", "--config.train.log_every=2",
         "--config.data.vocab_size=1024", "--config.data.max_total_bytes=1000000",
         "--config.data.tokenizer_train_bytes=300000"]
-
-
-@pytest.fixture(scope="session")
-def data_cache(tmp_path_factory):
-  return tmp_path_factory.mktemp("data_cache")
 
 
 def job_command(verb, config, workdir, data_cache, *overrides):

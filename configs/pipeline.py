@@ -1,0 +1,31 @@
+"""The whole pipeline, end to end: pretrain -> long context -> agent traces -> SFT.
+
+  c2jax pipeline --config=configs/pipeline.py:tiny --workdir=runs/tiny
+Stage workdirs are WORKDIR/<stage>; each stage config is the phase's own config file
+(configs/pretrain.py, longctx.py, sft.py) for the same variant, chained by checkpoint.
+Override a stage's fields with e.g. --config.pretrain.train.steps=50.
+RL and evaluation stages join as they land.
+"""
+
+import pathlib
+
+import ml_collections
+
+from c2jax import config as configlib
+
+TEST_ARGS = ("tiny",)
+HERE = pathlib.Path(__file__).parent
+
+
+def get_config(variant: str = "tiny"):
+  variant = variant or "tiny"
+  c = ml_collections.ConfigDict()
+  c.stages = ("pretrain", "longctx", "traces", "sft")
+  c.pretrain = configlib.load_config_file(HERE / "pretrain.py", variant)
+  c.longctx = configlib.load_config_file(HERE / "longctx.py", variant)
+  c.sft = configlib.load_config_file(HERE / "sft.py", variant)
+  # Procedurally generated repositories solved by the scripted solver through the real
+  # tools: the SFT phase's agent traces; `heldout` of them measure held-out SFT loss.
+  c.traces = ml_collections.ConfigDict(
+      {"count": 48, "heldout": 8, "seed": 0, "backend": "bubblewrap"})
+  return c
