@@ -1,0 +1,58 @@
+"""c2jax.model: the DeepSeek-V3 / Kimi-K2.5 / Qwen3-MoE family as pure Flax Linen.
+
+    params = model.init(cfg, jax.random.key(0))          # plain arrays, no 'params' wrapper
+    logits = model.forward(cfg, params, tokens_BxL)      # float32 [B, L, V]
+    logits, aux, cache = model.apply(cfg, params, tokens_BxL, positions_BxL=...,
+                                     segment_ids_BxL=..., routing=..., cache=...)
+
+`param_axes(cfg)` / `cache_axes(cfg)` give the logical axis names of every parameter /
+cache array (mapped to a mesh by c2jax.parallel); `trainable_mask(params)` marks what the
+optimizer updates (everything but the MoE correction biases).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from c2jax.model.transformer import REMAT_POLICIES, Transformer, cache_axes, init_cache
+
+__all__ = ["REMAT_POLICIES", "Transformer", "apply", "cache_axes", "forward", "init",
+           "init_cache", "param_axes", "trainable_mask"]
+
+_NOT_TRAINED = frozenset({"correction_bias"})
+
+
+def _init_boxed(cfg, rng):
+  tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
+  return Transformer(cfg).init(rng, tokens_1x1)["params"]
+
+
+def init(cfg, rng: jax.Array) -> dict:
+  """Fresh parameters (HF-style normal(init_std) kernels, unit norms, zero biases).
+
+  Works under `jax.eval_shape` for any size, e.g. to count a 1T model's parameters.
+  """
+  return nn.unbox(_init_boxed(cfg, rng))
+
+
+def param_axes(cfg) -> dict:
+  """PartitionSpecs of logical axis names, one per parameter (no allocation)."""
+  return nn.get_partition_spec(jax.eval_shape(lambda: _init_boxed(cfg, jax.random.key(0))))
+
+
+def apply(cfg, params, tokens_BxL, **kwargs):
+  """(logits_BxLxV float32, aux, new_cache); kwargs as Transformer.__call__."""
+  return Transformer(cfg).apply({"params": params}, tokens_BxL, **kwargs)
+
+
+def forward(cfg, params, tokens_BxL, **kwargs) -> jax.Array:
+  """float32 logits [B, L, V] for int32 tokens [B, L]."""
+  return apply(cfg, params, tokens_BxL, **kwargs)[0]
+
+
+def trainable_mask(params) -> dict:
+  """Same tree as params: False for leaves the optimizer must not touch."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: not any(getattr(k, "key", None) in _NOT_TRAINED for k in path), params)

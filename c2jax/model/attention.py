@@ -1,0 +1,205 @@
+"""Self-attention: MLA (DeepSeek-V3 / Kimi) and GQA (Qwen3), causal + document masking.
+
+Both modules take `(x_BxLxD, positions_BxL, segment_ids_BxL, cache)` and return
+`(y_BxLxD, new_cache)`.
+  Training (cache None): token i attends to tokens j <= i of the same document
+  (segment id); RoPE uses the explicit positions.
+  Decoding (cache given): the new tokens are written into cache slot t = position, and
+  attend to every slot t <= their position, so rows of one batch may be at different
+  lengths. Slots above a row's position may hold stale values; they are never read before
+  being overwritten, because a step writes before it attends.
+MLA caches only the compressed latent (normalised c_kv and the rotated shared k_rope) and
+decodes with absorbed weights: q_nope is folded into W_uk, so scores are taken against the
+latent directly, and the latent context is mapped to values through W_uv afterwards.
+
+Shape legend: B batch, L new tokens, T key slots (L in training, cache length when
+decoding), D hidden, H heads, K kv heads, G = H / K query heads per kv head, E head dim,
+N nope dims, R rope dims, V value dims, C kv_lora rank, Q q_lora rank.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from c2jax.model import rope as rope_lib
+from c2jax.model.layers import Linear, RMSNorm, compute_dtype, constrain
+
+Cache = dict[str, jax.Array]
+
+_BLHE = ("batch", "length", "heads", "head_dim")
+
+
+def causal_mask(length: int, segment_ids_BxL: jax.Array | None, batch: int) -> jax.Array:
+  """[B, 1, L, L] bool: key j visible to query i iff j <= i and same document."""
+  idx = jnp.arange(length)
+  mask_BxLxL = jnp.broadcast_to(idx[None, :] <= idx[:, None], (batch, length, length))
+  if segment_ids_BxL is not None:
+    mask_BxLxL = mask_BxLxL & (segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :])
+  return mask_BxLxL[:, None]
+
+
+def cache_mask(positions_BxL: jax.Array, cache_length: int) -> jax.Array:
+  """[B, 1, L, T] bool: slot t visible to a query at position p iff t <= p."""
+  slots = jnp.arange(cache_length)
+  return (slots[None, None, :] <= positions_BxL[:, :, None])[:, None]
+
+
+def write_cache(cache_BxTx_: jax.Array, new_BxLx_: jax.Array,
+                positions_BxL: jax.Array) -> jax.Array:
+  """Writes each row's new entries at slots = their positions (beyond T: dropped)."""
+  rows_Bx1 = jnp.arange(cache_BxTx_.shape[0])[:, None]
+  return cache_BxTx_.at[rows_Bx1, positions_BxL].set(
+      new_BxLx_.astype(cache_BxTx_.dtype), mode="drop")
+
+
+def masked_softmax(scores: jax.Array, mask: jax.Array, dtype) -> jax.Array:
+  """Softmax over the last axis in float32 with masked entries excluded."""
+  scores = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(scores, axis=-1).astype(dtype)
+
+
+def _mask(positions_BxL, segment_ids_BxL, cache_length: int | None):
+  batch, length = positions_BxL.shape
+  if cache_length is None:
+    return causal_mask(length, segment_ids_BxL, batch)
+  if segment_ids_BxL is not None:
+    raise ValueError(
+        "segment_ids are for packed training sequences; with a KV cache each batch row is "
+        "one sequence. Pass segment_ids=None and per-row positions instead.")
+  return cache_mask(positions_BxL, cache_length)
+
+
+def _einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+  return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+class MLA(nn.Module):
+  """Multi-head latent attention, parameters in HF DeepseekV3 order (see model contract)."""
+  cfg: object
+
+  @nn.compact
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL=None,
+               cache: Cache | None = None):
+    cfg = self.cfg
+    dtype = compute_dtype(cfg)
+    d, h = cfg.hidden_size, cfg.num_heads
+    n, r, v, c = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    rope = rope_lib.Rope(cfg.rope, r)
+    scale = rope_lib.mla_softmax_scale(cfg)
+
+    if cfg.q_lora_rank is None:
+      q_BxLxHxE = Linear((d,), (h, n + r), ("embed", "heads", "head_dim"), cfg,
+                         name="q_proj")(x_BxLxD)
+    else:
+      q_lora = cfg.q_lora_rank
+      q_BxLxQ = Linear((d,), (q_lora,), ("embed", "q_lora"), cfg, name="q_a_proj")(x_BxLxD)
+      q_BxLxQ = RMSNorm(q_lora, "q_lora", cfg, name="q_a_norm")(q_BxLxQ)
+      q_BxLxQ = constrain(q_BxLxQ, ("batch", "length", "q_lora"))
+      q_BxLxHxE = Linear((q_lora,), (h, n + r), ("q_lora", "heads", "head_dim"), cfg,
+                         name="q_b_proj")(q_BxLxQ)
+    q_BxLxHxE = constrain(q_BxLxHxE, _BLHE)
+    q_nope_BxLxHxN = q_BxLxHxE[..., :n]
+    q_rope_BxLxHxR = rope(q_BxLxHxE[..., n:], positions_BxL)
+
+    kv_BxLx_ = Linear((d,), (c + r,), ("embed", "kv_lora"), cfg, name="kv_a_proj")(x_BxLxD)
+    c_kv_BxLxC = RMSNorm(c, "kv_lora", cfg, name="kv_a_norm")(kv_BxLx_[..., :c])
+    c_kv_BxLxC = constrain(c_kv_BxLxC, ("batch", "length", "kv_lora"))
+    k_rope_BxLxR = rope(kv_BxLx_[..., None, c:], positions_BxL)[:, :, 0]
+    kv_b = Linear((c,), (h, n + v), ("kv_lora", "heads", "head_dim"), cfg, name="kv_b_proj")
+    o_proj = Linear((h, v), (d,), ("heads", "head_dim", "embed"), cfg, name="o_proj")
+
+    if cache is None:
+      kv_BxTxHx_ = constrain(kv_b(c_kv_BxLxC), _BLHE)
+      k_nope_BxTxHxN, v_BxTxHxV = kv_BxTxHx_[..., :n], kv_BxTxHx_[..., n:]
+      scores_BxHxLxT = (_einsum("blhn,bthn->bhlt", q_nope_BxLxHxN, k_nope_BxTxHxN)
+                        + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxLxR)) * scale
+      probs_BxHxLxT = masked_softmax(scores_BxHxLxT, _mask(positions_BxL, segment_ids_BxL,
+                                                           None), dtype)
+      out_BxLxHxV = jnp.einsum("bhlt,bthv->blhv", probs_BxHxLxT, v_BxTxHxV)
+      new_cache = None
+    else:
+      new_cache = {"c_kv": write_cache(cache["c_kv"], c_kv_BxLxC, positions_BxL),
+                   "k_rope": write_cache(cache["k_rope"], k_rope_BxLxR, positions_BxL)}
+      c_BxTxC = constrain(new_cache["c_kv"].astype(dtype), ("batch", "cache_length", "kv_lora"))
+      k_rope_BxTxR = new_cache["k_rope"].astype(dtype)
+      w_CxHxN_V = kv_b.kernel.astype(dtype)
+      w_uk_CxHxN, w_uv_CxHxV = w_CxHxN_V[..., :n], w_CxHxN_V[..., n:]
+      q_absorbed_BxLxHxC = jnp.einsum("blhn,chn->blhc", q_nope_BxLxHxN, w_uk_CxHxN)
+      scores_BxHxLxT = (_einsum("blhc,btc->bhlt", q_absorbed_BxLxHxC, c_BxTxC)
+                        + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
+      probs_BxHxLxT = masked_softmax(
+          scores_BxHxLxT, _mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1]), dtype)
+      context_BxLxHxC = jnp.einsum("bhlt,btc->blhc", probs_BxHxLxT, c_BxTxC)
+      out_BxLxHxV = jnp.einsum("blhc,chv->blhv", context_BxLxHxC, w_uv_CxHxV)
+
+    out_BxLxHxV = constrain(out_BxLxHxV.astype(dtype), _BLHE)
+    return constrain(o_proj(out_BxLxHxV), ("batch", "length", "embed")), new_cache
+
+
+class GQA(nn.Module):
+  """Grouped-query attention with optional per-head q/k RMSNorm (Qwen3)."""
+  cfg: object
+
+  @nn.compact
+  def __call__(self, x_BxLxD, positions_BxL, segment_ids_BxL=None,
+               cache: Cache | None = None):
+    cfg = self.cfg
+    dtype = compute_dtype(cfg)
+    d, h, k, e = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g = h // k
+    rope = rope_lib.Rope(cfg.rope, e)
+
+    q_BxLxHxE = Linear((d,), (h, e), ("embed", "heads", "head_dim"), cfg, name="q_proj")(x_BxLxD)
+    k_BxLxKxE = Linear((d,), (k, e), ("embed", "kv_heads", "head_dim"), cfg,
+                       name="k_proj")(x_BxLxD)
+    v_BxLxKxE = Linear((d,), (k, e), ("embed", "kv_heads", "head_dim"), cfg,
+                       name="v_proj")(x_BxLxD)
+    if cfg.qk_norm:
+      q_BxLxHxE = RMSNorm(e, "head_dim", cfg, name="q_norm")(q_BxLxHxE)
+      k_BxLxKxE = RMSNorm(e, "head_dim", cfg, name="k_norm")(k_BxLxKxE)
+    q_BxLxHxE = constrain(rope(q_BxLxHxE, positions_BxL), _BLHE)
+    k_BxLxKxE = constrain(rope(k_BxLxKxE, positions_BxL), ("batch", "length", "kv_heads",
+                                                            "head_dim"))
+    v_BxLxKxE = constrain(v_BxLxKxE, ("batch", "length", "kv_heads", "head_dim"))
+
+    if cache is None:
+      keys_BxTxKxE, values_BxTxKxE, new_cache, cache_length = k_BxLxKxE, v_BxLxKxE, None, None
+    else:
+      new_cache = {"k": write_cache(cache["k"], k_BxLxKxE, positions_BxL),
+                   "v": write_cache(cache["v"], v_BxLxKxE, positions_BxL)}
+      keys_BxTxKxE = new_cache["k"].astype(dtype)
+      values_BxTxKxE = new_cache["v"].astype(dtype)
+      cache_length = keys_BxTxKxE.shape[1]
+    # Query head j*G + i reads kv head j (HF repeat_kv order), without materialising
+    # repeated keys.
+    q_BxLxKxGxE = q_BxLxHxE.reshape(*q_BxLxHxE.shape[:2], k, g, e)
+    scores_BxKxGxLxT = _einsum("blkge,btke->bkglt", q_BxLxKxGxE, keys_BxTxKxE) * e ** -0.5
+    mask_Bx1x1xLxT = _mask(positions_BxL, segment_ids_BxL, cache_length)[:, None]
+    probs_BxKxGxLxT = masked_softmax(scores_BxKxGxLxT, mask_Bx1x1xLxT, dtype)
+    out_BxLxKxGxE = jnp.einsum("bkglt,btke->blkge", probs_BxKxGxLxT, values_BxTxKxE)
+    out_BxLxHxE = constrain(out_BxLxKxGxE.reshape(q_BxLxHxE.shape).astype(dtype), _BLHE)
+    o_proj = Linear((h, e), (d,), ("heads", "head_dim", "embed"), cfg, name="o_proj")
+    return constrain(o_proj(out_BxLxHxE), ("batch", "length", "embed")), new_cache
+
+
+ATTENTION = {"mla": MLA, "gqa": GQA}
+
+
+def init_layer_cache(cfg, num_layers: int, batch: int, max_length: int, dtype) -> Cache:
+  """Zeroed stacked cache for `num_layers` layers of this attention type."""
+  if cfg.attention == "mla":
+    shapes = {"c_kv": (cfg.kv_lora_rank,), "k_rope": (cfg.qk_rope_head_dim,)}
+  else:
+    shapes = {"k": (cfg.num_kv_heads, cfg.head_dim), "v": (cfg.num_kv_heads, cfg.head_dim)}
+  return {name: jnp.zeros((num_layers, batch, max_length, *tail), dtype)
+          for name, tail in shapes.items()}
+
+
+def layer_cache_axes(cfg) -> dict[str, tuple[str, ...]]:
+  """Logical axis names of each stacked cache array (for sharding the decode state)."""
+  prefix = ("layers", "batch", "cache_length")
+  if cfg.attention == "mla":
+    return {"c_kv": (*prefix, "kv_lora"), "k_rope": (*prefix, "head_dim")}
+  return {"k": (*prefix, "kv_heads", "head_dim"), "v": (*prefix, "kv_heads", "head_dim")}

@@ -1,0 +1,153 @@
+"""The decoder-only transformer: embedding, two scanned layer stacks, final norm, LM head.
+
+The first `first_k_dense` layers use a dense SwiGLU MLP, the rest an MoE layer (HF
+`first_k_dense_replace`); each kind is one `nn.scan` over a stacked [layers, ...] copy of
+its block, so compile time does not grow with depth. Per-layer inputs (router-replay
+indices, KV caches) are scan xs; per-layer outputs (routing stats, updated caches) come
+out stacked. Each block is optionally rematerialised with a policy from REMAT_POLICIES.
+
+Shape legend: B batch, L length, D hidden, V vocab, Ld / Lm dense / MoE layer counts,
+K experts per token, E experts, T cache length.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from c2jax.model import attention as attention_lib
+from c2jax.model.layers import MLP, Embed, Linear, RMSNorm, constrain
+from c2jax.model.moe import MoE
+
+# name -> jax checkpoint policy; None means no rematerialisation at all.
+REMAT_POLICIES = {
+    "none": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.checkpoint_dots,
+    "save_dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+_STACKS = ("dense_layers", "moe_layers")
+
+
+class DecoderBlock(nn.Module):
+  """Pre-norm block: x + attn(norm(x)), then + mlp(norm(x)) (dense MLP or MoE)."""
+  cfg: object
+  use_moe: bool
+
+  @nn.compact
+  def __call__(self, x_BxLxD, xs, positions_BxL, segment_ids_BxL):
+    routing_BxLxK, cache = xs
+    cfg = self.cfg
+    attention = attention_lib.ATTENTION[cfg.attention](cfg, name="attn")
+    h_BxLxD = RMSNorm(cfg.hidden_size, "embed", cfg, name="attn_norm")(x_BxLxD)
+    attn_BxLxD, new_cache = attention(h_BxLxD, positions_BxL, segment_ids_BxL, cache)
+    x_BxLxD = constrain(x_BxLxD + attn_BxLxD, ("batch", "length", "embed"))
+
+    h_BxLxD = RMSNorm(cfg.hidden_size, "embed", cfg, name="mlp_norm")(x_BxLxD)
+    if self.use_moe:
+      # Padding (segment id 0) is computed but kept out of the routing statistics.
+      valid_BxL = None if segment_ids_BxL is None else segment_ids_BxL != 0
+      mlp_BxLxD, stats = MoE(cfg, name="moe")(h_BxLxD, routing_BxLxK, valid_BxL)
+    else:
+      mlp_BxLxD, stats = MLP(cfg.intermediate_size, cfg, name="mlp")(h_BxLxD), None
+    x_BxLxD = constrain(x_BxLxD + mlp_BxLxD, ("batch", "length", "embed"))
+    return x_BxLxD, (stats, new_cache)
+
+
+def _stack(cfg, use_moe: bool, num_layers: int, name: str) -> nn.Module:
+  block = DecoderBlock
+  policy_name = cfg.remat
+  if policy_name not in REMAT_POLICIES:
+    raise ValueError(f"config.remat = {policy_name!r}; choose one of {sorted(REMAT_POLICIES)}.")
+  if REMAT_POLICIES[policy_name] is not None:
+    # prevent_cse=False is safe (and faster) inside scan, per jax.checkpoint docs.
+    block = nn.remat(block, policy=REMAT_POLICIES[policy_name], prevent_cse=False)
+  scanned = nn.scan(
+      block,
+      variable_axes={"params": 0},
+      split_rngs={"params": True},
+      in_axes=(0, nn.broadcast, nn.broadcast),
+      length=num_layers,
+      unroll=cfg.scan_unroll,
+      metadata_params={nn.PARTITION_NAME: "layers"},
+  )
+  return scanned(cfg, use_moe, name=name)
+
+
+class Transformer(nn.Module):
+  """See the model contract: returns (logits_BxLxV float32, aux, new_cache)."""
+  cfg: object
+
+  @nn.compact
+  def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, routing=None,
+               cache=None):
+    cfg = self.cfg
+    batch, length = tokens_BxL.shape
+    num_dense = cfg.first_k_dense
+    num_moe = cfg.num_layers - num_dense
+    top_k = cfg.moe.num_experts_per_tok
+    if positions_BxL is None:
+      if cache is not None:
+        raise ValueError("Decoding with a cache needs explicit positions_BxL (the cache slot "
+                         "of each new token); pass e.g. the current length of each row.")
+      positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    if routing is not None and routing.shape != (num_moe, batch, length, top_k):
+      raise ValueError(
+          f"routing has shape {routing.shape}; router replay needs int32 [MoE layers, batch, "
+          f"length, num_experts_per_tok] = {(num_moe, batch, length, top_k)}.")
+    stacks = {name for name, count in zip(_STACKS, (num_dense, num_moe)) if count}
+    if cache is not None and set(cache) != stacks:
+      raise ValueError(f"cache has stacks {sorted(cache)}; build it with "
+                       "c2jax.model.init_cache(cfg, batch, max_length) for this config.")
+
+    x_BxLxD = Embed(cfg, name="embed")(tokens_BxL)
+    new_cache = None if cache is None else {}
+    stats = None
+    for name, use_moe, count in (("dense_layers", False, num_dense),
+                                 ("moe_layers", True, num_moe)):
+      if count == 0:
+        continue
+      xs = (routing if use_moe else None, None if cache is None else cache[name])
+      x_BxLxD, (layer_stats, layer_cache) = _stack(cfg, use_moe, count, name)(
+          x_BxLxD, xs, positions_BxL, segment_ids_BxL)
+      if use_moe:
+        stats = layer_stats
+      if cache is not None:
+        new_cache[name] = layer_cache
+
+    x_BxLxD = RMSNorm(cfg.hidden_size, "embed", cfg, name="final_norm")(x_BxLxD)
+    logits_BxLxV = Linear((cfg.hidden_size,), (cfg.vocab_size,), ("embed", "vocab"), cfg,
+                          out_dtype="float32", name="lm_head")(x_BxLxD)
+    logits_BxLxV = constrain(logits_BxLxV, ("batch", "length", "vocab"))
+    return logits_BxLxV, _aux(cfg, stats, batch, length), new_cache
+
+
+def _aux(cfg, stats, batch: int, length: int) -> dict[str, jax.Array]:
+  """Stacked per-MoE-layer stats; empty [0, ...] arrays when the model has no MoE layers."""
+  if stats is None:
+    return {"expert_loads": jnp.zeros((0, cfg.moe.num_experts), jnp.float32),
+            "expert_indices": jnp.zeros((0, batch, length, cfg.moe.num_experts_per_tok),
+                                        jnp.int32),
+            "aux_loss": jnp.zeros((), jnp.float32)}
+  return {"expert_loads": stats["expert_loads"].astype(jnp.float32),
+          "expert_indices": stats["expert_indices"].astype(jnp.int32),
+          "aux_loss": jnp.sum(stats["aux_loss"]).astype(jnp.float32)}
+
+
+def init_cache(cfg, batch: int, max_length: int, dtype=None) -> dict:
+  """Zeroed decode cache: {'dense_layers'|'moe_layers': per-stack stacked layer caches}."""
+  dtype = jnp.dtype(cfg.dtype if dtype is None else dtype)
+  counts = {"dense_layers": cfg.first_k_dense,
+            "moe_layers": cfg.num_layers - cfg.first_k_dense}
+  return {name: attention_lib.init_layer_cache(cfg, count, batch, max_length, dtype)
+          for name, count in counts.items() if count}
+
+
+def cache_axes(cfg) -> dict:
+  """Logical axis names for every array of `init_cache(cfg, ...)` (same tree)."""
+  counts = {"dense_layers": cfg.first_k_dense,
+            "moe_layers": cfg.num_layers - cfg.first_k_dense}
+  return {name: attention_lib.layer_cache_axes(cfg) for name, count in counts.items()
+          if count}

@@ -1,0 +1,134 @@
+"""Attention modules: masking, GQA head grouping, MLA absorbed == expanded, cache writes."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from c2jax.model import attention, init_cache
+from c2jax.model import rope as rope_lib
+from tests.model.conftest import ATTENTION_CASES, draw_params, tiny_cfg
+
+B, L = 2, 12
+
+
+def _build(name):
+  """(cfg, params, jitted apply) for one attention layer."""
+  cfg = tiny_cfg(**ATTENTION_CASES[name])
+  module = attention.ATTENTION[cfg.attention](cfg)
+  x = jnp.zeros((B, L, cfg.hidden_size))
+  positions = jnp.broadcast_to(jnp.arange(L), (B, L))
+  shapes = jax.eval_shape(lambda: nn.unbox(module.init(jax.random.key(0), x, positions)))
+  params = draw_params(shapes["params"], cfg.init_std)
+  run = jax.jit(lambda p, x, pos, seg=None, cache=None: module.apply(
+      {"params": p}, x, pos, seg, cache))
+  return cfg, params, run
+
+
+@pytest.fixture(scope="module")
+def layers_by_name():
+  return {name: _build(name) for name in sorted(ATTENTION_CASES)}
+
+
+@pytest.fixture(params=sorted(ATTENTION_CASES))
+def layer(request, layers_by_name):
+  return layers_by_name[request.param]
+
+
+def _inputs(cfg, seed=1, length=L):
+  x = jax.random.normal(jax.random.key(seed), (B, length, cfg.hidden_size))
+  return x, jnp.broadcast_to(jnp.arange(length), (B, length))
+
+
+def test_causal_future_tokens_do_not_change_the_past(layer):
+  cfg, params, run = layer
+  x, positions = _inputs(cfg)
+  y, _ = run(params, x, positions)
+  x_changed = x.at[:, 7:].set(jax.random.normal(jax.random.key(9), x[:, 7:].shape))
+  y_changed, _ = run(params, x_changed, positions)
+  np.testing.assert_allclose(y[:, :7], y_changed[:, :7], atol=1e-6)
+  assert not np.allclose(y[:, 7:], y_changed[:, 7:], atol=1e-3)
+
+
+def test_segments_attend_only_within_their_document(layer):
+  cfg, params, run = layer
+  x, _ = _inputs(cfg)
+  split = L // 2  # two documents of equal length (one compile for both), positions restart
+  segments = jnp.broadcast_to(jnp.array([1] * split + [2] * (L - split)), (B, L))
+  positions = jnp.broadcast_to(jnp.concatenate([jnp.arange(split), jnp.arange(L - split)]),
+                               (B, L))
+  packed, _ = run(params, x, positions, segments)
+  alone = jax.jit(lambda p, x, pos: run(p, x, pos)[0])
+  first = alone(params, x[:, :split], positions[:, :split])
+  second = alone(params, x[:, split:], positions[:, split:])
+  np.testing.assert_allclose(packed[:, :split], first, atol=1e-5)
+  np.testing.assert_allclose(packed[:, split:], second, atol=1e-5)
+
+
+def test_gqa_matches_repeated_kv_reference(layers_by_name):
+  """Query head h reads kv head h // (H / K), as HF's repeat_kv."""
+  cfg, params, run = layers_by_name["gqa"]
+  h, k, e = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  x, positions = _inputs(cfg)
+  y, _ = run(params, x, positions)
+
+  @jax.jit
+  def reference(params, x):
+    norm = lambda v, s: v / jnp.sqrt(jnp.mean(v * v, -1, keepdims=True) + cfg.rms_norm_eps) * s
+    q = norm(jnp.einsum("bld,dhe->blhe", x, params["q_proj"]["kernel"]),
+             params["q_norm"]["scale"])
+    kk = norm(jnp.einsum("bld,dke->blke", x, params["k_proj"]["kernel"]),
+              params["k_norm"]["scale"])
+    v = jnp.einsum("bld,dke->blke", x, params["v_proj"]["kernel"])
+    r = rope_lib.Rope(cfg.rope, e)
+    q, kk = r(q, positions), r(kk, positions)
+    kk, v = jnp.repeat(kk, h // k, axis=2), jnp.repeat(v, h // k, axis=2)
+    scores = jnp.einsum("blhe,bthe->bhlt", q, kk) / np.sqrt(e)
+    scores = jnp.where(jnp.tril(jnp.ones((L, L), bool)), scores, -jnp.inf)
+    out = jnp.einsum("bhlt,bthe->blhe", jax.nn.softmax(scores, -1), v)
+    return jnp.einsum("blhe,hed->bld", out, params["o_proj"]["kernel"])
+
+  np.testing.assert_allclose(y, reference(params, x), atol=1e-5)
+
+
+def test_prefill_through_cache_matches_training_path(layer):
+  """With a cache, MLA runs the absorbed-weight formulation over the latent cache."""
+  cfg, params, run = layer
+  x, positions = _inputs(cfg)
+  expected, no_cache = run(params, x, positions)
+  assert no_cache is None
+  stacked = init_cache(cfg, B, 16)["dense_layers"]
+  cache = jax.tree.map(lambda c: c[0], stacked)
+  y, new_cache = run(params, x, positions, None, cache)
+  np.testing.assert_allclose(y, expected, atol=1e-5)
+  assert jax.tree.map(jnp.shape, new_cache) == jax.tree.map(jnp.shape, cache)
+  filled = jax.tree.leaves(new_cache)[0]
+  assert np.abs(np.asarray(filled[:, :L])).sum() > 0
+  assert np.all(np.asarray(filled[:, L:]) == 0)  # slots past the prompt stay untouched
+
+
+def test_mla_cache_holds_only_the_latent():
+  cfg = tiny_cfg(**ATTENTION_CASES["mla"])
+  cache = init_cache(cfg, batch=3, max_length=20)
+  assert jax.tree.map(jnp.shape, cache) == {
+      "dense_layers": {"c_kv": (1, 3, 20, cfg.kv_lora_rank),
+                       "k_rope": (1, 3, 20, cfg.qk_rope_head_dim)},
+      "moe_layers": {"c_kv": (2, 3, 20, cfg.kv_lora_rank),
+                     "k_rope": (2, 3, 20, cfg.qk_rope_head_dim)}}
+
+
+def test_write_cache_places_rows_at_their_positions_and_drops_overflow():
+  cache = jnp.zeros((2, 4, 1))
+  new = jnp.array([[[1.0], [2.0]], [[3.0], [4.0]]])
+  positions = jnp.array([[0, 1], [3, 4]])  # row 1's second entry is past the end
+  out = attention.write_cache(cache, new, positions)
+  np.testing.assert_array_equal(out[..., 0], [[1, 2, 0, 0], [0, 0, 0, 3]])
+
+
+def test_segment_ids_with_cache_is_an_error(layer):
+  cfg, params, run = layer
+  x, positions = _inputs(cfg)
+  cache = jax.tree.map(lambda c: c[0], init_cache(cfg, B, 16)["dense_layers"])
+  with pytest.raises(ValueError, match="segment_ids"):
+    run(params, x, positions, jnp.ones((B, L), jnp.int32), cache)
