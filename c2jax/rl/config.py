@@ -1,0 +1,74 @@
+"""Defaults and validation of the RL section of a config (`config.rl`).
+
+configs/rl.py builds on `default_config()`; `validate` checks every name against the
+registries it selects from (a new reward term also needs its default entry here, since
+the defaults are the schema of known keys).
+The report publishes no values for the length penalty or behaviour terms; the defaults
+below are chosen so a typical rollout (a few thousand tokens, ~10 tool calls) loses a
+few hundredths of reward to length, well below one solved task.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from c2jax import config as configlib
+from c2jax.rl import advantages, kl, losses
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.group_size = 8
+  c.advantage = "dr_grpo"
+  c.std_eps = 1e-6  # only `grpo` divides by the std
+
+  c.loss = ml_collections.ConfigDict(dict(
+      policy_loss="tis",
+      tis_cap=2.0,
+      clip_low=0.2,
+      clip_high=0.28,
+      aggregation="constant",
+      normalizer_tokens=4096.0,  # Dr. GRPO's constant: about the generation budget
+  ))
+  c.kl = ml_collections.ConfigDict(dict(estimator="k1", placement="reward", coef=1e-3))
+
+  c.reward = ml_collections.ConfigDict(dict(
+      correctness=dict(scale=1.0, partial_credit=False),
+      length_penalty=dict(
+          scale=1e-5, k=1e-3, q=0.5,
+          weights=dict(thinking_tokens=1.0, tool_call_tokens=1.0, tool_output_tokens=0.25,
+                       final_message_tokens=1.0, tool_calls=20.0, turns=20.0)),
+      tool_call_errors=dict(scale=0.02),
+      unfinished_todos=dict(scale=0.05),
+      shell_only=dict(scale=0.1, shell_tool="run_shell", ignore_tools=("finish",)),
+  ))
+
+  c.router_replay = ml_collections.ConfigDict(dict(filter=True, factor=0.5))
+  c.queue = ml_collections.ConfigDict(dict(capacity=16, max_lag=2, poll_s=0.02))
+  c.packing = ml_collections.ConfigDict(dict(attention_cost=1.0 / 4096))
+  c.curriculum = ml_collections.ConfigDict(dict(
+      strength=0.0, turns_weight=1.0, thinking_weight=1.0))
+  return c
+
+
+def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
+  """Raises configlib.ConfigError naming the first bad key under `prefix`."""
+  configlib.check_keys(cfg, default_config(), prefix + ".")
+  key = lambda name: f"{prefix}.{name}"
+  wrapper = ml_collections.ConfigDict({prefix: cfg})
+  configlib.check_choice(wrapper, key("advantage"), advantages.ADVANTAGE_ESTIMATORS)
+  configlib.check_choice(wrapper, key("loss.policy_loss"), losses.POLICY_LOSSES)
+  configlib.check_choice(wrapper, key("loss.aggregation"), losses.AGGREGATIONS)
+  configlib.check_choice(wrapper, key("kl.estimator"), kl.KL_ESTIMATORS)
+  configlib.check_choice(wrapper, key("kl.placement"), kl.KL_PLACEMENTS)
+  for name in ("group_size", "loss.tis_cap", "loss.normalizer_tokens", "queue.capacity",
+               "reward.length_penalty.k"):
+    configlib.check_positive(wrapper, key(name))
+  for name in ("std_eps", "kl.coef", "loss.clip_low", "loss.clip_high", "queue.max_lag",
+               "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength"):
+    configlib.check_positive(wrapper, key(name), allow_zero=True)
+  if cfg.advantage == "rloo" and cfg.group_size < 2:
+    raise configlib.ConfigError(key("group_size"), "must be >= 2 for advantage 'rloo'.")
+  if not 0.0 < cfg.router_replay.factor <= 1.0:
+    raise configlib.ConfigError(key("router_replay.factor"),
+                                f"is {cfg.router_replay.factor}; must be in (0, 1].")

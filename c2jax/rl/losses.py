@@ -1,0 +1,130 @@
+"""The RL loss: importance-corrected policy gradient, KL to a reference, loss aggregation.
+
+Shapes: B sequences (one trajectory segment per row), L tokens. Log-probs are of the
+token actually at each position (`log pi(x_t | x_<t)`); loss_mask is 1 on tokens the
+model generated and 0 on prompt, tool output and padding.
+
+The learner's samples come from the sampler (the rollout engine, running weights up to
+`max_lag` versions old), so each token carries the ratio rho_t = pi(x_t) / mu(x_t)
+between the learner's policy pi and the sampler's mu. Policy losses (config.rl.loss.
+policy_loss):
+  tis  truncated importance sampling: -sg(min(rho, tis_cap)) * A * log pi. One step per
+       batch (single epoch), so no trust region is needed; truncation bounds variance.
+  ppo  clipped surrogate: -min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A).
+Aggregations (config.rl.loss.aggregation), from token losses l_BxL and mask m_BxL:
+  constant       sum(l m) / (B * normalizer_tokens): Dr. GRPO, every token weighs the
+                 same whatever its sequence's length (default; no length bias)
+  token_mean     sum(l m) / sum(m): weights depend on the batch's total length
+  sequence_mean  mean over sequences of sum_t(l m) / sum_t(m): GRPO's original, which
+                 favours long wrong answers over short ones
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from c2jax.rl import kl as kl_lib
+
+
+def constant(loss_BxL, mask_BxL, normalizer_tokens: float) -> jax.Array:
+  return (loss_BxL * mask_BxL).sum() / (loss_BxL.shape[0] * normalizer_tokens)
+
+
+def token_mean(loss_BxL, mask_BxL, normalizer_tokens: float) -> jax.Array:
+  del normalizer_tokens  # normalised by the batch's own token count
+  return (loss_BxL * mask_BxL).sum() / jnp.maximum(mask_BxL.sum(), 1.0)
+
+
+def sequence_mean(loss_BxL, mask_BxL, normalizer_tokens: float) -> jax.Array:
+  del normalizer_tokens  # normalised by each sequence's own length
+  tokens_B = mask_BxL.sum(-1)
+  per_sequence_B = (loss_BxL * mask_BxL).sum(-1) / jnp.maximum(tokens_B, 1.0)
+  has_tokens_B = (tokens_B > 0).astype(per_sequence_B.dtype)
+  return (per_sequence_B * has_tokens_B).sum() / jnp.maximum(has_tokens_B.sum(), 1.0)
+
+
+AGGREGATIONS: dict[str, Callable[..., jax.Array]] = {
+    "constant": constant, "token_mean": token_mean, "sequence_mean": sequence_mean}
+
+
+def _log_ratio(logprobs_BxL, sampler_logprobs_BxL, mask_BxL):
+  # Zero off the mask: padding's log-probs are arbitrary and exp() of them could overflow
+  # to inf, and inf * 0 is NaN.
+  return jnp.where(mask_BxL > 0, logprobs_BxL - sampler_logprobs_BxL, 0.0)
+
+
+def tis(logprobs_BxL, sampler_logprobs_BxL, advantages_BxL, mask_BxL, loss_cfg):
+  ratio_BxL = jnp.exp(_log_ratio(logprobs_BxL, sampler_logprobs_BxL, mask_BxL))
+  weight_BxL = jax.lax.stop_gradient(jnp.minimum(ratio_BxL, loss_cfg.tis_cap))
+  loss_BxL = -weight_BxL * advantages_BxL * logprobs_BxL
+  return loss_BxL, {"ratio": ratio_BxL, "limited": ratio_BxL > loss_cfg.tis_cap}
+
+
+def ppo(logprobs_BxL, sampler_logprobs_BxL, advantages_BxL, mask_BxL, loss_cfg):
+  ratio_BxL = jnp.exp(_log_ratio(logprobs_BxL, sampler_logprobs_BxL, mask_BxL))
+  clipped_BxL = jnp.clip(ratio_BxL, 1.0 - loss_cfg.clip_low, 1.0 + loss_cfg.clip_high)
+  unclipped_obj_BxL = ratio_BxL * advantages_BxL
+  clipped_obj_BxL = clipped_BxL * advantages_BxL
+  loss_BxL = -jnp.minimum(unclipped_obj_BxL, clipped_obj_BxL)
+  return loss_BxL, {"ratio": ratio_BxL, "limited": clipped_obj_BxL < unclipped_obj_BxL}
+
+
+POLICY_LOSSES: dict[str, Callable[..., tuple]] = {"tis": tis, "ppo": ppo}
+
+
+def _masked_mean(x_BxL, mask_BxL):
+  return (x_BxL * mask_BxL).sum() / jnp.maximum(mask_BxL.sum(), 1.0)
+
+
+def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantages_B,
+            loss_mask_BxL):
+  """(loss, metrics) for one batch; differentiable in `logprobs_BxL` only.
+
+  cfg: the RL config (c2jax.rl.config.default_config()); reads cfg.loss and cfg.kl.
+  ref_logprobs_BxL may be None when cfg.kl.coef == 0 (no reference policy is run).
+  """
+  mask_BxL = loss_mask_BxL.astype(jnp.float32)
+  logprobs_BxL = logprobs_BxL.astype(jnp.float32)
+  sampler_logprobs_BxL = jax.lax.stop_gradient(sampler_logprobs_BxL.astype(jnp.float32))
+  advantages_BxL = jnp.broadcast_to(
+      advantages_B.astype(jnp.float32)[:, None], mask_BxL.shape)
+  aggregate = AGGREGATIONS[cfg.loss.aggregation]
+  normalizer = cfg.loss.normalizer_tokens
+  use_kl = cfg.kl.coef > 0
+  if use_kl and ref_logprobs_BxL is None:
+    raise ValueError("rl_loss: config.rl.kl.coef > 0 needs ref_logprobs_BxL (the "
+                     "reference policy's log-probs); pass them or set the coef to 0.")
+  metrics = {}
+
+  if use_kl and cfg.kl.placement == "reward":
+    ref_BxL = ref_logprobs_BxL.astype(jnp.float32)
+    kl_BxL = kl_lib.kl_estimate(cfg.kl.estimator, sampler_logprobs_BxL, ref_BxL)
+    advantages_BxL = advantages_BxL - cfg.kl.coef * kl_lib.kl_penalty_to_go(kl_BxL, mask_BxL)
+    metrics["kl"] = _masked_mean(kl_BxL, mask_BxL)
+  advantages_BxL = jax.lax.stop_gradient(advantages_BxL)
+
+  pg_BxL, stats = POLICY_LOSSES[cfg.loss.policy_loss](
+      logprobs_BxL, sampler_logprobs_BxL, advantages_BxL, mask_BxL, cfg.loss)
+  pg_loss = aggregate(pg_BxL, mask_BxL, normalizer)
+  loss = pg_loss
+
+  if use_kl and cfg.kl.placement == "loss":
+    ref_BxL = jax.lax.stop_gradient(ref_logprobs_BxL.astype(jnp.float32))
+    kl_BxL = kl_lib.kl_estimate(cfg.kl.estimator, logprobs_BxL, ref_BxL)
+    loss = loss + cfg.kl.coef * aggregate(kl_BxL, mask_BxL, normalizer)
+    metrics["kl"] = _masked_mean(kl_BxL, mask_BxL)
+
+  ratio_BxL = jax.lax.stop_gradient(stats["ratio"])
+  metrics.update({
+      "loss": loss,
+      "pg_loss": pg_loss,
+      "tokens": mask_BxL.sum(),
+      "ratio_mean": _masked_mean(ratio_BxL, mask_BxL),
+      "ratio_max": jnp.max(jnp.where(mask_BxL > 0, ratio_BxL, 0.0)),
+      "limited_fraction": _masked_mean(stats["limited"].astype(jnp.float32), mask_BxL),
+      "sampler_nll": -_masked_mean(sampler_logprobs_BxL, mask_BxL),
+  })
+  return loss, metrics

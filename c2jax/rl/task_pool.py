@@ -1,0 +1,102 @@
+"""Prompts waiting for rollouts, leased to actors, re-queued when an actor dies.
+
+One directory shared by the supervisor and its actor processes:
+  pending/<seq>.<task_id>.json         not yet leased (FIFO by seq)
+  leased/<actor_id>/<seq>.<task_id>.json
+  done/<task_id>                       its group reached the GroupQueue
+A crashed actor loses only its in-flight rollouts: `requeue(actor_id, finished=...)`
+returns its leases to pending, except tasks whose group was already queued (the actor
+died after `put` but before `complete`), which are marked done so they never run twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from collections.abc import Callable, Iterable
+
+from c2jax.rl.group_store import atomic_write, check_id, locked
+
+
+def _task_id(name: str) -> str:
+  return name.split(".", 1)[1][:-len(".json")]
+
+
+class TaskPool:
+  """See the module docstring. Safe to share across threads and processes."""
+
+  def __init__(self, root):
+    self.root = pathlib.Path(root)
+    for name in ("pending", "leased", "done"):
+      (self.root / name).mkdir(parents=True, exist_ok=True)
+    self._lock = self.root / "lock"
+
+  def _pending(self) -> list[str]:
+    return sorted(os.listdir(self.root / "pending"))
+
+  def _leases(self, actor_id: str | None = None) -> list[tuple[str, str]]:
+    actors = [actor_id] if actor_id else sorted(os.listdir(self.root / "leased"))
+    return [(a, n) for a in actors if (self.root / "leased" / a).is_dir()
+            for n in sorted(os.listdir(self.root / "leased" / a))]
+
+  def _known(self) -> set[str]:
+    names = self._pending() + [n for _, n in self._leases()]
+    return {_task_id(n) for n in names} | set(os.listdir(self.root / "done"))
+
+  def add(self, tasks: Iterable[tuple[str, dict]]) -> int:
+    """Adds (task_id, JSON-able payload) pairs; ids seen before are skipped. Returns the
+    number added."""
+    with locked(self._lock):
+      known, added = self._known(), 0
+      seq = len(known)  # every task ever added is pending, leased or done
+      for task_id, payload in tasks:
+        if check_id("task_id", task_id) in known:
+          continue
+        atomic_write(self.root / "pending" / f"{seq:012d}.{task_id}.json",
+                     json.dumps(payload).encode())
+        known.add(task_id)
+        seq, added = seq + 1, added + 1
+      return added
+
+  def lease(self, actor_id: str) -> tuple[str, dict] | None:
+    """The oldest pending task, now leased to `actor_id`; None when none is pending."""
+    check_id("actor_id", actor_id)
+    with locked(self._lock):
+      pending = self._pending()
+      if not pending:
+        return None
+      (self.root / "leased" / actor_id).mkdir(exist_ok=True)
+      target = self.root / "leased" / actor_id / pending[0]
+      os.replace(self.root / "pending" / pending[0], target)
+      return _task_id(pending[0]), json.loads(target.read_text())
+
+  def complete(self, actor_id: str, task_id: str) -> None:
+    with locked(self._lock):
+      for _, name in self._leases(actor_id):
+        if _task_id(name) == task_id:
+          (self.root / "done" / task_id).touch()
+          os.unlink(self.root / "leased" / actor_id / name)
+          return
+    raise KeyError(f"Actor {actor_id!r} holds no lease on task {task_id!r}.")
+
+  def requeue(self, actor_id: str | None = None,
+              finished: Callable[[str], bool] = lambda task_id: False) -> int:
+    """Returns the leases of `actor_id` (all actors when None) to pending, except tasks
+    for which `finished(task_id)` (e.g. GroupQueue.contains); returns how many."""
+    with locked(self._lock):
+      requeued = 0
+      for actor, name in self._leases(actor_id):
+        source = self.root / "leased" / actor / name
+        if finished(_task_id(name)):
+          (self.root / "done" / _task_id(name)).touch()
+          os.unlink(source)
+        else:
+          os.replace(source, self.root / "pending" / name)
+          requeued += 1
+      return requeued
+
+  def counts(self) -> dict[str, int]:
+    with locked(self._lock):
+      return {"pending": len(self._pending()), "leased": len(self._leases()),
+              "done": len(os.listdir(self.root / "done"))}
