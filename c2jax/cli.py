@@ -9,9 +9,10 @@ flag names. Configs are ml-collections files: `--config=configs/<file>.py:<arg>`
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 
 VERBS: dict[str, tuple[str, str]] = {
     "plan": ("c2jax.commands.plan", "count parameters of a config (and later: shardings, memory)"),
@@ -33,6 +34,20 @@ def usage() -> str:
   return "\n".join(lines)
 
 
+def enable_compilation_cache() -> None:
+  """Persist compiled XLA programs across runs (a resumed job or the next phase starts fast).
+
+  C2JAX_XLA_CACHE=DIR picks the directory, C2JAX_XLA_CACHE=off disables it.
+  """
+  location = os.environ.get("C2JAX_XLA_CACHE", "~/.cache/c2jax/xla")
+  if location.lower() in ("off", "0", "none", ""):
+    return
+  import jax
+
+  jax.config.update("jax_compilation_cache_dir", os.path.expanduser(location))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def run(argv: list[str] | None = None) -> None:
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
@@ -48,9 +63,18 @@ def run(argv: list[str] | None = None) -> None:
     print(f"c2jax {verb}: {(module.__doc__ or VERBS[verb][1]).strip()}\n")
     print(flags.FLAGS.module_help(module.__name__))
     sys.exit(0)
-  # absl logs INFO by default (e.g. JAX's backend probing); --verbosity=0 brings it back.
-  flags.FLAGS.set_default("verbosity", -1)
-  app.run(module.main, argv=[f"c2jax {verb}"] + argv[2:])
+  enable_compilation_cache()
+  rest = argv[2:]
+  quiet = not any(arg.startswith(("--verbosity", "-v")) for arg in rest)
+
+  def main(verb_argv):
+    # app.run turns on INFO logs (orbax, JAX backend probing); keep warnings only unless
+    # the user asked for --verbosity.
+    if quiet:
+      logging.set_verbosity(logging.WARNING)
+    return module.main(verb_argv)
+
+  app.run(main, argv=[f"c2jax {verb}"] + rest)
 
 
 if __name__ == "__main__":

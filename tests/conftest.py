@@ -1,0 +1,15 @@
+"""Suite-wide settings: a persistent XLA compilation cache shared by every test process.
+
+Test processes (pytest-xdist workers and the CLI subprocesses that job tests start)
+compile many identical programs; sharing compiled executables through one on-disk cache
+keeps the suite's wall time down. Set C2JAX_XLA_CACHE=off to disable.
+"""
+
+import os
+import tempfile
+
+os.environ.setdefault("C2JAX_XLA_CACHE", os.path.join(tempfile.gettempdir(), "c2jax-test-xla-cache"))
+
+from c2jax import cli  # noqa: E402
+
+cli.enable_compilation_cache()
