@@ -217,6 +217,11 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
     return row
 
   try:
+    if t.eval_every and start == 0:
+      # The starting point of every curve: held-out loss before the first update.
+      row = run_evals(rt, eval_step, state.params, datasets, 0)
+      eval_rows.append(writer.write(0, row))
+      print("eval " + json.dumps({"step": 0, **row}), flush=True)
     for step in range(start + 1, t.steps + 1):
       with rt.scope():
         state, metrics = step_fn(state, device_batch(rt, next(iterator)))

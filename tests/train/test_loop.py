@@ -29,8 +29,8 @@ def test_metrics_evals_and_tensorboard(reference_run):
   steps = [r["step"] for r in rows if "loss" in r]
   assert steps == list(range(1, 13))
   evals = [r for r in rows if "eval_loss" in r]
-  assert [r["step"] for r in evals] == [6, 12]
-  assert evals[1]["eval_loss"] < evals[0]["eval_loss"]  # held-out loss falls
+  assert [r["step"] for r in evals] == [0, 6, 12]
+  assert evals[2]["eval_loss"] < evals[1]["eval_loss"] < evals[0]["eval_loss"]
   assert all(r["codebase_perplexity"] > 1 for r in evals)
   assert any((reference_run / "tensorboard").iterdir())
   assert sorted(int(p.name) for p in (reference_run / "checkpoints").iterdir()
