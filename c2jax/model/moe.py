@@ -1,7 +1,8 @@
 """Mixture-of-Experts layer (DeepSeek-V3 / Kimi-K2.5 and Qwen3-MoE), the public face.
 
 y = shared(x) + sum_k w_k expert_{i_k}(x), with experts chosen by a router from ROUTERS
-(cfg.moe.router) and run by a dispatch implementation from DISPATCH (cfg.moe_impl).
+(cfg.moe.router) and run by a dispatch implementation from DISPATCH (cfg.moe_impl), whose
+expert matmuls use the quantisation recipe cfg.quant (c2jax.quant.RECIPES).
 Routing lives in moe_routing.py, dispatch in moe_dispatch.py.
 
 Parameters (under the layer's `moe/` scope; the enclosing scan adds a leading 'layers'):
@@ -77,7 +78,8 @@ class Experts(nn.Module):
         gate_ExDxF=weight("gate_proj", (e, d, f), ("expert", "embed", "expert_mlp")),
         up_ExDxF=weight("up_proj", (e, d, f), ("expert", "embed", "expert_mlp")),
         down_ExFxD=weight("down_proj", (e, f, d), ("expert", "expert_mlp", "embed")))
-    return DISPATCH[cfg.moe_impl](x_TxD.astype(dtype), weights_TxK, indices_TxK, experts)
+    return DISPATCH[cfg.moe_impl](x_TxD.astype(dtype), weights_TxK, indices_TxK, experts,
+                                  quant=cfg.quant)
 
 
 class MoE(nn.Module):

@@ -1,10 +1,19 @@
 """MoE dispatch: run the chosen SwiGLU experts on their tokens and combine by gate weight.
 
 Every implementation is a function
-    dispatch(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights) -> y_TxD
+    dispatch(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *, quant='none')
+        -> y_TxD
 with y_t = sum_k weights[t, k] * expert_{indices[t, k]}(x_t) and
-expert_e(x) = (silu(x W_gate[e]) * (x W_up[e])) W_down[e].
-`dense` is the reference; faster ones (`ragged`, later `pallas`) are tested against it.
+expert_e(x) = (silu(x W_gate[e]) * (x W_up[e])) W_down[e]; every expert matmul (forward
+and both gradients) runs under the c2jax.quant recipe `quant` (cfg.quant).
+  dense   every expert on every token (O(T*E*F) work): the reference; quantised through
+          quant.dot per expert, which quantises exactly the operands the sorted
+          dispatches quantise in the forward pass.
+  ragged  sort token copies by expert, grouped matmuls through `lax.ragged_dot`.
+  pallas  the same sort, grouped matmuls through the Pallas kernels of kernels/ (Mosaic
+          GPU on GPUs, megablox on TPUs; on CPU megablox runs in Pallas' interpreter,
+          which is slow and meant for tests). Mosaic GPU on hardware needs bfloat16
+          compute (cfg.dtype) and D, F multiples of 64; it says so when they are not.
 Register a new one with `DISPATCH['name'] = fn`; config validation reads the keys.
 
 Products with the float32 gate weights and the sum over k happen in float32, as HF
@@ -16,11 +25,20 @@ M = T*K token copies.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+import kernels
+from c2jax import quant as quantlib
+from kernels.grouped_matmul import IMPLS as GROUPED_MATMUL_IMPLS
+
+# The Pallas kernel used where the platform's default grouped matmul is not Pallas (CPU):
+# megablox has a CPU interpreter for every shape, Mosaic GPU needs 64-multiple features.
+_PALLAS_FALLBACK_IMPL = "megablox"
 
 
 class ExpertWeights(NamedTuple):
@@ -29,22 +47,26 @@ class ExpertWeights(NamedTuple):
   down_ExFxD: jax.Array
 
 
-def dense(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights) -> jax.Array:
+def dense(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
+          quant: str = "none") -> jax.Array:
   """Every expert on every token, then a weighted sum (O(T*E*F) work): the reference."""
   num_experts = experts.gate_ExDxF.shape[0]
-  gate_TxExF = jnp.einsum("td,edf->tef", x_TxD, experts.gate_ExDxF)
-  up_TxExF = jnp.einsum("td,edf->tef", x_TxD, experts.up_ExDxF)
-  out_TxExD = jnp.einsum("tef,efd->ted", jax.nn.silu(gate_TxExF) * up_TxExF,
-                         experts.down_ExFxD)
+  # One quantised dot per expert: x is quantised along D per row, as in the grouped GEMM.
+  expert_dot = functools.partial(quantlib.dot, quant)
+  gate_ExTxF = jax.vmap(expert_dot, in_axes=(None, 0))(x_TxD, experts.gate_ExDxF)
+  up_ExTxF = jax.vmap(expert_dot, in_axes=(None, 0))(x_TxD, experts.up_ExDxF)
+  out_ExTxD = jax.vmap(expert_dot)(jax.nn.silu(gate_ExTxF) * up_ExTxF, experts.down_ExFxD)
   # Unchosen experts get weight 0; a replayed duplicate index adds its weights, as in HF.
   combine_TxE = jnp.einsum(
       "tk,tke->te", weights_TxK, jax.nn.one_hot(indices_TxK, num_experts, dtype=jnp.float32))
-  y_TxD = jnp.einsum("ted,te->td", out_TxExD.astype(jnp.float32), combine_TxE)
+  y_TxD = jnp.einsum("etd,te->td", out_ExTxD.astype(jnp.float32), combine_TxE)
   return y_TxD.astype(x_TxD.dtype)
 
 
-def ragged(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights) -> jax.Array:
-  """Sort token copies by expert, grouped matmuls (`lax.ragged_dot`), unsort, combine."""
+def sorted_by_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
+                     quant: str = "none", impl: str) -> jax.Array:
+  """Sort token copies by expert, three grouped matmuls (kernels.grouped_matmul `impl`,
+  under the quant recipe), unsort, combine."""
   num_tokens, top_k = indices_TxK.shape
   num_experts = experts.gate_ExDxF.shape[0]
   expert_M = indices_TxK.reshape(-1)
@@ -53,10 +75,12 @@ def ragged(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights) -> jax.Array
   x_MxD = jnp.take(x_TxD, order_M // top_k, axis=0)
   group_sizes_E = jnp.bincount(expert_M, length=num_experts).astype(jnp.int32)
 
-  gate_MxF = jax.lax.ragged_dot(x_MxD, experts.gate_ExDxF, group_sizes_E)
-  up_MxF = jax.lax.ragged_dot(x_MxD, experts.up_ExDxF, group_sizes_E)
-  out_MxD = jax.lax.ragged_dot(jax.nn.silu(gate_MxF) * up_MxF, experts.down_ExFxD,
-                               group_sizes_E)
+  def grouped(lhs_MxC, rhs_ExCxN):
+    return quantlib.grouped_dot(quant, lhs_MxC, rhs_ExCxN, group_sizes_E, impl=impl)
+
+  gate_MxF = grouped(x_MxD, experts.gate_ExDxF)
+  up_MxF = grouped(x_MxD, experts.up_ExDxF)
+  out_MxD = grouped(jax.nn.silu(gate_MxF) * up_MxF, experts.down_ExFxD)
 
   # Inverse permutation by scatter (cheaper than a second sort), then gather back.
   unsort_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(order_M.shape[0]))
@@ -65,7 +89,28 @@ def ragged(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights) -> jax.Array
   return y_TxD.astype(x_TxD.dtype)
 
 
+def ragged(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
+           quant: str = "none") -> jax.Array:
+  """Sort by expert; grouped matmuls through XLA's `lax.ragged_dot`."""
+  return sorted_by_expert(x_TxD, weights_TxK, indices_TxK, experts, quant=quant,
+                          impl="ragged_dot")
+
+
+def pallas_impl(platform: str | None = None) -> str:
+  """The grouped-matmul impl behind moe_impl='pallas' on `platform` (default: JAX's)."""
+  impl = kernels.default_grouped_matmul_impl(platform)
+  return impl if GROUPED_MATMUL_IMPLS[impl].is_pallas else _PALLAS_FALLBACK_IMPL
+
+
+def pallas(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
+           quant: str = "none") -> jax.Array:
+  """Sort by expert; grouped matmuls through the platform's Pallas kernel (pallas_impl)."""
+  return sorted_by_expert(x_TxD, weights_TxK, indices_TxK, experts, quant=quant,
+                          impl=pallas_impl())
+
+
 DISPATCH: dict[str, Callable[..., jax.Array]] = {
     "dense": dense,
     "ragged": ragged,
+    "pallas": pallas,
 }
