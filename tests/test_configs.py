@@ -9,6 +9,7 @@ import pytest
 from c2jax import config as configlib
 from c2jax.model import config as model_config
 from c2jax.model import variants
+from c2jax.train import jobs
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(p for p in CONFIG_DIR.glob("*.py") if not p.name.startswith("_"))
@@ -21,8 +22,18 @@ def load_config_module(path):
   return module
 
 
-def model_configs_of(cfg):
-  return [cfg.model] if "model" in cfg else [cfg]
+def validate_any(cfg):
+  """Validates a pipeline, job, smoke or model config with the validator it has."""
+  if "stages" in cfg:
+    for stage in cfg.stages:
+      if "train" in cfg[stage]:  # training stages; others are checked by their command
+        validate_any(cfg[stage])
+  elif "train" in cfg:
+    jobs.validate(cfg)
+  elif "model" in cfg:
+    model_config.validate(cfg.model)
+  else:
+    model_config.validate(cfg)
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
@@ -32,8 +43,7 @@ def test_every_config_file_validates(path):
   for arg in getattr(module, "TEST_ARGS", ("",)):
     cfg = module.get_config(arg)
     assert isinstance(cfg, ml_collections.ConfigDict)
-    for mcfg in model_configs_of(cfg):
-      model_config.validate(mcfg)
+    validate_any(cfg)
 
 
 @pytest.mark.parametrize("name", sorted(variants.VARIANTS))
@@ -104,3 +114,25 @@ def test_q_lora_rank_may_be_none():
   assert cfg.q_lora_rank is None
   cfg.q_lora_rank = 16  # placeholder keeps the int type after None
   model_config.validate(cfg)
+
+
+def test_job_config_errors_name_the_key():
+  from c2jax.train import jobs as jobs_lib
+
+  cfg = jobs_lib.job_defaults("tiny")
+  cfg.train.batch_size = 6
+  jobs_lib.validate(cfg)  # no device count: mesh-dependent checks are skipped
+  with pytest.raises(configlib.ConfigError, match=r"config\.train\.batch_size: = 6"):
+    jobs_lib.validate(cfg, num_devices=4)
+  cfg = jobs_lib.job_defaults("tiny")
+  cfg.train.schedule = "linear"
+  with pytest.raises(configlib.ConfigError, match=r"config\.train\.schedule"):
+    jobs_lib.validate(cfg)
+  cfg = jobs_lib.job_defaults("tiny")
+  cfg.parallel.mesh.fsdp = 3
+  with pytest.raises(configlib.ConfigError, match=r"config\.parallel\.mesh"):
+    jobs_lib.validate(cfg, num_devices=8)
+  cfg = jobs_lib.job_defaults("tiny")
+  cfg.data.vocab_size = cfg.model.vocab_size + 1
+  with pytest.raises(configlib.ConfigError, match=r"config\.data\.vocab_size"):
+    jobs_lib.validate(cfg)

@@ -48,6 +48,9 @@ def main(argv) -> int:
   unknown = [stage for stage in cfg.stages if stage not in STAGES]
   if unknown:
     raise SystemExit(f"config.stages: unknown {unknown}; known stages are {STAGES}.")
+  if not 0 < cfg.traces.heldout < cfg.traces.count:
+    raise SystemExit(f"config.traces.heldout = {cfg.traces.heldout} must be > 0 and < "
+                     f"config.traces.count = {cfg.traces.count}.")
   cfg.longctx.init_from = str(root / "pretrain")
   cfg.sft.init_from = str(root / "longctx")
   cfg.sft.sft.train_path = str(root / "traces" / "train.jsonl")

@@ -64,8 +64,10 @@ def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
 
 
 def validate_parallel(parallel_cfg, num_devices: int | None = None) -> None:
+  """Checks keys, rules and axis sizes; with `num_devices`, also that the mesh fits them."""
   configlib.check_keys(parallel_cfg, default_parallel_config(), "parallel.")
-  mesh_shape(parallel_cfg.mesh, jax.device_count() if num_devices is None else num_devices)
+  fixed = math.prod(size for size in parallel_cfg.mesh.values() if size != -1)
+  mesh_shape(parallel_cfg.mesh, fixed if num_devices is None else num_devices)
   for i, rule in enumerate(parallel_cfg.rules):
     if len(rule) != 2 or not isinstance(rule[0], str):
       raise configlib.ConfigError(f"parallel.rules[{i}]",

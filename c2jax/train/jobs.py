@@ -58,7 +58,8 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   return c
 
 
-def validate(cfg) -> None:
+def validate(cfg, num_devices: int | None = None) -> None:
+  """Raises ConfigError naming the key; `num_devices` adds the checks that need the mesh."""
   reference = job_defaults()
   for key in cfg.keys():
     if key not in reference:
@@ -75,9 +76,13 @@ def validate(cfg) -> None:
   configlib.check_positive(cfg, "train.eval_every", allow_zero=True)
   configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
   configlib.check_at_most(cfg, "train.seq_len", "model.max_position")
-  parallel.validate_parallel(cfg.parallel)
+  parallel.validate_parallel(cfg.parallel, num_devices)
+  if cfg.task == "sft" and not cfg.sft.train_path:
+    raise configlib.ConfigError("sft.train_path", "is empty; give a JSONL of conversations.")
+  if num_devices is None:
+    return
   batch_ways = 1
-  sizes = parallel.mesh.mesh_shape(cfg.parallel.mesh, jax.device_count())
+  sizes = parallel.mesh.mesh_shape(cfg.parallel.mesh, num_devices)
   for name, axes in parallel.rules_of(cfg.parallel):
     if name == "batch":
       for axis in (axes if isinstance(axes, tuple) else (axes,)):
@@ -87,8 +92,6 @@ def validate(cfg) -> None:
     raise configlib.ConfigError(
         "train.batch_size", f"= {cfg.train.batch_size} must be divisible by the {batch_ways} "
         "devices the 'batch' rule shards it over.")
-  if cfg.task == "sft" and not cfg.sft.train_path:
-    raise configlib.ConfigError("sft.train_path", "is empty; give a JSONL of conversations.")
 
 
 @dataclasses.dataclass

@@ -68,7 +68,7 @@ class _Scope:
 
 
 def build_runtime(cfg) -> Runtime:
-  jobs.validate(cfg)
+  jobs.validate(cfg, jax.device_count())
   mesh = parallel.make_mesh(cfg.parallel.mesh)
   rules = parallel.rules_of(cfg.parallel)
   t = cfg.train
