@@ -78,7 +78,8 @@ class Checkpointer:
     abstract = {"params": abstract_params}
     restored = self._manager.restore(
         step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item=abstract, partial_restore=True)))
+            item=abstract, partial_restore=True,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))))
     return restored["state"]["params"]
 
   def config_of(self, step: int) -> dict:

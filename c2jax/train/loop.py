@@ -244,7 +244,7 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
           last, pending = report(*pending), None
         row = run_evals(rt, eval_step, state.params, datasets, step)
         eval_rows.append(writer.write(step, row))
-        print("eval " + json.dumps(row), flush=True)
+        print("eval " + json.dumps({"step": step, **row}), flush=True)
     if pending is not None:
       last = report(*pending)
   finally:
