@@ -1,0 +1,290 @@
+"""The Engine interface and its slot scheduler (continuous batching), backend-agnostic.
+
+An engine holds `num_slots` sequence slots, each with room for `max_length` tokens of KV
+cache. Requests queue until a slot is free; `step()` first admits queued requests (one
+prefill each, appending their tokens), then runs one decode step over every slot, so
+sequences of different lengths join and leave independently. Between steps, staged
+weights from `update_params` are swapped in: sequences in flight keep their KV cache and
+continue with the new weights, and tokens sampled afterwards carry the new version.
+
+Sequence lifecycle: generating (a sampled token is pending, not yet in the cache) ->
+draining (finished; the pending token is fed once more so its expert routing is recorded
+and the cache holds the whole sequence) -> idle (kept for `extend`) or released.
+
+Backends implement `_append` (prefill / extend of one slot), `_decode` (one step over all
+slots; a speculative backend may emit several tokens per slot), `_set_params` and
+`logprobs`. JaxEngine (jax_engine.py) runs the model; FakeEngine (fake.py) is a
+deterministic stand-in for tests of code that drives an engine.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from c2jax.rollout.types import Generation, Request, SamplingParams
+
+
+@dataclasses.dataclass
+class DecodeBatch:
+  """Per-slot inputs of one decode step (S = num_slots). Inactive slots must not write."""
+  tokens: np.ndarray  # [S] int32: the pending token of each active slot
+  lengths: np.ndarray  # [S] int32: its position (= tokens already in the cache)
+  active: np.ndarray  # [S] bool
+  temperature: np.ndarray  # [S] float32
+  top_k: np.ndarray  # [S] int32
+  top_p: np.ndarray  # [S] float32
+  seeds: np.ndarray  # [S] uint32
+
+
+@dataclasses.dataclass
+class SlotOutput:
+  """One active slot's decode result: F fed tokens (the pending one first), then the new
+  sampled tokens; a plain step has F = 1 and one new token, a speculative one F = a + 1
+  (the accepted drafts are fed) and a + 1 new tokens."""
+  new_tokens: np.ndarray  # [F] int32
+  new_logprobs: np.ndarray  # [F] float32
+  fed_routing: np.ndarray  # [F, Lm, K] int32
+
+
+@dataclasses.dataclass
+class _Sequence:
+  seq_id: int
+  slot: int | None
+  context: list[int]  # every token of the sequence, pending one included
+  length: int  # tokens in the KV cache
+  state: str  # 'queued' | 'generating' | 'draining' | 'idle'
+  request: Request | None = None
+  seed: int = 0
+  prompt_tokens: np.ndarray | None = None
+  new_tokens: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)
+  routing: list[np.ndarray] = dataclasses.field(default_factory=list)
+  finish_reason: str | None = None
+
+
+class Engine(abc.ABC):
+  """generate / extend / logprobs / update_params over slot-based continuous batching."""
+
+  def __init__(self, num_slots: int, max_length: int,
+               detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0):
+    if num_slots < 1 or max_length < 2:
+      raise ValueError(f"num_slots = {num_slots}, max_length = {max_length}: an engine "
+                       "needs at least 1 slot and room for 2 tokens.")
+    self.num_slots, self.max_length = num_slots, max_length
+    self._detokenize = detokenize
+    self._seed_rng = np.random.default_rng(seed)
+    self._free = collections.deque(range(num_slots))
+    self._seqs: dict[int, _Sequence] = {}
+    self._queue: collections.deque[_Sequence] = collections.deque()
+    self._unclaimed: list[Generation] = []
+    self._next_id = 0
+    self._version = 0
+    self._staged = None
+    self._lock = threading.Lock()
+
+  # ---- backend hooks -------------------------------------------------------------------
+  @abc.abstractmethod
+  def _append(self, slot: int, context: list[int], start: int,
+              sampling: SamplingParams, seed: int) -> tuple[int, float, np.ndarray]:
+    """Writes context[start:] at positions start.. of `slot`; samples the next token.
+
+    Returns (token, logprob, routing [len(context) - start, Lm, K]).
+    """
+
+  @abc.abstractmethod
+  def _decode(self, batch: DecodeBatch) -> dict[int, SlotOutput]:
+    """One step over all slots; outputs for the active ones, keyed by slot."""
+
+  @abc.abstractmethod
+  def _set_params(self, params) -> None:
+    """Installs new weights (same structure) for the following steps."""
+
+  @abc.abstractmethod
+  def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    """Teacher-forced log p(x_t | x_<t) for t >= 1 of each sequence ([len - 1] float32)."""
+
+  # ---- public API -----------------------------------------------------------------------
+  @property
+  def version(self) -> int:
+    return self._version
+
+  def update_params(self, params, version: int) -> None:
+    """Stages new weights; the next `step` installs them (safe from another thread)."""
+    with self._lock:
+      self._staged = (params, int(version))
+
+  def submit(self, request: Request) -> int:
+    """Queues a request; returns its sequence id. Work happens in `step`."""
+    tokens = [int(t) for t in np.asarray(request.tokens, np.int64).reshape(-1)]
+    if not tokens:
+      raise ValueError("Request.tokens is empty; a prompt or observation needs >= 1 token.")
+    if request.sampling.stop_strings and self._detokenize is None:
+      raise ValueError("SamplingParams.stop_strings needs a detokenizer: build the engine "
+                       "with detokenize=tokenizer.decode.")
+    seed = request.sampling.seed
+    seed = int(self._seed_rng.integers(2**31)) if seed is None else int(seed)
+    if request.seq_id is None:
+      seq = _Sequence(self._next_id, None, [], 0, "queued")
+      self._next_id += 1
+      self._seqs[seq.seq_id] = seq
+    else:
+      seq = self._seqs.get(request.seq_id)
+      if seq is None or seq.state != "idle":
+        raise ValueError(f"Cannot extend sequence {request.seq_id}: it is "
+                         f"{'unknown or released' if seq is None else seq.state}. Only a "
+                         "finished sequence generated with keep_alive=True can be extended.")
+      seq.state = "queued"
+    start = len(seq.context)
+    if start + len(tokens) + 1 > self.max_length:
+      if request.seq_id is None:
+        del self._seqs[seq.seq_id]
+      else:
+        seq.state = "idle"
+      raise ValueError(f"Sequence {seq.seq_id} would hold {start + len(tokens)} tokens plus "
+                       f"one to sample, over max_length = {self.max_length}; build the "
+                       "engine with a larger max_length or shorten the input.")
+    seq.request, seq.seed = request, seed
+    seq.prompt_tokens = np.asarray(tokens, np.int32)
+    seq.new_tokens, seq.logprobs, seq.versions, seq.routing = [], [], [], []
+    seq.finish_reason = None
+    self._queue.append(seq)
+    return seq.seq_id
+
+  def step(self) -> list[Generation]:
+    """Swaps staged weights, admits queued requests, runs one decode step; returns the
+    generations that finished (including earlier unclaimed ones)."""
+    with self._lock:
+      staged, self._staged = self._staged, None
+    if staged is not None:
+      self._set_params(staged[0])
+      self._version = staged[1]
+    finished, self._unclaimed = self._unclaimed, []
+    self._admit()
+    running = {s.slot: s for s in self._seqs.values() if s.state in ("generating", "draining")}
+    if running:
+      outputs = self._decode(self._batch(running))
+      for slot, seq in running.items():
+        done = self._absorb(seq, outputs[slot])
+        if done:
+          finished.append(self._finish(seq))
+    return finished
+
+  def generate(self, requests: Sequence[Request]) -> list[Generation]:
+    """Runs the requests to completion; generations in request order."""
+    ids = [self.submit(r) for r in requests]
+    wanted, results = set(ids), {}
+    while wanted - set(results):
+      for generation in self.step():
+        if generation.seq_id in wanted:
+          results[generation.seq_id] = generation
+        else:
+          self._unclaimed.append(generation)
+    return [results[i] for i in ids]
+
+  def extend(self, seq_id: int, tokens, sampling: SamplingParams = SamplingParams(),
+             keep_alive: bool = True) -> Generation:
+    """Appends tokens (e.g. a tool observation) to a live sequence and samples on."""
+    return self.generate([Request(tokens, sampling, seq_id, keep_alive)])[0]
+
+  def release(self, seq_id: int) -> None:
+    """Frees an idle sequence's slot."""
+    seq = self._seqs.get(seq_id)
+    if seq is None or seq.state != "idle":
+      raise ValueError(f"Cannot release sequence {seq_id}: only idle (finished, kept "
+                       "alive) sequences can be released.")
+    self._free.append(seq.slot)
+    del self._seqs[seq_id]
+
+  # ---- scheduling -------------------------------------------------------------------------
+  def _admit(self) -> None:
+    waiting = collections.deque()
+    while self._queue:
+      seq = self._queue.popleft()
+      if seq.slot is None:
+        if not self._free:
+          waiting.append(seq)
+          continue
+        seq.slot = self._free.popleft()
+      start = len(seq.context)
+      seq.context.extend(int(t) for t in seq.prompt_tokens)
+      sampling = seq.request.sampling
+      token, logprob, routing = self._append(seq.slot, seq.context, start, sampling, seq.seed)
+      seq.length = len(seq.context)
+      seq.routing.extend(np.asarray(routing))
+      seq.state = "generating"
+      self._add_token(seq, token, logprob)
+    self._queue = waiting
+
+  def _batch(self, running: dict[int, _Sequence]) -> DecodeBatch:
+    s = self.num_slots
+    batch = DecodeBatch(np.zeros(s, np.int32), np.zeros(s, np.int32), np.zeros(s, bool),
+                        np.ones(s, np.float32), np.zeros(s, np.int32), np.ones(s, np.float32),
+                        np.zeros(s, np.uint32))
+    for slot, seq in running.items():
+      sampling = seq.request.sampling
+      batch.tokens[slot], batch.lengths[slot] = seq.context[seq.length], seq.length
+      batch.active[slot] = True
+      batch.temperature[slot], batch.top_k[slot] = sampling.temperature, sampling.top_k
+      batch.top_p[slot], batch.seeds[slot] = sampling.top_p, seq.seed
+    return batch
+
+  def _add_token(self, seq: _Sequence, token: int, logprob: float) -> None:
+    seq.context.append(int(token))
+    seq.new_tokens.append(int(token))
+    seq.logprobs.append(float(logprob))
+    seq.versions.append(self._version)
+    reason = self._stop_reason(seq)
+    if reason is not None:
+      seq.finish_reason, seq.state = reason, "draining"
+
+  def _absorb(self, seq: _Sequence, out: SlotOutput) -> bool:
+    """Records one step's fed tokens and new tokens; True when the sequence is done."""
+    for i, (token, logprob) in enumerate(zip(out.new_tokens, out.new_logprobs)):
+      seq.routing.append(np.asarray(out.fed_routing[i]))
+      seq.length += 1
+      if seq.state == "draining":
+        return True
+      self._add_token(seq, token, logprob)
+      if seq.state == "draining" and i + 1 < len(out.fed_routing):
+        # A speculative step already fed this (accepted) final token.
+        seq.routing.append(np.asarray(out.fed_routing[i + 1]))
+        seq.length += 1
+        return True
+    return False
+
+  def _stop_reason(self, seq: _Sequence) -> str | None:
+    sampling = seq.request.sampling
+    if seq.new_tokens[-1] in sampling.stop_tokens:
+      return "stop_token"
+    if sampling.stop_strings:
+      window = 4 * max(len(s) for s in sampling.stop_strings) + 1
+      text = self._detokenize(seq.new_tokens[-window:])
+      if any(s in text for s in sampling.stop_strings):
+        return "stop_string"
+    if len(seq.new_tokens) >= sampling.max_tokens:
+      return "max_tokens"
+    if len(seq.context) >= self.max_length:
+      return "length"
+    return None
+
+  def _finish(self, seq: _Sequence) -> Generation:
+    generation = Generation(
+        seq_id=seq.seq_id, prompt_tokens=seq.prompt_tokens,
+        tokens=np.asarray(seq.new_tokens, np.int32),
+        logprobs=np.asarray(seq.logprobs, np.float32),
+        versions=np.asarray(seq.versions, np.int32),
+        expert_indices=np.stack(seq.routing).astype(np.int32),
+        finish_reason=seq.finish_reason)
+    if seq.request.keep_alive:
+      seq.state = "idle"
+    else:
+      self._free.append(seq.slot)
+      del self._seqs[seq.seq_id]
+    return generation

@@ -1,0 +1,172 @@
+"""JaxEngine: the c2jax model behind the Engine interface, over a preallocated KV cache.
+
+Compiled functions have static shapes, so a run compiles a handful of programs:
+  prefill  one slot, a chunk of `bucket` tokens (prompt lengths are padded up to the next
+           bucket; longer inputs are split into chunks of the largest bucket), writing that
+           slot's rows of the cache and sampling the next token: one compile per bucket;
+  decode   one token for every slot at once: one compile. Idle and empty slots are fed at
+           position max_length, where cache writes are dropped, so they cost compute but
+           never corrupt a kept sequence.
+With `num_draft_tokens > 0` the decode step is speculative (see speculative.py): the
+model's MTP module drafts tokens that one forward over all slots verifies.
+
+Shape legend: S slots, C chunk length, T max_length, V vocab, Lm MoE layers, K experts
+per token, D draft tokens per step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from c2jax import model
+from c2jax.rollout import sampling as sampling_lib
+from c2jax.rollout import speculative
+from c2jax.rollout.engine import DecodeBatch, Engine, SlotOutput
+from c2jax.rollout.types import SamplingParams
+
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+def _slot_rows(cache, slot):
+  return jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=1), cache)
+
+
+def _put_rows(cache, rows, slot):
+  return jax.tree.map(lambda c, r: jax.lax.dynamic_update_slice_in_dim(c, r, slot, axis=1),
+                      cache, rows)
+
+
+def _prefill(cfg, params, cache, slot, tokens_1xC, start, count, temperature, top_k, top_p,
+             seed):
+  """Writes one slot's chunk; samples from the logits of its last real token."""
+  positions_1xC = start + jnp.arange(tokens_1xC.shape[1], dtype=jnp.int32)[None]
+  logits_1xCxV, aux, rows = model.apply(cfg, params, tokens_1xC, positions_BxL=positions_1xC,
+                                        cache=_slot_rows(cache, slot))
+  last_1xV = jax.lax.dynamic_index_in_dim(logits_1xCxV[0], count - 1, keepdims=True)
+  keys = sampling_lib.row_keys(seed[None], (start + count)[None])
+  token_1, logprob_1 = sampling_lib.sample(last_1xV, temperature[None], top_k[None],
+                                           top_p[None], keys)
+  return _put_rows(cache, rows, slot), token_1[0], logprob_1[0], aux["expert_indices"][:, 0]
+
+
+def _decode(cfg, params, cache, tokens_S, lengths_S, active_S, temperature_S, top_k_S,
+            top_p_S, seeds_S):
+  cache_length = jax.tree.leaves(cache)[0].shape[2]
+  positions_Sx1 = jnp.where(active_S, lengths_S, cache_length)[:, None]
+  logits_Sx1xV, aux, cache = model.apply(cfg, params, tokens_S[:, None],
+                                         positions_BxL=positions_Sx1, cache=cache)
+  keys = sampling_lib.row_keys(seeds_S, lengths_S + 1)
+  new_S, logprobs_S = sampling_lib.sample(logits_Sx1xV[:, 0], temperature_S, top_k_S,
+                                          top_p_S, keys)
+  return cache, new_S, logprobs_S, aux["expert_indices"][:, :, 0]
+
+
+def _score(cfg, params, tokens_1xC):
+  logp_1xCxV = jax.nn.log_softmax(model.forward(cfg, params, tokens_1xC), axis=-1)
+  return jnp.take_along_axis(logp_1xCxV[0, :-1], tokens_1xC[0, 1:, None], axis=-1)[:, 0]
+
+
+class JaxEngine(Engine):
+  """The model-backed engine. `params` is the tree of `c2jax.model.init` (plus
+  'mtp_layers' when speculating); `version` tags tokens sampled with these weights."""
+
+  def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
+               prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,
+               detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0):
+    super().__init__(num_slots, max_length, detokenize, seed)
+    self.cfg = cfg
+    self._version = version
+    self._buckets = tuple(sorted(prefill_buckets))
+    self._num_draft = num_draft_tokens
+    self._params = jax.device_put(params)
+    self._cache = model.init_cache(cfg, num_slots, max_length)
+    self._score = jax.jit(functools.partial(_score, cfg))
+    if num_draft_tokens:
+      speculative.check_drafter(cfg, params, num_draft_tokens)
+      self._mtp_cache = speculative.init_mtp_cache(cfg, num_slots, max_length)
+      self._last_hidden = jnp.zeros((num_slots, cfg.hidden_size), jnp.dtype(cfg.dtype))
+      self._prefill_fn = jax.jit(functools.partial(speculative.prefill, cfg),
+                                 donate_argnums=(1, 2, 3))
+      self._decode_fn = jax.jit(
+          functools.partial(speculative.decode, cfg, num_draft=num_draft_tokens),
+          donate_argnums=(1, 2, 3))
+    else:
+      self._prefill_fn = jax.jit(functools.partial(_prefill, cfg), donate_argnums=(1,))
+      self._decode_fn = jax.jit(functools.partial(_decode, cfg), donate_argnums=(1,))
+    self.acceptance = speculative.AcceptanceStats()
+
+  def _set_params(self, params) -> None:
+    old = jax.tree.map(lambda x: (x.shape, x.dtype), self._params)
+    new = jax.tree.map(lambda x: (np.shape(x), jnp.asarray(x).dtype), params)
+    if jax.tree.structure(old) != jax.tree.structure(new) or old != new:
+      raise ValueError("update_params got a parameter tree whose structure, shapes or "
+                       "dtypes differ from the engine's; in-flight weight swaps need the "
+                       "same model config (build a new engine for a new architecture).")
+    self._params = jax.device_put(params)
+
+  def _bucket(self, count: int) -> int:
+    return next((b for b in self._buckets if b >= count), self._buckets[-1])
+
+  def _append(self, slot, context, start, sampling: SamplingParams, seed):
+    # Speculative prefill re-feeds the previous token so its MTP cache entry, which needs
+    # the first new token, is rewritten (see speculative.prefill).
+    overlap = 1 if (self._num_draft and start > 0) else 0
+    position, routing = start - overlap, []
+    settings = (np.float32(sampling.temperature), np.int32(sampling.top_k),
+                np.float32(sampling.top_p), np.uint32(seed))
+    while position < len(context):
+      count = min(self._buckets[-1], len(context) - position)
+      chunk = np.zeros((1, self._bucket(count)), np.int32)
+      chunk[0, :count] = context[position:position + count]
+      following = context[position + count] if position + count < len(context) else -1
+      if self._num_draft:
+        (self._cache, self._mtp_cache, self._last_hidden, token, logprob,
+         chunk_routing) = self._prefill_fn(
+             self._params, self._cache, self._mtp_cache, self._last_hidden, np.int32(slot),
+             chunk, np.int32(position), np.int32(count), np.int32(following), *settings)
+      else:
+        self._cache, token, logprob, chunk_routing = self._prefill_fn(
+            self._params, self._cache, np.int32(slot), chunk, np.int32(position),
+            np.int32(count), *settings)
+      skip = overlap if position == start - overlap else 0
+      routing.append(np.asarray(chunk_routing)[:, skip:count].transpose(1, 0, 2))
+      position += count
+    return int(token), float(logprob), np.concatenate(routing)
+
+  def _decode(self, batch: DecodeBatch) -> dict[int, SlotOutput]:
+    arrays = (batch.tokens, batch.lengths, batch.active, batch.temperature, batch.top_k,
+              batch.top_p, batch.seeds)
+    if self._num_draft:
+      (self._cache, self._mtp_cache, self._last_hidden, new_SxG, logprobs_SxG, counts_S,
+       routing_LmxSxGxK) = self._decode_fn(self._params, self._cache, self._mtp_cache,
+                                           self._last_hidden, *arrays)
+      counts = np.asarray(counts_S)
+      new, logprobs = np.asarray(new_SxG), np.asarray(logprobs_SxG)
+      routing = np.asarray(routing_LmxSxGxK).transpose(1, 2, 0, 3)
+      active = np.flatnonzero(batch.active)
+      self.acceptance.record(counts[active] - 1)
+      return {s: SlotOutput(new[s, :counts[s]], logprobs[s, :counts[s]],
+                            routing[s, :counts[s]]) for s in active}
+    self._cache, new_S, logprobs_S, routing_LmxSxK = self._decode_fn(
+        self._params, self._cache, *arrays)
+    new, logprobs = np.asarray(new_S), np.asarray(logprobs_S)
+    routing = np.asarray(routing_LmxSxK).transpose(1, 0, 2)
+    return {s: SlotOutput(new[s:s + 1], logprobs[s:s + 1], routing[s:s + 1])
+            for s in np.flatnonzero(batch.active)}
+
+  def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
+    results, largest = [], self._buckets[-1]
+    for tokens in sequences:
+      tokens = np.asarray(tokens, np.int32)
+      # Beyond the largest bucket, pad to a multiple of it (one compile per multiple).
+      length = (self._bucket(len(tokens)) if len(tokens) <= largest
+                else -(-len(tokens) // largest) * largest)
+      padded = np.zeros((1, length), np.int32)
+      padded[0, :len(tokens)] = tokens
+      results.append(np.asarray(self._score(self._params, padded))[:len(tokens) - 1])
+    return results

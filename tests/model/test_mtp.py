@@ -1,0 +1,117 @@
+"""MTP modules: the recurrence and shift conventions, the cached single-depth path used
+for drafting, and the self-distillation loss (values, masking, gradients, frozen trunk)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from c2jax import model
+from c2jax.model import mtp
+from tests.model.conftest import MLA_OVERRIDES, draw_params, random_params, tiny_cfg
+
+LENGTH = 10
+
+
+@pytest.fixture(scope="module")
+def setup():
+  cfg = tiny_cfg(vocab_size=32, num_layers=2, num_mtp_layers=2, **MLA_OVERRIDES)
+  params = random_params(cfg)
+  shapes = jax.eval_shape(lambda: mtp.init(cfg, jax.random.key(0)))
+  params[mtp.PARAMS_KEY] = draw_params(shapes, cfg.init_std, seed=3)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, 32, (2, LENGTH)), jnp.int32)
+  return cfg, params, tokens
+
+
+def test_init_shapes_and_validation(setup):
+  cfg, params, _ = setup
+  layers = params[mtp.PARAMS_KEY]
+  d = cfg.hidden_size
+  assert layers["eh_proj"]["kernel"].shape == (2, 2 * d, d)
+  assert layers["enorm"]["scale"].shape == layers["final_norm"]["scale"].shape == (2, d)
+  assert "moe" in layers["block"]  # the extra layer is past first_k_dense: an MoE block
+  with pytest.raises(ValueError, match="num_mtp_layers"):
+    mtp.init(tiny_cfg(), jax.random.key(0))
+
+
+def test_forward_with_hidden_is_the_final_norm_output(setup):
+  cfg, params, tokens = setup
+  logits, _, _, hidden = mtp.forward_with_hidden(cfg, params, tokens)
+  np.testing.assert_allclose(logits, model.forward(cfg, params, tokens), atol=1e-5)
+  np.testing.assert_allclose(hidden @ params["lm_head"]["kernel"], logits, atol=1e-4)
+
+
+def test_depths_chain_and_cached_layer_matches(setup):
+  """Depth 1 consumes depth 0's hidden; the cached single-depth path equals apply."""
+  cfg, params, tokens = setup
+  _, _, _, hidden = mtp.forward_with_hidden(cfg, params, tokens)
+  logits = mtp.apply(cfg, params, hidden, tokens)
+  assert logits.shape == (2, 2, LENGTH, 32)
+  positions = jnp.broadcast_to(jnp.arange(LENGTH), (2, LENGTH))
+  cache = mtp.init_layer_cache(cfg, 2, 16)
+  h0, logits0, cache = mtp.apply_layer(cfg, params, 0, hidden, jnp.roll(tokens, -1, 1).at[
+      :, -1].set(0), positions, cache)
+  np.testing.assert_allclose(logits0, logits[0], atol=1e-4)
+  h1, logits1, _ = mtp.apply_layer(cfg, params, 1, h0, jnp.pad(tokens[:, 2:], ((0, 0), (0, 2))),
+                                   positions, mtp.init_layer_cache(cfg, 2, 16))
+  np.testing.assert_allclose(logits1, logits[1], atol=1e-4)
+  # Decoding the last position alone against the cache written above gives the same.
+  _, last, _ = mtp.apply_layer(cfg, params, 0, hidden[:, -3:-2], tokens[:, -2:-1],
+                               positions[:, -3:-2], cache)
+  np.testing.assert_allclose(last[:, 0], logits[0][:, -3], atol=1e-4)
+
+
+def _loss(cfg, params, tokens, segments, **kw):
+  logits, _, _, hidden = mtp.forward_with_hidden(cfg, params, tokens,
+                                                 segment_ids_BxL=segments)
+  targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
+  # The last target is padding here (a real batch has it): masked out.
+  mask = jnp.ones_like(tokens).at[:, -1].set(0)
+  return mtp.loss(cfg, params, tokens, hidden, logits, targets_BxL=targets,
+                  segment_ids_BxL=segments, loss_mask_BxL=mask, **kw)
+
+
+def test_loss_is_kl_to_the_main_head(setup):
+  cfg, params, tokens = setup
+  segments = jnp.ones_like(tokens)
+  value, metrics = _loss(cfg, params, tokens, segments, kl_weight=0.5, ce_weight=0.25)
+  # Reference for depth 0 by hand: position i vs main position i + 1; the masked last
+  # target leaves i < L - 2, where the label t_{i+2} exists.
+  logits, _, _, hidden = mtp.forward_with_hidden(cfg, params, tokens)
+  student = jax.nn.log_softmax(mtp.apply(cfg, params, hidden, tokens)[0][:, :-2], -1)
+  teacher = jax.nn.log_softmax(logits[:, 1:-1], -1)
+  kl = np.mean(np.sum(np.exp(teacher) * (teacher - student), -1))
+  np.testing.assert_allclose(metrics["mtp0/kl"], kl, rtol=1e-5)
+  ce = -np.mean(np.take_along_axis(np.asarray(student), np.asarray(tokens)[:, 2:, None], -1))
+  np.testing.assert_allclose(metrics["mtp0/ce"], ce, rtol=1e-5)
+  assert kl > 0.01
+  depth_losses = [0.5 * metrics[f"mtp{k}/kl"] + 0.25 * metrics[f"mtp{k}/ce"] for k in (0, 1)]
+  np.testing.assert_allclose(value, np.mean(depth_losses), rtol=1e-6)
+  # ... and a document boundary removes the pairs that straddle it.
+  split = segments.at[:, LENGTH // 2:].set(2)
+  _, split_metrics = _loss(cfg, params, tokens, split, kl_weight=1.0)
+  assert not np.isclose(split_metrics["mtp0/kl"], metrics["mtp0/kl"])
+
+
+def test_frozen_trunk_gets_no_gradient(setup):
+  """Gradients of the MTP loss reach the main hidden state, embedding and head only when
+  trained jointly; the MTP layers train either way."""
+  cfg, params, tokens = setup
+  logits, _, _, hidden = mtp.forward_with_hidden(cfg, params, tokens)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def grads(frozen, params, hidden):
+    def fn(p, h):
+      return mtp.loss(cfg, p, tokens, h, logits, kl_weight=1.0, frozen_trunk=frozen)[0]
+    return jax.grad(fn, argnums=(0, 1))(params, hidden)
+
+  for frozen in (True, False):
+    param_grads, hidden_grad = grads(frozen, params, hidden)
+    for key in ("embed", "lm_head"):
+      nonzero = any(np.any(np.asarray(g) != 0) for g in jax.tree.leaves(param_grads[key]))
+      assert nonzero != frozen, key
+    assert np.any(np.asarray(hidden_grad) != 0) != frozen
+    assert all(np.any(np.asarray(g) != 0)
+               for g in jax.tree.leaves(param_grads[mtp.PARAMS_KEY]["eh_proj"]))

@@ -1,0 +1,175 @@
+"""JaxEngine against teacher-forced forward passes of the same model.
+
+Greedy tokens are the argmax of the full-sequence forward, reported log-probs its
+log-softmax and recorded experts its routing, for sequences that share slots, queue for
+them and finish at different steps.
+"""
+
+import numpy as np
+import pytest
+
+from c2jax.rollout import Request, SamplingParams
+from tests.rollout.conftest import MAX_LENGTH, VOCAB, detokenize
+
+TOL = 1e-4
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+
+
+def prompts():
+  rng = np.random.default_rng(0)
+  # 20 tokens > the single 16-token bucket: chunked prefill.
+  return [rng.integers(0, VOCAB, n).astype(np.int32) for n in (3, 20, 7)]
+
+
+def check_against_teacher(setup, params, prompt, generation):
+  full = np.concatenate([prompt, generation.tokens])
+  logp, routing = setup.teacher(params, full)
+  n = len(prompt)
+  np.testing.assert_array_equal(generation.tokens, logp[n - 1:-1].argmax(-1))
+  picked = logp[np.arange(n - 1, len(full) - 1), full[n:]]
+  np.testing.assert_allclose(generation.logprobs, picked, atol=TOL)
+  # Routing of the tokens this generation fed (its appended tokens, then its own).
+  fed = routing[len(full) - len(generation.expert_indices):]
+  np.testing.assert_array_equal(np.sort(generation.expert_indices, -1), np.sort(fed, -1))
+
+
+@pytest.fixture(scope="module")
+def greedy_runs(engine):
+  requests = [Request(p, GREEDY) for p in prompts()]
+  return requests, engine.generate(requests)
+
+
+def test_greedy_matches_teacher_forcing(setup, greedy_runs):
+  requests, generations = greedy_runs
+  assert [g.finish_reason for g in generations] == ["max_tokens"] * 3
+  for request, generation in zip(requests, generations):
+    np.testing.assert_array_equal(generation.prompt_tokens, request.tokens)
+    assert len(generation.tokens) == GREEDY.max_tokens
+    assert generation.expert_indices.shape == (len(request.tokens) + 8, 1, 2)
+    np.testing.assert_array_equal(generation.versions, 0)
+    check_against_teacher(setup, setup.params, request.tokens, generation)
+
+
+def test_slots_join_and_leave_independently(engine, greedy_runs):
+  """Three requests on two slots: the third joins when one leaves; the rows' results do
+  not depend on their neighbours."""
+  requests, expected = greedy_runs
+  short = Request(requests[0].tokens, SamplingParams(temperature=0.0, max_tokens=2))
+  ids = [engine.submit(r) for r in (short, requests[1], requests[2])]
+  finished, steps = {}, 0
+  while len(finished) < 3:
+    steps += 1
+    for g in engine.step():
+      finished[g.seq_id] = (steps, g)
+  # The short one leaves first; the queued third then runs beside the long second.
+  assert finished[ids[0]][0] < finished[ids[1]][0] < finished[ids[2]][0]
+  np.testing.assert_array_equal(finished[ids[0]][1].tokens, expected[0].tokens[:2])
+  for i in (1, 2):
+    np.testing.assert_array_equal(finished[ids[i]][1].tokens, expected[i].tokens)
+
+
+def test_sampling_logprobs_and_per_sequence_seeds(setup, engine):
+  prompt = prompts()[0]
+  sampling = SamplingParams(temperature=1.0, max_tokens=10, seed=7)
+  alone = engine.generate([Request(prompt, sampling)])[0]
+  other = Request(prompts()[2], SamplingParams(temperature=1.0, max_tokens=5, seed=1))
+  beside = engine.generate([other, Request(prompt, sampling)])[1]
+  np.testing.assert_array_equal(alone.tokens, beside.tokens)
+  full = np.concatenate([prompt, alone.tokens])
+  logp, _ = setup.teacher(setup.params, full)
+  np.testing.assert_allclose(alone.logprobs,
+                             logp[np.arange(len(prompt) - 1, len(full) - 1), alone.tokens],
+                             atol=TOL)
+  reseeded = engine.generate([Request(prompt, SamplingParams(temperature=1.0, max_tokens=10,
+                                                             seed=8))])[0]
+  assert not np.array_equal(reseeded.tokens, alone.tokens)
+  # A sampled (not argmax) sequence: temperature 1 really samples.
+  assert not np.array_equal(alone.tokens, logp[len(prompt) - 1:-1].argmax(-1))
+
+
+def test_stop_tokens_strings_max_tokens_and_length(engine, greedy_runs):
+  requests, expected = greedy_runs
+  prompt, reference = requests[1].tokens, expected[1].tokens
+  stop_at = next(i for i in range(1, 8) if reference[i] not in reference[:i])
+  by_token = engine.generate([Request(prompt, SamplingParams(
+      temperature=0.0, stop_tokens=(int(reference[stop_at]),)))])[0]
+  assert by_token.finish_reason == "stop_token"
+  np.testing.assert_array_equal(by_token.tokens, reference[:stop_at + 1])
+  assert len(by_token.expert_indices) == len(prompt) + stop_at + 1
+
+  text = detokenize(reference)
+  needle = text[stop_at - 1:stop_at + 1]
+  first = text.find(needle)
+  by_string = engine.generate([Request(prompt, SamplingParams(
+      temperature=0.0, stop_strings=(needle,)))])[0]
+  assert by_string.finish_reason == "stop_string"
+  np.testing.assert_array_equal(by_string.tokens, reference[:first + 2])
+
+  long_prompt = np.resize(prompt, MAX_LENGTH - 3)
+  by_length = engine.generate([Request(long_prompt, SamplingParams(temperature=0.0))])[0]
+  assert by_length.finish_reason == "length"
+  assert len(long_prompt) + len(by_length.tokens) == MAX_LENGTH
+  with pytest.raises(ValueError, match="max_length"):
+    engine.submit(Request(np.resize(prompt, MAX_LENGTH), GREEDY))
+  with pytest.raises(ValueError, match="detokenize"):
+    type(engine).submit(_no_detokenizer(engine), Request(prompt, SamplingParams(
+        stop_strings=("x",))))
+
+
+def _no_detokenizer(engine):
+  clone = object.__new__(type(engine))
+  clone.__dict__.update(engine.__dict__, _detokenize=None)
+  return clone
+
+
+def test_extend_appends_without_recomputing(setup, engine):
+  prompt, observation = prompts()[0], np.array([3, 1, 4, 1, 5], np.int32)
+  first = engine.generate([Request(prompt, GREEDY, keep_alive=True)])[0]
+  second = engine.extend(first.seq_id, observation, GREEDY)
+  np.testing.assert_array_equal(second.prompt_tokens, observation)
+  assert second.expert_indices.shape[0] == len(observation) + len(second.tokens)
+  history = np.concatenate([prompt, first.tokens])
+  check_against_teacher(setup, setup.params, np.concatenate([history, observation]), second)
+  engine.release(first.seq_id)
+  with pytest.raises(ValueError, match="Cannot extend"):
+    engine.extend(first.seq_id, observation)
+
+
+def test_update_params_between_decode_steps(setup, engine):
+  """Only the LM head changes, so the old KV cache is also the new weights' cache and the
+  tokens after the swap must be exactly the new model's argmax."""
+  new_params = dict(setup.params)
+  rng = np.random.default_rng(5)
+  new_params["lm_head"] = {"kernel": rng.standard_normal(
+      setup.params["lm_head"]["kernel"].shape).astype(np.float32)}
+  prompt = prompts()[2]
+  seq_id = engine.submit(Request(prompt, SamplingParams(temperature=0.0, max_tokens=10)))
+  for _ in range(3):
+    assert not engine.step()
+  engine.update_params(new_params, version=1)
+  generation = None
+  while generation is None:
+    generation = next((g for g in engine.step() if g.seq_id == seq_id), None)
+  engine.update_params(setup.params, version=0)
+  engine.step()
+  swapped = 4  # the prefill and three decode steps sampled with version 0
+  np.testing.assert_array_equal(generation.versions, [0] * swapped + [1] * (10 - swapped))
+  full = np.concatenate([prompt, generation.tokens])
+  old_logp, _ = setup.teacher(setup.params, full)
+  new_logp, _ = setup.teacher(new_params, full)
+  n = len(prompt)
+  np.testing.assert_array_equal(generation.tokens[:swapped],
+                                old_logp[n - 1:n - 1 + swapped].argmax(-1))
+  np.testing.assert_array_equal(generation.tokens[swapped:],
+                                new_logp[n - 1 + swapped:-1].argmax(-1))
+  assert not np.array_equal(old_logp[n - 1 + swapped:-1].argmax(-1),
+                            new_logp[n - 1 + swapped:-1].argmax(-1))
+  with pytest.raises(ValueError, match="structure, shapes"):
+    engine._set_params({"embed": setup.params["embed"]})
+
+
+def test_logprobs_scores_sequences(setup, engine):
+  tokens = np.concatenate([prompts()[2], prompts()[0]])
+  logp, _ = setup.teacher(setup.params, tokens)
+  [scored] = engine.logprobs([tokens])
+  np.testing.assert_allclose(scored, logp[np.arange(len(tokens) - 1), tokens[1:]], atol=TOL)

@@ -1,0 +1,45 @@
+"""The sampler's truncation rules, greedy one-hot, key derivation and log-probs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from c2jax.rollout import sampling
+
+LOGITS = jnp.log(jnp.asarray([[0.5, 0.2, 0.15, 0.1, 0.05]] * 4))
+
+
+def test_top_k_top_p_and_greedy_supports():
+  logp = sampling.sampling_logprobs(
+      LOGITS, temperature_B=jnp.asarray([1.0, 1.0, 1.0, 0.0]),
+      top_k_B=jnp.asarray([0, 2, 0, 0]), top_p_B=jnp.asarray([1.0, 1.0, 0.8, 1.0]))
+  probs = np.exp(np.asarray(logp))
+  np.testing.assert_allclose(probs[0], [0.5, 0.2, 0.15, 0.1, 0.05], atol=1e-6)
+  np.testing.assert_allclose(probs[1], [5 / 7, 2 / 7, 0, 0, 0], atol=1e-6)
+  # top_p 0.8: 0.5 + 0.2 < 0.8, so the third (reaching 0.85) is kept, the rest dropped.
+  np.testing.assert_allclose(probs[2], np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85, atol=1e-6)
+  np.testing.assert_allclose(probs[3], [1, 0, 0, 0, 0])
+
+
+def test_sample_frequencies_and_logprobs():
+  rows = 4000
+  logits = jnp.broadcast_to(LOGITS[0], (rows, 5))
+  keys = sampling.row_keys(jnp.arange(rows, dtype=jnp.uint32), jnp.zeros(rows, jnp.int32))
+  tokens, logprobs = jax.jit(sampling.sample)(
+      logits, jnp.full(rows, 2.0), jnp.full(rows, 3, jnp.int32), jnp.ones(rows), keys)
+  scaled = np.array([0.5, 0.2, 0.15]) ** 0.5  # temperature 2 then top-3
+  freq = np.bincount(np.asarray(tokens), minlength=5) / rows
+  np.testing.assert_allclose(freq, np.append(scaled / scaled.sum(), [0, 0]), atol=0.03)
+  # Reported log-probs: the temperature-scaled distribution before truncation.
+  policy = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 0.5)
+  policy -= np.log(np.exp(policy).sum())
+  np.testing.assert_allclose(logprobs, policy[np.asarray(tokens)], atol=1e-5)
+
+
+def test_keys_depend_on_seed_and_position_only():
+  a = sampling.row_keys(jnp.asarray([3, 3, 4], jnp.uint32), jnp.asarray([5, 6, 5]))
+  b = sampling.row_keys(jnp.asarray([4, 3], jnp.uint32), jnp.asarray([5, 5]))
+  data = jax.random.key_data
+  np.testing.assert_array_equal(data(a[0]), data(b[1]))
+  np.testing.assert_array_equal(data(a[2]), data(b[0]))
+  assert not np.array_equal(data(a[0]), data(a[1]))
