@@ -27,6 +27,7 @@ setup(
         "PyYAML>=6",
         "tensorboardX>=2.6",
         "ml-dtypes>=0.5",
+        "matplotlib>=3.8",
     ],
     extras_require={
         # torch and transformers are deliberately absent: HF reference outputs are
