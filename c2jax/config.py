@@ -103,3 +103,14 @@ def load_config_file(path, arg: str | None = None) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg) if arg is not None else module.get_config()
+
+
+def apply_overrides(cfg: ml_collections.ConfigDict, values: Mapping, prefix: str = "") -> None:
+  """Sets nested `values` (a dict of dicts) on `cfg`; an unknown key is a ConfigError."""
+  for key, value in values.items():
+    if key not in cfg:
+      raise ConfigError(prefix + key, "is not a key of this config.")
+    if isinstance(value, Mapping):
+      apply_overrides(cfg[key], value, f"{prefix}{key}.")
+    else:
+      cfg[key] = value

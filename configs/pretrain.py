@@ -14,8 +14,8 @@ RUNS = {
     "tiny": dict(steps=200, batch_size=8, seq_len=128, learning_rate=3e-3, warmup_steps=20,
                  eval_every=50, checkpoint_every=50, data_bytes=6 * 2**20),
     # Sized to finish in under ~10 minutes on a 2-core CPU (docs/benchmarks.md).
-    "small": dict(steps=60, batch_size=8, seq_len=256, learning_rate=2e-3, warmup_steps=6,
-                  eval_every=10, eval_batches=4, checkpoint_every=30,
+    "small": dict(steps=40, batch_size=4, seq_len=256, learning_rate=1e-3, warmup_steps=4,
+                  eval_every=8, eval_batches=4, checkpoint_every=20,
                   data_bytes=24 * 2**20),
 }
 REAL_SCALE = dict(steps=100_000, batch_size=256, seq_len=32768, learning_rate=2e-4,

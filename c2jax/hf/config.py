@@ -17,6 +17,7 @@ from typing import Any
 
 import ml_collections
 
+from c2jax import config as configlib
 from c2jax.model import config as model_config
 
 DEEPSEEK_TYPES = ("deepseek_v3", "kimi_k2")
@@ -202,24 +203,14 @@ def from_hf(hf: dict) -> tuple[ml_collections.ConfigDict, Layout]:
   fields = _qwen3_moe(text) if layout.model_type in QWEN_TYPES else _deepseek(text)
   cfg = model_config.defaults()
   cfg.name = layout.model_type
-  _update(cfg, fields, "")
+  configlib.apply_overrides(cfg, fields)
   return model_config.validate(cfg), layout
-
-
-def _update(cfg: ml_collections.ConfigDict, values: dict, prefix: str) -> None:
-  for key, value in values.items():
-    if key not in cfg:
-      raise model_config.configlib.ConfigError(prefix + key, "is not a model config key.")
-    if isinstance(value, dict):
-      _update(cfg[key], value, f"{prefix}{key}.")
-    else:
-      cfg[key] = value
 
 
 def config_from_dict(values: dict) -> ml_collections.ConfigDict:
   """A validated c2jax model config from its `to_dict()` form (e.g. read from JSON)."""
   cfg = model_config.defaults()
-  _update(cfg, values, "")
+  configlib.apply_overrides(cfg, values)
   return model_config.validate(cfg)
 
 
@@ -253,7 +244,7 @@ def to_hf(cfg: ml_collections.ConfigDict, base: dict | None = None) -> dict:
         num_experts=cfg.moe.num_experts, decoder_sparse_step=1,
         mlp_only_layers=list(range(cfg.first_k_dense)), use_sliding_window=False)
   else:
-    raise model_config.configlib.ConfigError(
+    raise configlib.ConfigError(
         "attention", "no HF architecture matches this model: HF has MLA + 'sigmoid_bias' "
         "(deepseek_v3) and GQA + qk_norm + 'softmax' without shared experts or scaling, "
         "non-interleaved rope (qwen3_moe).")

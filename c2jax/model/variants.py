@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
+from c2jax import config as configlib
 from c2jax.model import config as model_config
 
 _DEEPSEEK_V3_ATTENTION = dict(
@@ -70,16 +71,7 @@ def get(name: str, **overrides) -> ml_collections.ConfigDict:
         "(defined in c2jax/model/variants.py).")
   cfg = model_config.defaults()
   cfg.name = name
-  _apply(cfg, VARIANTS[name], "")
-  _apply(cfg, overrides, "")
+  configlib.apply_overrides(cfg, VARIANTS[name])
+  configlib.apply_overrides(cfg, overrides)
   return cfg
 
-
-def _apply(cfg: ml_collections.ConfigDict, overrides: dict, prefix: str) -> None:
-  for key, value in overrides.items():
-    if key not in cfg:
-      raise model_config.configlib.ConfigError(prefix + key, "is not a model config key.")
-    if isinstance(value, dict):
-      _apply(cfg[key], value, f"{prefix}{key}.")
-    else:
-      cfg[key] = value

@@ -20,22 +20,30 @@ def weight_decay_mask(params):
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def _with_warmup(peak, warmup_steps, after):
+  """Linear warmup from 0 over `warmup_steps` (none if 0), then `after` from its step 0."""
+  if warmup_steps <= 0:
+    return after
+  return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup_steps), after],
+                              boundaries=[warmup_steps])
+
+
 def _cosine(peak, total_steps, warmup_steps, end_fraction, decay_fraction):
   del decay_fraction
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=peak, warmup_steps=max(warmup_steps, 1),
-      decay_steps=max(total_steps, warmup_steps + 1), end_value=peak * end_fraction)
+  decay = optax.cosine_decay_schedule(peak, max(total_steps - warmup_steps, 1),
+                                      alpha=end_fraction)
+  return _with_warmup(peak, warmup_steps, decay)
 
 
 def _wsd(peak, total_steps, warmup_steps, end_fraction, decay_fraction):
   """Warmup-stable-decay: linear warmup, constant plateau, linear decay at the end."""
   decay_steps = max(int(total_steps * decay_fraction), 1)
   stable_steps = max(total_steps - warmup_steps - decay_steps, 0)
-  return optax.join_schedules(
-      [optax.linear_schedule(0.0, peak, max(warmup_steps, 1)),
-       optax.constant_schedule(peak),
+  after = optax.join_schedules(
+      [optax.constant_schedule(peak),
        optax.linear_schedule(peak, peak * end_fraction, decay_steps)],
-      boundaries=[max(warmup_steps, 1), max(warmup_steps, 1) + stable_steps])
+      boundaries=[stable_steps])
+  return _with_warmup(peak, warmup_steps, after)
 
 
 SCHEDULES = {"cosine": _cosine, "wsd": _wsd}

@@ -57,5 +57,5 @@ def train_step(cfg, optimizer, state: TrainState, batch: Batch):
     params = moe.update_correction_bias(params, stats["expert_loads"],
                                         cfg.moe.bias_update_rate)
   metrics = {"loss": loss, "ce_loss": stats["ce_loss"], "aux_loss": stats["aux_loss"],
-             "tokens": stats["tokens"], "grad_norm": optax.global_norm(grads)}
+             "tokens": stats["tokens"], "grad_norm": optax.tree_utils.tree_l2_norm(grads)}
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
