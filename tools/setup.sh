@@ -14,7 +14,7 @@ find_python() {
   done
   # pyenv machines: the shim needs the version named explicitly.
   if command -v pyenv >/dev/null 2>&1; then
-    for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])' | sort -V -r); do
+    for v in $(pyenv versions --bare 2>/dev/null | grep -E '^3\.(1[2-9])' | sort -V); do
       if PYENV_VERSION="$v" python3 -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then
         echo "env PYENV_VERSION=$v python3"; return 0
       fi

@@ -52,10 +52,12 @@ def bwrap_argv(workspace_root: str, ro_binds: tuple[str, ...], env_path: str) ->
   for path in _ETC_FILES:
     if os.path.exists(path):
       argv += ['--ro-bind', path, path]
+  # Mounts apply in order: the fresh /tmp comes first so that read-only binds of paths
+  # under /tmp (e.g. a virtualenv in a CI checkout there) stay visible on top of it.
+  argv += ['--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp']
   for path in ro_binds:
     argv += ['--ro-bind', path, path]
-  argv += ['--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp',
-           '--bind', workspace_root, sandbox_lib.WORKDIR, '--chdir', sandbox_lib.WORKDIR,
+  argv += ['--bind', workspace_root, sandbox_lib.WORKDIR, '--chdir', sandbox_lib.WORKDIR,
            '--setenv', 'PATH', env_path, '--setenv', 'HOME', '/tmp',
            '--setenv', 'LANG', 'C.UTF-8', '--setenv', 'PYTHONDONTWRITEBYTECODE', '1',
            '--setenv', 'TMPDIR', '/tmp']

@@ -10,9 +10,10 @@ Streaming (bounded memory, for checkpoints larger than RAM), also as `c2jax conv
     hf.convert_to_hf("ckpt", "hf_dir")
     cfg, params = hf.load_checkpoint("ckpt")
 
-On disk HF tensors use the legacy per-expert names of real checkpoints. Multi-token
-prediction layers and Kimi-K2.5's vision tower are skipped (c2jax's base model has
-neither); quantized (fp8 / int4) checkpoints must be dequantized first.
+On disk HF tensors use the legacy per-expert names of real checkpoints. DeepSeek-V3's
+multi-token-prediction layers (`num_nextn_predict_layers`) load into params['mtp_layers']
+and are saved back in the same layout; Kimi-K2.5's vision tower is skipped; quantized
+(fp8 / int4) checkpoints must be dequantized first.
 """
 
 from c2jax.hf.checkpoint import load_checkpoint

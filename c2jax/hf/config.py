@@ -141,6 +141,8 @@ def _deepseek(hf: dict) -> dict:
   experts = hf.get("num_local_experts", hf["n_routed_experts"])
   fields.update(
       attention="mla", q_lora_rank=hf.get("q_lora_rank"),
+      # DeepSeek-V3's MTP layers are stored as extra decoder layers past the main ones.
+      num_mtp_layers=int(hf.get("num_nextn_predict_layers") or 0),
       kv_lora_rank=_require(hf, "kv_lora_rank"),
       qk_nope_head_dim=_require(hf, "qk_nope_head_dim"),
       qk_rope_head_dim=_require(hf, "qk_rope_head_dim"),
@@ -234,8 +236,9 @@ def to_hf(cfg: ml_collections.ConfigDict, base: dict | None = None) -> dict:
         first_k_dense_replace=cfg.first_k_dense, n_routed_experts=cfg.moe.num_experts,
         n_shared_experts=cfg.moe.num_shared_experts, n_group=cfg.moe.n_group,
         topk_group=cfg.moe.topk_group, routed_scaling_factor=cfg.moe.routed_scaling_factor,
-        rope_interleave=cfg.rope.interleave, num_nextn_predict_layers=0)
+        rope_interleave=cfg.rope.interleave, num_nextn_predict_layers=cfg.num_mtp_layers)
   elif (cfg.attention == "gqa" and cfg.moe.router == "softmax" and cfg.qk_norm
+        and cfg.num_mtp_layers == 0
         and not cfg.rope.interleave and cfg.moe.num_shared_experts == 0
         and math.isclose(cfg.moe.routed_scaling_factor, 1.0)):
     arch = dict(
@@ -246,8 +249,9 @@ def to_hf(cfg: ml_collections.ConfigDict, base: dict | None = None) -> dict:
   else:
     raise configlib.ConfigError(
         "attention", "no HF architecture matches this model: HF has MLA + 'sigmoid_bias' "
-        "(deepseek_v3) and GQA + qk_norm + 'softmax' without shared experts or scaling, "
-        "non-interleaved rope (qwen3_moe).")
+        "(deepseek_v3, with or without MTP layers) and GQA + qk_norm + 'softmax' without "
+        "shared experts, scaling, MTP layers (num_mtp_layers = 0) or interleaved rope "
+        "(qwen3_moe).")
   out = dict(text_config(base)[0]) if base else {}
   for stale in ("rope_scaling", "rope_theta", "num_local_experts", "torch_dtype",
                 "quantization_config", "text_config", "vision_config", "auto_map"):

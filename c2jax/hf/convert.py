@@ -4,15 +4,19 @@ Both directions walk the table in `names.leaves(cfg)`: an HF tensor is read, tra
 and written into its slice (`_hf_into`), or a slice is read and written out as an HF
 tensor (`_hf_plan`). At no point is more than one tensor (plus its transformed copy) held
 by the converter, so `convert_from_hf` / `convert_to_hf` handle checkpoints larger than
-RAM; `load` / `save` use the same walk with an in-memory sink / source.
+RAM; `load` / `save` use the same walk with an in-memory sink / source. The MTP layers'
+copies of the shared embedding / LM head are compared with the originals on the way in
+(a warning if they differ) and written out again from the shared leaf.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
 import shutil
+import warnings
 from typing import Protocol
 
 import ml_collections
@@ -95,8 +99,16 @@ def _hf_into(reader: safetensors_io.SafetensorsReader, cfg, layout: hf_config.La
   if missing:
     raise ValueError(f"{reader.dir}: {len(missing)} tensors the config.json implies are "
                      f"missing, e.g. {missing[:3]}; is the checkpoint complete?")
+  copies = names.shared_copies(cfg, layout.prefix)
   skipped = []
   for name, info in reader.tensors.items():  # all checks before anything is written
+    if name in copies:
+      main = reader.tensors[copies[name]]
+      if (info.shape, info.dtype) != (main.shape, main.dtype):
+        raise ValueError(f"{reader.dir}: tensor {name!r} should copy {copies[name]!r} but "
+                         f"has shape {list(info.shape)} / {info.dtype}, not "
+                         f"{list(main.shape)} / {main.dtype}.")
+      continue
     if name not in pieces:
       reason = names.skipped_reason(name, cfg, layout.prefix)
       if reason is None:
@@ -119,6 +131,11 @@ def _hf_into(reader: safetensors_io.SafetensorsReader, cfg, layout: hf_config.La
       continue
     leaf, piece = pieces[name]
     sink.write(leaf.path, piece.index, piece.to_leaf(reader.read(name), leaf.slice_shape))
+  for copy, main in copies.items():
+    if copy in reader.tensors and not np.array_equal(reader.read(copy), reader.read(main)):
+      warnings.warn(f"{reader.dir}: {copy!r} differs from {main!r}, which it should copy; "
+                    f"c2jax shares one tensor and uses {main!r} (the MTP layer will see "
+                    "the main model's values).", stacklevel=3)
   return skipped
 
 
@@ -132,6 +149,9 @@ def _hf_plan(source: Source, cfg) -> list[safetensors_io.PlannedTensor]:
         return piece.to_hf(source.read(leaf.path, piece.index))
       plan.append(safetensors_io.PlannedTensor(
           piece.hf_name, dtype, piece.hf_shape(leaf.slice_shape), produce))
+  by_name = {t.name: t for t in plan}
+  for copy, main in names.shared_copies(cfg).items():  # DeepSeek-V3 stores these twice
+    plan.append(dataclasses.replace(by_name[main], name=copy))
   return sorted(plan, key=lambda t: _natural_key(t.name))
 
 

@@ -9,6 +9,8 @@ kinds of transform:
   'copy'    same values, same layout (norm scales, embeddings, correction bias).
 HF names use the legacy per-expert layout of real checkpoints
 (`model.layers.N.mlp.experts.E.gate_proj.weight`, `mlp.gate.e_score_correction_bias`).
+The one exception to "one tensor, one slice": DeepSeek-V3's MTP layers repeat the shared
+embedding and LM head (`shared_copies`), which convert.py checks and writes separately.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import re
 import ml_collections
 import numpy as np
 
+from c2jax.model import mtp
+
 Path = tuple[str, ...]
+MTP_KEY = mtp.PARAMS_KEY
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +99,12 @@ class Leaf:
 
 
 def leaves(cfg: ml_collections.ConfigDict, prefix: str = "") -> list[Leaf]:
-  """Every c2jax parameter leaf of `cfg` with the HF tensors that fill it, in HF order."""
+  """Every c2jax parameter leaf of `cfg` with the HF tensors that fill it, in HF order.
+
+  MTP depth k (cfg.num_mtp_layers) is HF layer `num_hidden_layers + k`, a decoder layer
+  plus enorm / hnorm / eh_proj / shared_head.norm (DeepSeek-V3's layout); its
+  `embed_tokens` / `shared_head.head` copies of the shared tensors are in shared_copies().
+  """
   D, V = cfg.hidden_size, cfg.vocab_size
   table: dict[Path, tuple[tuple[int, ...], list[Piece]]] = {}
 
@@ -108,43 +118,75 @@ def leaves(cfg: ml_collections.ConfigDict, prefix: str = "") -> list[Leaf]:
   add("model.embed_tokens.weight", ("embed", "embedding"), "copy", (), (V, D))
   dense_count = cfg.first_k_dense
   moe_count = cfg.num_layers - dense_count
-  E, Fe, S = cfg.moe.num_experts, cfg.moe.intermediate_size, cfg.moe.num_shared_experts
   for layer in range(cfg.num_layers):
     dense = layer < dense_count
-    stack_name = "dense_layers" if dense else "moe_layers"
-    i = layer if dense else layer - dense_count
-    stack = (dense_count if dense else moe_count,)
-    hf = f"model.layers.{layer}."
-
-    def layer_add(name, path, kind, shape, expert=None, experts=()):
-      index = (i,) if expert is None else (i, expert)
-      add(hf + name, (stack_name,) + path, kind, index, shape, stack + experts)
-
-    layer_add("input_layernorm.weight", ("attn_norm", "scale"), "copy", (D,))
-    for name, path, kind, shape in _attention(cfg):
-      layer_add("self_attn." + name, ("attn",) + path, kind, shape)
-    layer_add("post_attention_layernorm.weight", ("mlp_norm", "scale"), "copy", (D,))
-    if dense:
-      F = cfg.intermediate_size
-      for proj, shape in (("gate_proj", (D, F)), ("up_proj", (D, F)), ("down_proj", (F, D))):
-        layer_add(f"mlp.{proj}.weight", ("mlp", proj, "kernel"), "linear", shape)
-      continue
-    layer_add("mlp.gate.weight", ("moe", "router", "kernel"), "linear", (D, E))
-    if cfg.moe.router == "sigmoid_bias":
-      layer_add("mlp.gate.e_score_correction_bias", ("moe", "router", "correction_bias"),
-                "copy", (E,))
-    for e in range(E):
-      for proj, shape in (("gate_proj", (D, Fe)), ("up_proj", (D, Fe)), ("down_proj", (Fe, D))):
-        layer_add(f"mlp.experts.{e}.{proj}.weight", ("moe", "experts", proj), "linear", shape,
-                  expert=e, experts=(E,))
-    if S:
-      for proj, shape in (("gate_proj", (D, S * Fe)), ("up_proj", (D, S * Fe)),
-                          ("down_proj", (S * Fe, D))):
-        layer_add(f"mlp.shared_experts.{proj}.weight", ("moe", "shared", proj, "kernel"),
-                  "linear", shape)
+    _decoder_layer(add, cfg, f"model.layers.{layer}.",
+                   ("dense_layers",) if dense else ("moe_layers",),
+                   layer if dense else layer - dense_count,
+                   dense_count if dense else moe_count, dense)
   add("model.norm.weight", ("final_norm", "scale"), "copy", (), (D,))
   add("lm_head.weight", ("lm_head", "kernel"), "linear", (), (D, V))
+  depths = cfg.num_mtp_layers
+  for k in range(depths):
+    hf, stack = f"model.layers.{cfg.num_layers + k}.", (depths,)
+    add(hf + "enorm.weight", (MTP_KEY, "enorm", "scale"), "copy", (k,), (D,), stack)
+    add(hf + "hnorm.weight", (MTP_KEY, "hnorm", "scale"), "copy", (k,), (D,), stack)
+    add(hf + "eh_proj.weight", (MTP_KEY, "eh_proj", "kernel"), "linear", (k,), (2 * D, D),
+        stack)
+    # Dense or MoE exactly as a main layer at that index would be (see mtp.MTPLayer).
+    _decoder_layer(add, cfg, hf, (MTP_KEY, "block"), k, depths,
+                   cfg.num_layers <= cfg.first_k_dense)
+    add(hf + "shared_head.norm.weight", (MTP_KEY, "final_norm", "scale"), "copy", (k,),
+        (D,), stack)
   return [Leaf(path, shape, tuple(pieces)) for path, (shape, pieces) in table.items()]
+
+
+def _decoder_layer(add, cfg, hf: str, stack_path: Path, i: int, count: int,
+                   dense: bool) -> None:
+  """The HF tensors of one decoder layer: slice i of the stack of `count` at stack_path."""
+  D = cfg.hidden_size
+  E, Fe, S = cfg.moe.num_experts, cfg.moe.intermediate_size, cfg.moe.num_shared_experts
+
+  def layer_add(name, path, kind, shape, expert=None, experts=()):
+    index = (i,) if expert is None else (i, expert)
+    add(hf + name, stack_path + path, kind, index, shape, (count,) + experts)
+
+  layer_add("input_layernorm.weight", ("attn_norm", "scale"), "copy", (D,))
+  for name, path, kind, shape in _attention(cfg):
+    layer_add("self_attn." + name, ("attn",) + path, kind, shape)
+  layer_add("post_attention_layernorm.weight", ("mlp_norm", "scale"), "copy", (D,))
+  if dense:
+    F = cfg.intermediate_size
+    for proj, shape in (("gate_proj", (D, F)), ("up_proj", (D, F)), ("down_proj", (F, D))):
+      layer_add(f"mlp.{proj}.weight", ("mlp", proj, "kernel"), "linear", shape)
+    return
+  layer_add("mlp.gate.weight", ("moe", "router", "kernel"), "linear", (D, E))
+  if cfg.moe.router == "sigmoid_bias":
+    layer_add("mlp.gate.e_score_correction_bias", ("moe", "router", "correction_bias"),
+              "copy", (E,))
+  for e in range(E):
+    for proj, shape in (("gate_proj", (D, Fe)), ("up_proj", (D, Fe)), ("down_proj", (Fe, D))):
+      layer_add(f"mlp.experts.{e}.{proj}.weight", ("moe", "experts", proj), "linear", shape,
+                expert=e, experts=(E,))
+  if S:
+    for proj, shape in (("gate_proj", (D, S * Fe)), ("up_proj", (D, S * Fe)),
+                        ("down_proj", (S * Fe, D))):
+      layer_add(f"mlp.shared_experts.{proj}.weight", ("moe", "shared", proj, "kernel"),
+                "linear", shape)
+
+
+def shared_copies(cfg: ml_collections.ConfigDict, prefix: str = "") -> dict[str, str]:
+  """HF name of each MTP depth's copy of a shared tensor -> the main tensor it copies.
+
+  DeepSeek-V3 checkpoints store the embedding and LM head again inside every MTP layer;
+  c2jax shares one of each, so loading checks the copies and saving writes them.
+  """
+  out = {}
+  for k in range(cfg.num_mtp_layers):
+    hf = f"{prefix}model.layers.{cfg.num_layers + k}."
+    out[hf + "embed_tokens.weight"] = prefix + "model.embed_tokens.weight"
+    out[hf + "shared_head.head.weight"] = prefix + "lm_head.weight"
+  return out
 
 
 _MTP_OR_EXTRA_LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -157,8 +199,9 @@ def skipped_reason(hf_name: str, cfg, prefix: str) -> str | None:
   if prefix and not hf_name.startswith(prefix):
     return "not part of the text model (vision tower / projector)"
   match = _MTP_OR_EXTRA_LAYER.match(hf_name.removeprefix(prefix))
-  if match and int(match.group(1)) >= cfg.num_layers:
-    return "multi-token-prediction layer (not part of the c2jax base model)"
+  if match and int(match.group(1)) >= cfg.num_layers + cfg.num_mtp_layers:
+    return ("multi-token-prediction layer beyond config.json's num_nextn_predict_layers "
+            f"= {cfg.num_mtp_layers}")
   return None
 
 

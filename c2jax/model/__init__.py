@@ -7,7 +7,9 @@
 
 `param_axes(cfg)` / `cache_axes(cfg)` give the logical axis names of every parameter /
 cache array (mapped to a mesh by c2jax.parallel); `trainable_mask(params)` marks what the
-optimizer updates (everything but the MoE correction biases).
+optimizer updates (everything but the MoE correction biases, MTP layers' included). The
+multi-token-prediction modules (cfg.num_mtp_layers > 0) live at params['mtp_layers'];
+c2jax.model.mtp applies them and computes their training loss.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from c2jax.model import mtp
 from c2jax.model.transformer import REMAT_POLICIES, Transformer, cache_axes, init_cache
 
 __all__ = ["REMAT_POLICIES", "Transformer", "apply", "cache_axes", "forward", "init",
@@ -26,12 +29,17 @@ _NOT_TRAINED = frozenset({"correction_bias"})
 
 def _init_boxed(cfg, rng):
   tokens_1x1 = jnp.zeros((1, 1), jnp.int32)
-  return Transformer(cfg).init(rng, tokens_1x1)["params"]
+  params = Transformer(cfg).init(rng, tokens_1x1)["params"]
+  if cfg.num_mtp_layers:
+    # Its own stream, so enabling MTP leaves the main model's initial values unchanged.
+    params = {**params, mtp.PARAMS_KEY: mtp.init_boxed(cfg, jax.random.fold_in(rng, 1))}
+  return params
 
 
 def init(cfg, rng: jax.Array) -> dict:
   """Fresh parameters (HF-style normal(init_std) kernels, unit norms, zero biases).
 
+  With cfg.num_mtp_layers > 0 the MTP modules are included as params['mtp_layers'].
   Works under `jax.eval_shape` for any size, e.g. to count a 1T model's parameters.
   """
   return nn.unbox(_init_boxed(cfg, rng))

@@ -68,14 +68,19 @@ def _check(cfg):
     raise ValueError("config.num_mtp_layers = 0: set it >= 1 to build MTP modules.")
 
 
-def init(cfg, rng: jax.Array) -> dict:
-  """Fresh `mtp_layers` parameters; add them to the main tree as params['mtp_layers']."""
+def init_boxed(cfg, rng: jax.Array) -> dict:
+  """Fresh `mtp_layers` parameters still boxed with their logical axis names
+  (model.init / model.param_axes place them at params['mtp_layers'])."""
   _check(cfg)
   h_1x1xD = jnp.zeros((1, 1, cfg.hidden_size), compute_dtype(cfg))
   xs = (jnp.zeros((cfg.num_mtp_layers, 1, 1, cfg.hidden_size), compute_dtype(cfg)), None)
   positions_1x1 = jnp.zeros((1, 1), jnp.int32)
-  boxed = _stack(cfg).init(rng, h_1x1xD, xs, positions_1x1, None)["params"]
-  return nn.unbox(boxed)
+  return _stack(cfg).init(rng, h_1x1xD, xs, positions_1x1, None)["params"]
+
+
+def init(cfg, rng: jax.Array) -> dict:
+  """Fresh `mtp_layers` parameters alone (model.init already includes them)."""
+  return nn.unbox(init_boxed(cfg, rng))
 
 
 def forward_with_hidden(cfg, params, tokens_BxL, **kwargs):

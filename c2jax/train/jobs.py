@@ -42,6 +42,12 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.eval_batches = 8
   t.checkpoint_every = 50
   t.keep_checkpoints = 3
+  # Multi-token prediction (used when model.num_mtp_layers > 0): KL to the main head's
+  # distribution and data cross-entropy weights; a frozen trunk trains the MTP modules
+  # alone (attached to a finished checkpoint), otherwise everything trains jointly.
+  t.mtp_kl_weight = 1.0
+  t.mtp_ce_weight = 0.0
+  t.mtp_frozen_trunk = False
   return t
 
 
@@ -73,7 +79,8 @@ def validate(cfg, num_devices: int | None = None) -> None:
               "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
               "train.eval_batches", "data.vocab_size"):
     configlib.check_positive(cfg, key)
-  configlib.check_positive(cfg, "train.eval_every", allow_zero=True)
+  for key in ("train.eval_every", "train.mtp_kl_weight", "train.mtp_ce_weight"):
+    configlib.check_positive(cfg, key, allow_zero=True)
   configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
   configlib.check_at_most(cfg, "train.seq_len", "model.max_position")
   parallel.validate_parallel(cfg.parallel, num_devices)

@@ -30,7 +30,7 @@ from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import jobs
 from c2jax.train.metrics import MetricsWriter
 from c2jax.train.optimizer import make_optimizer
-from c2jax.train.step import TrainState, loss_fn, train_step
+from c2jax.train.step import MTPWeights, TrainState, loss_fn, train_step
 
 
 class NonFiniteLossError(RuntimeError):
@@ -136,14 +136,16 @@ def device_batch(rt: Runtime, batch: dict) -> dict:
 
 
 def make_train_step(rt: Runtime):
-  step = functools.partial(train_step, rt.cfg.model, rt.optimizer)
+  step = functools.partial(train_step, rt.cfg.model, rt.optimizer,
+                           mtp=MTPWeights.from_train_config(rt.cfg.train))
   return jax.jit(step, in_shardings=(rt.state_shardings, rt.batch_sharding),
                  out_shardings=(rt.state_shardings, None), donate_argnums=0)
 
 
 def make_eval_step(rt: Runtime):
   def eval_step(params, batch):
-    _, stats = loss_fn(rt.cfg.model, params, batch)
+    _, stats = loss_fn(rt.cfg.model, params, batch,
+                       MTPWeights.from_train_config(rt.cfg.train))
     return stats["ce_loss"] * stats["tokens"], stats["tokens"]
   return jax.jit(eval_step, in_shardings=(rt.state_shardings.params, rt.batch_sharding))
 

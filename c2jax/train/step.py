@@ -3,10 +3,14 @@
 Shapes: B batch, L length, V vocab. A batch is a dict of [B, L] arrays:
   inputs (int32), targets (int32), positions (int32), segment_ids (int32; 0 = padding),
   loss_mask (float32; 1 where the target token is trained on).
+
+With cfg.num_mtp_layers > 0 the loss adds the MTP self-distillation loss
+(c2jax.model.mtp.loss) weighted by `MTPWeights` (config.train.mtp_*).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.struct
@@ -15,7 +19,7 @@ import jax.numpy as jnp
 import optax
 
 from c2jax import model
-from c2jax.model import moe
+from c2jax.model import moe, mtp as mtp_lib
 
 Batch = dict[str, jax.Array]
 
@@ -27,35 +31,95 @@ class TrainState:
   opt_state: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class MTPWeights:
+  """How the MTP modules train (used only when cfg.num_mtp_layers > 0).
+
+  kl_weight / ce_weight: the weights of the KL to the main head and of the data CE.
+  frozen_trunk: the MTP modules train alone on a frozen main model (as when attached to
+  a finished checkpoint): nothing outside params['mtp_layers'] changes, and the MTP loss
+  sends no gradient into the trunk, embedding or head. Otherwise all train jointly.
+  """
+  kl_weight: float = 1.0
+  ce_weight: float = 0.0
+  frozen_trunk: bool = False
+
+  @classmethod
+  def from_train_config(cls, train_cfg) -> MTPWeights:
+    return cls(kl_weight=float(train_cfg.mtp_kl_weight),
+               ce_weight=float(train_cfg.mtp_ce_weight),
+               frozen_trunk=bool(train_cfg.mtp_frozen_trunk))
+
+
 def create_train_state(cfg, optimizer, rng) -> TrainState:
   params = model.init(cfg, rng)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=optimizer.init(params))
 
 
-def loss_fn(cfg, params, batch: Batch):
-  """Mean next-token cross entropy over loss_mask tokens, plus the MoE auxiliary loss."""
-  logits_BxLxV, aux, _ = model.apply(
-      cfg, params, batch["inputs"], positions_BxL=batch["positions"],
-      segment_ids_BxL=batch["segment_ids"])
+def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None):
+  """Mean next-token cross entropy over loss_mask tokens, plus the MoE auxiliary loss,
+  plus (cfg.num_mtp_layers > 0) the weighted MTP loss, reported as `mtp_loss`."""
+  kwargs = dict(positions_BxL=batch["positions"], segment_ids_BxL=batch["segment_ids"])
+  if cfg.num_mtp_layers:
+    logits_BxLxV, aux, _, hidden_BxLxD = mtp_lib.forward_with_hidden(
+        cfg, params, batch["inputs"], **kwargs)
+  else:
+    logits_BxLxV, aux, _ = model.apply(cfg, params, batch["inputs"], **kwargs)
   nll_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, batch["targets"])
   mask_BxL = batch["loss_mask"].astype(jnp.float32)
   tokens = jnp.maximum(mask_BxL.sum(), 1.0)
   ce = (nll_BxL * mask_BxL).sum() / tokens
   loss = ce + aux["aux_loss"]
-  return loss, {"ce_loss": ce, "aux_loss": aux["aux_loss"], "tokens": mask_BxL.sum(),
-                "expert_loads": aux["expert_loads"]}
+  stats = {"ce_loss": ce, "aux_loss": aux["aux_loss"], "tokens": mask_BxL.sum(),
+           "expert_loads": aux["expert_loads"]}
+  if cfg.num_mtp_layers:
+    mtp = mtp or MTPWeights()
+    mtp_loss, mtp_metrics = mtp_lib.loss(
+        cfg, params, batch["inputs"], hidden_BxLxD, logits_BxLxV,
+        targets_BxL=batch["targets"], loss_mask_BxL=batch["loss_mask"],
+        kl_weight=mtp.kl_weight, ce_weight=mtp.ce_weight, frozen_trunk=mtp.frozen_trunk,
+        **kwargs)
+    loss = loss + mtp_loss
+    stats.update(mtp_metrics, mtp_loss=mtp_loss)
+  return loss, stats
 
 
-def train_step(cfg, optimizer, state: TrainState, batch: Batch):
-  """One optimizer step, then the aux-loss-free correction-bias update (outside Adam)."""
-  grad_fn = jax.value_and_grad(lambda p: loss_fn(cfg, p, batch), has_aux=True)
-  (loss, stats), grads = grad_fn(state.params)
+def _grads(cfg, params, batch: Batch, mtp: MTPWeights):
+  """(loss, stats), grads of loss_fn; a frozen trunk is differentiated only through the
+  MTP subtree (so no backward pass runs through the trunk) and gets zero gradients."""
+  if not (cfg.num_mtp_layers and mtp.frozen_trunk):
+    return jax.value_and_grad(lambda p: loss_fn(cfg, p, batch, mtp), has_aux=True)(params)
+  def of_mtp(mtp_params):
+    return loss_fn(cfg, {**params, mtp_lib.PARAMS_KEY: mtp_params}, batch, mtp)
+  value, mtp_grads = jax.value_and_grad(of_mtp, has_aux=True)(params[mtp_lib.PARAMS_KEY])
+  grads = {**jax.tree.map(jnp.zeros_like, params), mtp_lib.PARAMS_KEY: mtp_grads}
+  return value, grads
+
+
+def train_step(cfg, optimizer, state: TrainState, batch: Batch, mtp: MTPWeights | None = None):
+  """One optimizer step, then the aux-loss-free correction-bias update (outside Adam).
+
+  `mtp` (default MTPWeights()) matters only when cfg.num_mtp_layers > 0.
+  """
+  mtp = mtp or MTPWeights()
+  (loss, stats), grads = _grads(cfg, state.params, batch, mtp)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  frozen = bool(cfg.num_mtp_layers) and mtp.frozen_trunk
+  if frozen:  # zero gradients alone would still let weight decay move the trunk
+    updates = {key: (value if key == mtp_lib.PARAMS_KEY
+                     else jax.tree.map(jnp.zeros_like, value))
+               for key, value in updates.items()}
   params = optax.apply_updates(state.params, updates)
   if cfg.num_layers > cfg.first_k_dense and cfg.moe.router == "sigmoid_bias":
-    params = moe.update_correction_bias(params, stats["expert_loads"],
+    # The expert loads are the trunk's; the MTP blocks' biases stay as they are.
+    main = {k: v for k, v in params.items() if k != mtp_lib.PARAMS_KEY}
+    if not frozen:
+      main = moe.update_correction_bias(main, stats["expert_loads"],
                                         cfg.moe.bias_update_rate)
+    params = {**params, **main}
   metrics = {"loss": loss, "ce_loss": stats["ce_loss"], "aux_loss": stats["aux_loss"],
              "tokens": stats["tokens"], "grad_norm": optax.tree_utils.tree_l2_norm(grads)}
+  if cfg.num_mtp_layers:
+    metrics.update({k: v for k, v in stats.items() if k.startswith("mtp")})
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

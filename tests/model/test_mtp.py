@@ -115,3 +115,44 @@ def test_frozen_trunk_gets_no_gradient(setup):
     assert np.any(np.asarray(hidden_grad) != 0) != frozen
     assert all(np.any(np.asarray(g) != 0)
                for g in jax.tree.leaves(param_grads[mtp.PARAMS_KEY]["eh_proj"]))
+
+
+def test_model_init_includes_mtp_with_axes_and_mask():
+  cfg = tiny_cfg(vocab_size=32, num_layers=2, num_mtp_layers=2, **MLA_OVERRIDES)
+  shapes = jax.eval_shape(lambda: model.init(cfg, jax.random.key(0)))
+  alone = jax.eval_shape(lambda: mtp.init(cfg, jax.random.key(0)))
+  assert jax.tree.map(lambda s: s.shape, shapes[mtp.PARAMS_KEY]) == jax.tree.map(
+      lambda s: s.shape, alone)
+  without = jax.eval_shape(lambda: model.init(tiny_cfg(vocab_size=32, num_layers=2),
+                                              jax.random.key(0)))
+  assert set(shapes) - set(without) == {mtp.PARAMS_KEY}
+  # Every parameter, the MTP ones included, has one logical axis name per dimension.
+  axes = model.param_axes(cfg)
+  is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)
+  assert jax.tree.structure(axes, is_leaf=is_spec) == jax.tree.structure(shapes)
+  for spec, leaf in zip(jax.tree.leaves(axes, is_leaf=is_spec), jax.tree.leaves(shapes)):
+    assert len(spec) == leaf.ndim
+  layers_axes = axes[mtp.PARAMS_KEY]
+  assert layers_axes["eh_proj"]["kernel"] == jax.sharding.PartitionSpec(
+      "layers", None, "embed")
+  assert layers_axes["block"]["moe"]["experts"]["up_proj"][:2] == ("layers", "expert")
+  mask = model.trainable_mask(shapes)[mtp.PARAMS_KEY]
+  assert mask["eh_proj"]["kernel"] and mask["block"]["attn_norm"]["scale"]
+  assert not mask["block"]["moe"]["router"]["correction_bias"]
+
+
+def test_counts_report_mtp_apart_from_the_main_model():
+  from c2jax.model import counting, variants
+  base = tiny_cfg(vocab_size=32, num_layers=2, **MLA_OVERRIDES)
+  with_mtp = tiny_cfg(vocab_size=32, num_layers=2, num_mtp_layers=2, **MLA_OVERRIDES)
+  plain, counted = counting.count_params(base), counting.count_params(with_mtp)
+  assert plain["mtp_params"] == 0
+  assert (counted["total_params"], counted["active_params"]) == (
+      plain["total_params"], plain["active_params"])
+  shapes = jax.eval_shape(lambda: mtp.init(with_mtp, jax.random.key(0)))
+  assert counted["mtp_params"] == sum(int(np.prod(s.shape)) for s in jax.tree.leaves(shapes))
+  # DeepSeek-V3 (one MTP depth): ~11.6B of its own beside the 671B main model (the
+  # reported 14B adds the depth's copies of the 0.93B embedding and head).
+  ds = counting.count_params(variants.get("deepseek_v3"))
+  assert 11e9 < ds["mtp_params"] < 12e9
+  assert ds["total_params"] == pytest.approx(671e9, rel=0.01)
