@@ -119,7 +119,7 @@ def train_step(cfg, optimizer, state: TrainState, batch: Batch, mtp: MTPWeights 
                                         cfg.moe.bias_update_rate)
     params = {**params, **main}
   metrics = {"loss": loss, "ce_loss": stats["ce_loss"], "aux_loss": stats["aux_loss"],
-             "tokens": stats["tokens"], "grad_norm": optax.tree_utils.tree_l2_norm(grads)}
+             "tokens": stats["tokens"], "grad_norm": optax.tree_utils.tree_norm(grads)}
   if cfg.num_mtp_layers:
     metrics.update({k: v for k, v in stats.items() if k.startswith("mtp")})
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
