@@ -148,8 +148,6 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def _quant_recipes():
-  try:
-    from c2jax import quant
-  except ImportError:  # quant recipes not installed in this build: only 'none' is valid.
-    return ("none",)
+  from c2jax import quant  # imported lazily: quant pulls in the kernels package
+
   return quant.RECIPES
