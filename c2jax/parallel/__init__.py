@@ -6,7 +6,7 @@ Modules annotate parameters and activations with logical axis names only; a job 
 
 from c2jax.parallel.mesh import (MESH_AXES, default_parallel_config, make_mesh,
                                  validate_parallel)
-from c2jax.parallel.rules import DEFAULT_RULES, logical_shardings, rules_of
+from c2jax.parallel.rules import DEFAULT_RULES, rules_of
 
-__all__ = ["DEFAULT_RULES", "MESH_AXES", "default_parallel_config", "logical_shardings",
-           "make_mesh", "rules_of", "validate_parallel"]
+__all__ = ["DEFAULT_RULES", "MESH_AXES", "default_parallel_config", "make_mesh",
+           "rules_of", "validate_parallel"]

@@ -9,9 +9,6 @@ order.
 
 from __future__ import annotations
 
-import flax.linen as nn
-import jax
-
 DEFAULT_RULES = (
     ("batch", ("data", "fsdp", "expert")),
     ("length", "context"),
@@ -41,11 +38,3 @@ def rules_of(parallel_cfg) -> tuple:
   return tuple((name, tuple(axes) if isinstance(axes, list) else axes)
                for name, axes in parallel_cfg.rules)
 
-
-def logical_shardings(logical_specs, mesh, rules):
-  """NamedShardings for a pytree of logical PartitionSpecs (e.g. model.param_axes(cfg))."""
-  return nn.logical_to_mesh_sharding(logical_specs, mesh, rules)
-
-
-def replicated(mesh) -> jax.sharding.NamedSharding:
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

@@ -7,7 +7,6 @@ to restore: the manager reports it and falls back to the previous step.
 
 from __future__ import annotations
 
-import json
 import logging
 import pathlib
 
@@ -81,9 +80,6 @@ class Checkpointer:
             item=abstract, partial_restore=True,
             restore_args=ocp.checkpoint_utils.construct_restore_args(abstract))))
     return restored["state"]["params"]
-
-  def config_of(self, step: int) -> dict:
-    return json.loads((self.directory / str(step) / "config" / "metadata").read_text())
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

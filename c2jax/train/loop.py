@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from c2jax import data, model, parallel
+from c2jax import model, parallel
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import jobs
 from c2jax.train.metrics import MetricsWriter
@@ -194,7 +194,6 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
   ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints,
                                      every=t.checkpoint_every)
   (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
-  restored = None
   with rt.scope():
     restored = ckpt.restore_latest(abstract_state(rt))
   iterator = iter(datasets.train)
@@ -211,9 +210,10 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
 
   def report(step, metrics):
     row = writer.write(step, {k: float(v) for k, v in metrics.items()})
-    if not math.isfinite(row["loss"] if isinstance(row["loss"], float) else math.nan):
+    loss = float(metrics["loss"])
+    if not math.isfinite(loss):
       raise NonFiniteLossError(
-          f"loss is {row['loss']} at step {step}; stopping. The last good checkpoint is "
+          f"loss is {loss} at step {step}; stopping. The last good checkpoint is "
           f"step {max(ckpt.steps(), default=0)} in {ckpt.directory}. Lower "
           "config.train.learning_rate or check the data, then rerun.")
     return row

@@ -3,7 +3,6 @@ NaN stops, phase chaining, and multi-device equivalence."""
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import time
