@@ -3,7 +3,8 @@
   c2jax pipeline --config=configs/pipeline.py:tiny --workdir=runs/tiny
 Stage workdirs are WORKDIR/<stage>; each stage config is the phase's own config file
 (configs/pretrain.py, longctx.py, sft.py) for the same variant, chained by checkpoint.
-Override a stage's fields with e.g. --config.pretrain.train.steps=50.
+Override a stage's fields with e.g. --config.pretrain.train.steps=50; data fields are
+shared by all stages: --config.data.max_total_bytes=...
 RL and evaluation stages join as they land.
 """
 
@@ -24,6 +25,9 @@ def get_config(variant: str = "tiny"):
   c.pretrain = configlib.load_config_file(HERE / "pretrain.py", variant)
   c.longctx = configlib.load_config_file(HERE / "longctx.py", variant)
   c.sft = configlib.load_config_file(HERE / "sft.py", variant)
+  # One corpus and tokenizer for every stage (the pipeline copies this into each stage):
+  # a stage with its own tokenizer could not continue from the previous checkpoint.
+  c.data = c.pretrain.data.copy_and_resolve_references()
   # Procedurally generated repositories solved by the scripted solver through the real
   # tools: the SFT phase's agent traces; `heldout` of them measure held-out SFT loss.
   c.traces = ml_collections.ConfigDict(

@@ -33,8 +33,8 @@ def build_traces(cfg, workdir: pathlib.Path) -> dict:
       tmp = path.with_suffix(".tmp")
       tmp.write_text("".join(json.dumps(row) + "\n" for row in rows))
       tmp.rename(path)  # a killed run never leaves a half-written trace file behind
-  return {"train_traces": sum(1 for _ in open(train_path)),
-          "heldout_traces": sum(1 for _ in open(heldout_path))}
+  return {"train_traces": len(train_path.read_text().splitlines()),
+          "heldout_traces": len(heldout_path.read_text().splitlines())}
 
 
 def main(argv) -> int:
@@ -51,6 +51,8 @@ def main(argv) -> int:
   if not 0 < cfg.traces.heldout < cfg.traces.count:
     raise SystemExit(f"config.traces.heldout = {cfg.traces.heldout} must be > 0 and < "
                      f"config.traces.count = {cfg.traces.count}.")
+  for stage in ("pretrain", "longctx", "sft"):
+    cfg[stage].data = cfg.data
   cfg.longctx.init_from = str(root / "pretrain")
   cfg.sft.init_from = str(root / "longctx")
   cfg.sft.sft.train_path = str(root / "traces" / "train.jsonl")

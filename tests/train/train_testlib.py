@@ -36,3 +36,24 @@ def losses(workdir):
   rows = [json.loads(line) for line in (pathlib.Path(workdir) / "metrics.jsonl").read_text()
           .splitlines() if line.strip()]
   return {row["step"]: row["loss"] for row in rows if "loss" in row}
+
+
+def run_pipeline(root, data_cache):
+  """`c2jax pipeline` on tiny with every stage cut to two steps and three tasks."""
+  stages = []
+  for stage, seq_len, batch in (("pretrain", 32, 8), ("longctx", 256, 1), ("sft", 256, 1)):
+    stages += [f"--config.{stage}.train.steps=2", f"--config.{stage}.train.seq_len={seq_len}",
+               f"--config.{stage}.train.batch_size={batch}",
+               f"--config.{stage}.train.eval_every=2", f"--config.{stage}.train.eval_batches=1",
+               f"--config.{stage}.train.checkpoint_every=2"]
+  data = [arg for arg in TINY if arg.startswith("--config.data.")]  # shared by all stages
+  cmd = [sys.executable, "-m", "c2jax.cli", "pipeline", "--config=configs/pipeline.py:tiny",
+         f"--workdir={root}", f"--config.data.cache_dir={data_cache}", *data, *stages,
+         "--config.traces.count=3", "--config.traces.heldout=1"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=900)
+  if result.returncode != 0:
+    raise AssertionError(f"pipeline failed ({result.returncode}):\n{result.stdout[-3000:]}"
+                         f"\n{result.stderr[-3000:]}")
+  return result

@@ -1,0 +1,27 @@
+"""The README's main job, `c2jax pipeline`, runs every stage end to end (shortened)."""
+
+import json
+
+import pytest
+
+from train_testlib import run_pipeline
+
+pytestmark = pytest.mark.slow
+
+
+def test_pipeline_runs_every_stage_and_resumes(tmp_path, data_cache):
+  root = tmp_path / "pipe"
+  result = run_pipeline(root, data_cache)
+  summary = json.loads((root / "summary.json").read_text())
+  assert list(summary) == ["pretrain", "longctx", "traces", "sft"]
+  assert summary["traces"] == {"train_traces": 2, "heldout_traces": 1,
+                               "seconds": summary["traces"]["seconds"]}
+  for stage in ("pretrain", "longctx", "sft"):
+    assert summary[stage]["steps"] == 2 and summary[stage]["eval"]["eval_loss"] > 0
+  assert f"init: parameters from {root}/pretrain/checkpoints step 2" in result.stdout
+  assert f"init: parameters from {root}/longctx/checkpoints step 2" in result.stdout
+  # Every stage used the one shared tokenizer: SFT started from the long-context weights.
+  config = json.loads((root / "sft" / "config.json").read_text())
+  assert config["data"]["vocab_size"] == 1024 and config["init_from"] == str(root / "longctx")
+  rerun = run_pipeline(root, data_cache)
+  assert rerun.stdout.count("resume: step 2") == 3  # finished stages are not trained again
