@@ -10,8 +10,9 @@ Operands are quantised, then dequantised into the input dtype and fed to the cho
 grouped-matmul impl (float32 accumulation). For MXFP8 the dequantised values are exact in
 bfloat16 (FP8 value times a power of two), so a bf16 grouped GEMM computes exactly the
 block-scaled GEMM; for NVFP4 the float32 per-token scale picks up a bf16 rounding (2^-9
-relative), negligible against E2M1's own 2^-2. Blocks along the token axis (weight gradient) follow row order and may
-straddle two groups; each block still gets a scale covering its own values.
+relative), negligible against E2M1's own 2^-2. Blocks along the token axis (weight
+gradient) follow row order and may straddle two groups; each block still gets a scale
+covering its own values.
 """
 
 import functools

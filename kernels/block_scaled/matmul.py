@@ -11,9 +11,11 @@ GEMMs had been exact, but each is computed on requantised operands.
 Paths (PATHS), all computing the same math with float32 accumulation:
   'scaled_matmul': jax.nn.scaled_matmul on the FP8/FP4 values and scales (cuDNN
     block-scaled tensor cores on Blackwell; XLA decomposes it on other backends).
+  'hopper_fp8': one FP8 x FP8 -> FP32 GEMM per scale block, each partial sum scaled and
+    accumulated in FP32 (scale promotion; FP8 tensor cores on Hopper), see hopper.py.
   'dequantize': dequantise to float32 and run an ordinary dot; portable (CPU included).
-A Hopper-specific FP8 path (WGMMA with per-block promotion) is not implemented yet; on
-Hopper use 'scaled_matmul' (decomposed by XLA) or 'dequantize'.
+default_path picks by device: compute capability 9.x -> 'hopper_fp8', 10.x ->
+'scaled_matmul', anything else (older GPUs, CPU, TPU) -> 'dequantize'.
 """
 
 import dataclasses
@@ -23,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels.block_scaled import formats
+from kernels.block_scaled import hopper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +66,21 @@ def _matmul_dequantized(lhs_q, rhs_q):
                     precision=jax.lax.Precision.HIGHEST)
 
 
-PATHS = {'scaled_matmul': _matmul_scaled, 'dequantize': _matmul_dequantized}
+PATHS = {'scaled_matmul': _matmul_scaled, 'hopper_fp8': hopper.fp8_promoted_gemm,
+         'dequantize': _matmul_dequantized}
+
+# GPU compute-capability major version -> the path using that generation's tensor cores.
+_GPU_PATHS = {9: 'hopper_fp8', 10: 'scaled_matmul'}
 
 
-def default_path(platform=None):
-  return 'scaled_matmul' if (platform or jax.default_backend()) == 'gpu' else 'dequantize'
+def default_path(device=None):
+  """The path for `device` (default: the first JAX device); see the module docstring."""
+  device = device or jax.devices()[0]
+  if device.platform != 'gpu':
+    return 'dequantize'
+  # NVIDIA devices report e.g. '9.0'; ROCm reports a gfx name, which gets the portable path.
+  major = str(getattr(device, 'compute_capability', '')).split('.')[0]
+  return _GPU_PATHS.get(int(major), 'dequantize') if major.isdigit() else 'dequantize'
 
 
 def quantized_gemm(lhs_MxC, lhs_axis, rhs, rhs_axis, fmt, path):
@@ -109,7 +122,7 @@ def block_scaled_matmul(a, b, *, recipe='mxfp8', path=None, preferred_element_ty
   Args:
     a: [..., K] activations. b: [K, N] weights.
     recipe: a name in RECIPES ('mxfp8' or 'nvfp4_fwd_mxfp8_bwd').
-    path: a name in PATHS, or None ('scaled_matmul' on GPU, else 'dequantize').
+    path: a name in PATHS, or None for default_path() (by the device's generation).
     preferred_element_type: output dtype; default a.dtype. Accumulation is float32.
   """
   get_recipe(recipe)

@@ -42,7 +42,7 @@ def random_operands(seed):
           jax.random.normal(ks[2], (M, N)))
 
 
-@pytest.mark.parametrize('path', ['scaled_matmul', 'dequantize'])
+@pytest.mark.parametrize('path', sorted(kernels.block_scaled.PATHS))
 @pytest.mark.parametrize('recipe', sorted(kernels.BLOCK_SCALED_RECIPES))
 def test_gemms_use_operands_requantised_along_their_contraction(recipe, path):
   a, b, dy = random_operands(0)

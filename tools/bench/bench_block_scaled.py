@@ -1,9 +1,14 @@
-"""Benchmark: block-scaled (MXFP8, NVFP4) matmul vs bf16, forward and forward+backward.
+"""Benchmark: block-scaled (MXFP8, NVFP4) matmul paths vs bf16, forward and backward.
 
-Quantisation of both operands is inside the timed call, as in training. Kimi-K2.5-like
-expert GEMM (32768 x 7168 x 2048) by default; `--small` for a quick CPU run.
+Every path of kernels.block_scaled.PATHS is timed side by side ('scaled_matmul': Blackwell
+block-scaled tensor cores via cuDNN; 'hopper_fp8': per-block FP8 GEMMs with FP32 scale
+promotion; 'dequantize': portable). Quantisation of both operands is inside the timed call,
+as in training. Each path's forward is also checked against 'dequantize' (same math, so
+only float32 summation order may differ). Kimi-K2.5-like expert GEMM (32768 x 7168 x
+2048) by default; `--small` for a CPU-sized run, `--tiny` for a smoke test.
 
-  PYTHONPATH=. python tools/bench/bench_block_scaled.py [--small]
+  PYTHONPATH=. python tools/bench/bench_block_scaled.py [--small | --tiny]
+      [--recipes mxfp8,...] [--paths hopper_fp8,...] [--repeats N]
 """
 
 import argparse
@@ -18,14 +23,30 @@ from bench_grouped_matmul import SMALL
 from bench_grouped_matmul import print_table
 from bench_grouped_matmul import time_fn
 
+TINY = dict(rows=64, hidden=96, width=32)
 
-def main():
+
+def names(text, known, flag):
+  chosen = text.split(',') if text else sorted(known)
+  unknown = sorted(set(chosen) - set(known))
+  if unknown:
+    raise SystemExit(f"{flag}: unknown {unknown}; choose from {sorted(known)}.")
+  return chosen
+
+
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--small', action='store_true', help='tiny shapes for a CPU run')
+  size = parser.add_mutually_exclusive_group()
+  size.add_argument('--small', action='store_true', help='CPU-sized shapes')
+  size.add_argument('--tiny', action='store_true', help='smoke-test shapes (seconds)')
+  parser.add_argument('--recipes', default='', help='comma-separated; default all')
+  parser.add_argument('--paths', default='', help='comma-separated; default all')
   parser.add_argument('--repeats', type=int, default=None)
-  args = parser.parse_args()
-  shape = SMALL if args.small else FULL
-  repeats = args.repeats or (5 if args.small else 20)
+  args = parser.parse_args(argv)
+  shape = TINY if args.tiny else SMALL if args.small else FULL
+  repeats = args.repeats or (20 if shape is FULL else 5)
+  recipes = names(args.recipes, kernels.BLOCK_SCALED_RECIPES, '--recipes')
+  paths = names(args.paths, kernels.block_scaled.PATHS, '--paths')
   m, k, n = shape['rows'], shape['hidden'], shape['width']
   keys = jax.random.split(jax.random.key(0), 3)
   a = jax.random.normal(keys[0], (m, k), jnp.bfloat16)
@@ -37,8 +58,8 @@ def main():
     return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
 
   cases = [('bf16', bf16)]
-  for recipe in kernels.BLOCK_SCALED_RECIPES:
-    for path in kernels.block_scaled.PATHS:
+  for recipe in recipes:
+    for path in paths:
       cases.append((f'{recipe} [{path}]', lambda x, w, recipe=recipe, path=path:
                     kernels.block_scaled_matmul(x, w, recipe=recipe, path=path)))
   rows, ceiling = [], None
@@ -52,8 +73,19 @@ def main():
                  2 * flops))
   device = jax.devices()[0]
   print(f"block-scaled matmul, {datetime.date.today()}, {device.platform} "
-        f"{device.device_kind}, M={m} K={k} N={n}, bf16 operands, median of {repeats}")
+        f"{device.device_kind}, M={m} K={k} N={n}, bf16 operands, median of {repeats}, "
+        f"default path here: {kernels.block_scaled.default_path()}")
   print_table('(fraction of the dense bf16 forward rate)', rows, ceiling)
+
+  # float32 outputs here, so that a bf16 rounding of the result does not hide differences.
+  print('\nforward agreement with the dequantize path (max |y - y_ref| / max |y_ref|)')
+  for recipe in recipes:
+    run = lambda path, recipe=recipe: jax.jit(lambda x, w: kernels.block_scaled_matmul(
+        x, w, recipe=recipe, path=path, preferred_element_type=jnp.float32))(a, b)
+    reference = run('dequantize')
+    for path in paths:
+      rel = jnp.max(jnp.abs(run(path) - reference)) / jnp.max(jnp.abs(reference))
+      print(f"{f'{recipe} [{path}]':<48}{float(rel):>10.2e}")
 
 
 if __name__ == '__main__':
