@@ -15,7 +15,8 @@ import sys
 from absl import app, flags, logging
 
 VERBS: dict[str, tuple[str, str]] = {
-    "plan": ("c2jax.commands.plan", "count parameters of a config (and later: shardings, memory)"),
+    "plan": ("c2jax.commands.plan",
+             "parameter counts, shardings, compiled per-device memory and communication"),
     "pipeline": ("c2jax.commands.pipeline", "every stage end to end (pretrain, longctx, traces, sft)"),
     "pretrain": ("c2jax.commands.train", "continued pretraining / long-context phases"),
     "sft": ("c2jax.commands.train", "SFT phase on agent traces (chat data, loss mask)"),
@@ -24,6 +25,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "convert": ("c2jax.hf.command", "convert checkpoints between HF safetensors and c2jax"),
     "sandbox": ("c2jax.env.command", "run a command in a fresh sandbox over a repository"),
     "agent": ("c2jax.agent.command", "run one model turn's tool calls in a sandbox"),
+    "rl": ("c2jax.commands.rl", "asynchronous RL: learner + rollout actors in sandboxes"),
 }
 
 

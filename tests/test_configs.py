@@ -9,6 +9,7 @@ import pytest
 from c2jax import config as configlib
 from c2jax.model import config as model_config
 from c2jax.model import variants
+from c2jax.rl import job as rl_job
 from c2jax.train import jobs
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
@@ -28,6 +29,8 @@ def validate_any(cfg):
     for stage in cfg.stages:
       if "train" in cfg[stage]:  # training stages; others are checked by their command
         validate_any(cfg[stage])
+  elif cfg.get("task") == "rl":
+    rl_job.validate(cfg)
   elif "train" in cfg:
     jobs.validate(cfg)
   elif "model" in cfg:

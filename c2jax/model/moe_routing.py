@@ -16,6 +16,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from c2jax.model import replay_filter
+
 # Added to the top-k sum before renormalising, as HF does, so an all-zero row stays finite.
 _RENORM_EPS = 1e-20
 
@@ -24,6 +26,10 @@ class Routing(NamedTuple):
   weights_TxK: jax.Array  # float32 gate weights of the chosen experts
   indices_TxK: jax.Array  # int32 chosen experts
   scores_TxE: jax.Array  # float32 unbiased affinities of every expert (sigmoid/softmax)
+  # With replayed routing and the plausibility filter on: the share of replayed
+  # (token, slot) pairs the filter replaced, and the share outside the router's own top-k.
+  replay_replaced: jax.Array | None = None
+  replay_mismatch: jax.Array | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,15 +102,28 @@ def gate_weights(scores_TxE, indices_TxK, moe_cfg) -> jax.Array:
   return weights_TxK * moe_cfg.routed_scaling_factor
 
 
-def route(logits_TxE, correction_bias_E, moe_cfg, replay_TxK=None) -> Routing:
-  """Scores, expert choice (or the replayed one) and gate weights for flat tokens."""
+def route(logits_TxE, correction_bias_E, moe_cfg, replay_TxK=None, valid_T=None) -> Routing:
+  """Scores, expert choice (or the replayed one) and gate weights for flat tokens.
+
+  Replayed indices go through the plausibility filter when moe_cfg.replay_filter_factor
+  > 0 (valid_T: the tokens its statistics count).
+  """
   router = ROUTERS[moe_cfg.router]
   scores_TxE = router.score(logits_TxE)
   if replay_TxK is None:
     indices_TxK = router.select(scores_TxE, correction_bias_E, moe_cfg)
-  else:
+    return Routing(gate_weights(scores_TxE, indices_TxK, moe_cfg), indices_TxK, scores_TxE)
+  if moe_cfg.replay_filter_factor <= 0:
     indices_TxK = replay_TxK.astype(jnp.int32)
-  return Routing(gate_weights(scores_TxE, indices_TxK, moe_cfg), indices_TxK, scores_TxE)
+    return Routing(gate_weights(scores_TxE, indices_TxK, moe_cfg), indices_TxK, scores_TxE)
+  own_TxK = router.select(scores_TxE, correction_bias_E, moe_cfg)
+  selection_TxE = scores_TxE
+  if router.uses_correction_bias:
+    selection_TxE = scores_TxE + correction_bias_E.astype(jnp.float32)
+  kept = replay_filter.filter_replay(selection_TxE, replay_TxK, moe_cfg.replay_filter_factor,
+                                     own_TxK, valid_T)
+  return Routing(gate_weights(scores_TxE, kept.indices_TxK, moe_cfg), kept.indices_TxK,
+                 scores_TxE, kept.replaced_fraction, kept.mismatch_fraction)
 
 
 def expert_loads(indices_BxLxK, num_experts: int, valid_BxL=None) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Plausibility filter for router replay (report §4).
+"""Plausibility filter for router replay (report §4), used by moe_routing.route.
 
 Router replay makes the learner's MoE layers use the experts the sampler chose, so the
 learner evaluates the same computation the sampler ran. When the two routers disagree

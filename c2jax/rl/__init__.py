@@ -6,7 +6,7 @@
   rl_loss(cfg, logprobs, sampler_logprobs, ref_logprobs, advantages, mask)
   default_config(), validate(cfg)                  the `config.rl` section
 Further modules, imported directly where needed:
-  router_filter.filter_replay, group_queue.GroupQueue, task_pool.TaskPool,
+  group_queue.GroupQueue, task_pool.TaskPool,
   groups.assemble_group, packing.pack_batch, curriculum.CurriculumSampler
 """
 

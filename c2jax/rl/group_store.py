@@ -42,6 +42,7 @@ class Group:
     sampler_logprobs, versions, router_indices [len, layers, K]. Same keys and dtypes in
     every segment.
   segment_chain_S: the chain (index into rewards_G) each segment belongs to.
+  info: JSON-able facts about the rollouts for metrics (pass rate, token counts, ...).
   """
   group_id: str
   policy_version: int
@@ -49,6 +50,7 @@ class Group:
   advantages_G: np.ndarray
   segments: list[dict[str, np.ndarray]]
   segment_chain_S: np.ndarray
+  info: dict = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     check_id("group_id", self.group_id)
@@ -67,7 +69,7 @@ class Group:
     for name in fields:
       arrays["seg_" + name] = np.concatenate([np.asarray(s[name]) for s in self.segments])
     meta = {"group_id": self.group_id, "policy_version": int(self.policy_version),
-            "fields": fields}
+            "fields": fields, "info": self.info}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
@@ -82,7 +84,7 @@ class Group:
       segments = [{name: col[a:b] for name, col in columns.items()}
                   for a, b in zip(bounds[:-1], bounds[1:])]
       return cls(meta["group_id"], meta["policy_version"], z["rewards_G"],
-                 z["advantages_G"], segments, z["segment_chain_S"])
+                 z["advantages_G"], segments, z["segment_chain_S"], meta.get("info", {}))
 
 
 def atomic_write(path: pathlib.Path, data: bytes) -> None:

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax.rl.router_filter import filter_replay
+from c2jax.model.replay_filter import filter_replay
 
 SCORES = [0.9, 0.8, 0.1, 0.05, 0.7, 0.3]  # router's top-2: experts 0, 1; k-th score 0.8
 

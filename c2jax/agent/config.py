@@ -1,0 +1,79 @@
+"""Defaults and validation of the agent section of a config (`config.agent`).
+
+The agent loop (loop.py) is shared by RL actors and evaluation, so both read this one
+section: what the model is told (system prompt, tools), how it samples, and when a
+rollout stops or summarises itself.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from c2jax import config as configlib
+from c2jax.env import tools as tools_lib
+
+SYSTEM_PROMPT = ("You are a coding agent working in a repository at /workspace. Use the "
+                 "tools to inspect and change the code, then call finish.")
+SUMMARY_PROMPT = ("Your context is nearly full. Summarise your work so far for yourself: "
+                  "what the task is, what you found, what you changed, and what is left. "
+                  "Do not call tools.")
+SUMMARY_HEADER = "Summary of your earlier work on this task:\n"
+
+
+def default_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.system_prompt = SYSTEM_PROMPT
+  c.tools = tuple(tools_lib.ToolsetConfig.tools)
+  c.strict_tools = True
+  c.max_turns = 8
+  c.max_turn_tokens = 256
+  # Model + observation tokens over the whole chain, summaries included.
+  c.max_total_tokens = 8192
+  # A segment holding at least this many tokens after a turn asks for a self-summary
+  # (0: never; the rollout then stops when the engine's context is full).
+  c.summary_trigger_tokens = 0
+  c.max_summaries = 2
+  c.summary_tokens = 256
+  c.summary_prompt = SUMMARY_PROMPT
+  c.summary_header = SUMMARY_HEADER
+  c.temperature = 1.0
+  c.top_k = 0
+  c.top_p = 1.0
+  # Time limit of one hidden-test run (grading after the rollout).
+  c.grade_timeout_s = 60.0
+  c.backend = "bubblewrap"
+  # Tool execution and grading run in this many threads beside the decode loop.
+  c.tool_threads = 4
+  return c
+
+
+def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
+  """Raises configlib.ConfigError naming the first bad key under `prefix`."""
+  from c2jax.env import sandbox  # imports the backends; only when validating
+
+  configlib.check_keys(cfg, default_config(), prefix + ".")
+  wrapper = ml_collections.ConfigDict({prefix: cfg})
+  key = lambda name: f"{prefix}.{name}"
+  for name in ("max_turns", "max_turn_tokens", "max_total_tokens", "summary_tokens",
+               "grade_timeout_s", "tool_threads"):
+    configlib.check_positive(wrapper, key(name))
+  for name in ("summary_trigger_tokens", "max_summaries", "temperature", "top_k"):
+    configlib.check_positive(wrapper, key(name), allow_zero=True)
+  if not 0.0 < cfg.top_p <= 1.0:
+    raise configlib.ConfigError(key("top_p"), f"is {cfg.top_p}; use a value in (0, 1].")
+  configlib.check_choice(wrapper, key("backend"), sandbox.backends())
+  unknown = sorted(set(cfg.tools) - set(tools_lib.tool_names()))
+  if unknown:
+    raise configlib.ConfigError(key("tools"), f"names unknown tools {unknown}; registered "
+                                f"tools are {tools_lib.tool_names()}.")
+  if "finish" not in cfg.tools:
+    raise configlib.ConfigError(key("tools"), "must include 'finish': it is how the agent "
+                                "ends a task.")
+  if 0 < cfg.summary_trigger_tokens <= cfg.max_turn_tokens:
+    raise configlib.ConfigError(
+        key("summary_trigger_tokens"), f"= {cfg.summary_trigger_tokens} must exceed "
+        f"agent.max_turn_tokens = {cfg.max_turn_tokens} (a segment needs room for a turn).")
+
+
+def toolset(cfg) -> tools_lib.ToolsetConfig:
+  return tools_lib.ToolsetConfig(tools=tuple(cfg.tools), strict=cfg.strict_tools)

@@ -1,0 +1,148 @@
+"""A rollout actor: lease a prompt, roll out its group in sandboxes, queue it, repeat.
+
+    python -m c2jax.rl.actor --workdir=RUN --actor_id=actor0 --weights=RUN/weights/<run>
+
+The learner starts actors (as local processes, or as Ray tasks running `run` on other
+machines that share RUN) and restarts them if they die. An actor holds one engine; each
+leased prompt becomes `config.rl.group_size` concurrent episodes in its slots. Between
+decode steps it polls the weight directory and swaps in newer weights in flight, so
+tokens sampled later in a rollout carry newer policy versions. A finished group is put
+on the queue (blocking while the queue is full: back-pressure), then the lease is
+completed; if the actor dies before that, the learner returns the lease to the pool and
+another actor rolls the prompt out again (only in-flight rollouts are lost).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import pathlib
+import signal
+import sys
+import time
+import zlib
+
+from c2jax.rl import rollouts
+
+_LIBC_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+  """Linux: SIGKILL this process when the process that started it dies, so a killed
+  learner leaves no actor behind writing to its queue."""
+  try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_LIBC_PR_SET_PDEATHSIG, signal.SIGKILL)
+  except (OSError, AttributeError):
+    pass  # not Linux: the parent-pid check in the loop covers it
+
+
+class _WeightSync:
+  """Polls the weight directory at most every `interval_s` and stages new weights."""
+
+  def __init__(self, engine, subscriber, like, interval_s: float):
+    self.engine, self.subscriber, self.like = engine, subscriber, like
+    self.interval_s, self._last = interval_s, time.monotonic()
+
+  def __call__(self) -> None:
+    now = time.monotonic()
+    if now - self._last < self.interval_s:
+      return
+    self._last = now
+    update = self.subscriber.poll(like=self.like)
+    if update is not None:
+      params, version = update
+      self.engine.update_params(params, version)
+
+
+def _wait_for_weights(subscriber, timeout_s: float = 600.0):
+  deadline = time.monotonic() + timeout_s
+  while True:
+    update = subscriber.poll()
+    if update is not None:
+      return update
+    if time.monotonic() > deadline:
+      raise TimeoutError(f"No weights were published in {subscriber.directory} within "
+                         f"{timeout_s:.0f}s; is the learner running?")
+    time.sleep(0.2)
+
+
+def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = None) -> int:
+  """The actor loop; returns 0 when the pool has no prompts left."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from c2jax import data
+  from c2jax.agent import loop as agent_loop
+  from c2jax.env import tasks as tasks_lib
+  from c2jax.rl import weights as weights_lib
+  from c2jax.rollout import JaxEngine
+
+  dirs = rollouts.RunDirs(pathlib.Path(workdir))
+  cfg = rollouts.load_config(dirs)
+  tokenizer = data.prepare_from_config(cfg.data, progress=False).tokenizer()
+  subscriber = weights_lib.WeightSubscriber(weights_dir)
+  params, version = _wait_for_weights(subscriber)
+  params = jax.tree.map(jax.numpy.asarray, params)
+  engine = JaxEngine(cfg.model, params, num_slots=cfg.actors.slots,
+                     max_length=cfg.actors.max_length, version=version,
+                     detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()))
+  sync = _WeightSync(engine, subscriber, params, cfg.actors.weight_poll_s)
+  pool, queue = dirs.pool(), dirs.queue(cfg)
+
+  def on_step():
+    if parent_pid is not None and os.getppid() != parent_pid:
+      raise SystemExit(f"{actor_id}: the learner (pid {parent_pid}) is gone; stopping.")
+    sync()
+
+  print(f"{actor_id}: ready with weights version {version}", flush=True)
+  while True:
+    on_step()
+    leased = pool.lease(actor_id)
+    if leased is None:
+      if pool.counts()["pending"] == 0 and pool.counts()["leased"] == 0:
+        print(f"{actor_id}: no prompts left; exiting.", flush=True)
+        return 0
+      time.sleep(0.2)
+      continue
+    task_id, payload = leased
+    task = tasks_lib.Task.from_json(payload["task"])
+    group_size = cfg.rl.group_size
+    started = time.monotonic()
+    try:
+      trajectories = agent_loop.run_episodes(
+          engine, tokenizer, cfg.agent, [task] * group_size,
+          seeds=rollouts.rollout_seeds(task_id, group_size, cfg.learner.seed),
+          on_step=on_step)
+    except agent_loop.RolloutError as err:
+      # Infrastructure, not the model: drop this prompt rather than train on a broken run.
+      logging.error("%s: prompt %s failed and is dropped: %s", actor_id, task_id, err)
+      print(f"{actor_id}: prompt {task_id} dropped: {err}", flush=True)
+      pool.complete(actor_id, task_id)
+      continue
+    group, metrics = rollouts.make_group(cfg.rl, task_id, trajectories)
+    group.info["actor"] = actor_id
+    queue.put(group)
+    pool.complete(actor_id, task_id)
+    print(f"{actor_id}: {task_id} reward {metrics['reward']:+.3f} pass "
+          f"{metrics['pass_rate']:.2f} in {time.monotonic() - started:.1f}s "
+          f"(policy v{group.policy_version})", flush=True)
+
+
+def main(argv: list[str]) -> int:
+  import argparse  # pylint: disable=g-import-not-at-top
+
+  parser = argparse.ArgumentParser(prog="python -m c2jax.rl.actor")
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--actor_id", required=True)
+  parser.add_argument("--weights", required=True)
+  parser.add_argument("--parent_pid", type=int, default=None)
+  args = parser.parse_args(argv)
+  if args.parent_pid is not None:
+    _die_with_parent()
+    if os.getppid() != args.parent_pid:
+      return 1  # the parent died before we could arm the signal
+  return run(args.workdir, args.actor_id, args.weights, args.parent_pid)
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

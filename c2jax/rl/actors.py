@@ -1,0 +1,177 @@
+"""Starting, watching and restarting rollout actors: local processes or Ray tasks.
+
+Both backends run the same `c2jax.rl.actor.run` loop against the run directory; they
+differ only in where it runs. `check()` is called by the learner while it waits for
+groups: a dead actor's leased prompts go back to the pool (except those whose group
+already reached the queue), and the actor is restarted up to `config.actors.restarts`
+times before the run fails with the actor's last output.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import pathlib
+import subprocess
+import sys
+
+from c2jax.rl import rollouts
+
+ACTOR_BACKENDS: dict[str, type] = {}
+
+
+def register(name: str):
+  def wrap(cls):
+    ACTOR_BACKENDS[name] = cls
+    return cls
+  return wrap
+
+
+class ActorFailure(RuntimeError):
+  """An actor kept dying; the message carries its last output."""
+
+
+class Actors(abc.ABC):
+
+  def __init__(self, cfg, dirs: rollouts.RunDirs, weights_dir: pathlib.Path):
+    self.cfg, self.dirs, self.weights_dir = cfg, dirs, weights_dir
+    self.ids = [f"actor{i}" for i in range(cfg.actors.count)]
+    self.restarts = {actor_id: 0 for actor_id in self.ids}
+    self.finished: set[str] = set()
+    dirs.actors.mkdir(parents=True, exist_ok=True)
+
+  @abc.abstractmethod
+  def _spawn(self, actor_id: str) -> None:
+    """Starts one actor."""
+
+  @abc.abstractmethod
+  def _exited(self) -> dict[str, int]:
+    """{actor_id: exit status} of actors that stopped since the last call."""
+
+  @abc.abstractmethod
+  def stop(self) -> None:
+    """Stops every actor (idempotent)."""
+
+  def start(self) -> None:
+    for actor_id in self.ids:
+      self._spawn(actor_id)
+
+  def log_tail(self, actor_id: str, chars: int = 3000) -> str:
+    path = self.dirs.actors / f"{actor_id}.log"
+    return path.read_text(errors="replace")[-chars:] if path.exists() else "(no output)"
+
+  def check(self, pool, queue) -> None:
+    """Requeues dead actors' prompts and restarts them (see the module docstring)."""
+    for actor_id, status in self._exited().items():
+      returned = pool.requeue(actor_id, finished=queue.contains)
+      if status == 0:
+        self.finished.add(actor_id)
+        continue
+      if self.restarts[actor_id] >= self.cfg.actors.restarts:
+        raise ActorFailure(
+            f"{actor_id} died (status {status}) after {self.restarts[actor_id]} restarts "
+            f"(config.actors.restarts). Its last output:\n{self.log_tail(actor_id)}")
+      self.restarts[actor_id] += 1
+      print(f"rl: {actor_id} died (status {status}); {returned} prompt(s) back in the pool; "
+            f"restart {self.restarts[actor_id]}/{self.cfg.actors.restarts}", flush=True)
+      self._spawn(actor_id)
+
+  @property
+  def all_finished(self) -> bool:
+    return self.finished == set(self.ids)
+
+
+@register("process")
+class ProcessActors(Actors):
+  """Actors as child processes of the learner (they die with it)."""
+
+  def __init__(self, cfg, dirs, weights_dir):
+    super().__init__(cfg, dirs, weights_dir)
+    self.processes: dict[str, subprocess.Popen] = {}
+
+  def _spawn(self, actor_id: str) -> None:
+    env = dict(os.environ)
+    import jax  # pylint: disable=g-import-not-at-top
+
+    if jax.default_backend() == "cpu":
+      # Actors and the learner share the host's cores: one compute thread per actor
+      # keeps them from oversubscribing it.
+      env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                          "intra_op_parallelism_threads=1").strip()
+    log = open(self.dirs.actors / f"{actor_id}.log", "ab")  # pylint: disable=consider-using-with
+    command = [sys.executable, "-m", "c2jax.rl.actor", f"--workdir={self.dirs.root}",
+               f"--actor_id={actor_id}", f"--weights={self.weights_dir}",
+               f"--parent_pid={os.getpid()}"]
+    self.processes[actor_id] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                env=env)
+    log.close()
+
+  def pid(self, actor_id: str) -> int:
+    return self.processes[actor_id].pid
+
+  def _exited(self) -> dict[str, int]:
+    exited = {}
+    for actor_id, process in list(self.processes.items()):
+      status = process.poll()
+      if status is not None:
+        exited[actor_id] = status
+        del self.processes[actor_id]
+    return exited
+
+  def stop(self) -> None:
+    for process in self.processes.values():
+      process.terminate()
+    for process in self.processes.values():
+      try:
+        process.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    self.processes.clear()
+
+
+@register("ray")
+class RayActors(Actors):
+  """Actors as Ray tasks (`pip install ray`): the same loop on any node of a Ray cluster
+  whose nodes see the run directory (shared file system) and the weight directory."""
+
+  def __init__(self, cfg, dirs, weights_dir):
+    try:
+      import ray  # pylint: disable=g-import-not-at-top
+    except ImportError as err:
+      raise ImportError("config.actors.backend = 'ray' needs Ray: pip install ray "
+                        "(or use the default backend 'process').") from err
+    super().__init__(cfg, dirs, weights_dir)
+    self._ray = ray
+    if not ray.is_initialized():
+      ray.init(address=os.environ.get("RAY_ADDRESS"))
+    from c2jax.rl import actor  # pylint: disable=g-import-not-at-top
+
+    self._remote = ray.remote(max_retries=0)(actor.run)
+    self.tasks: dict[str, object] = {}
+
+  def _spawn(self, actor_id: str) -> None:
+    self.tasks[actor_id] = self._remote.remote(str(self.dirs.root), actor_id,
+                                               str(self.weights_dir))
+
+  def _exited(self) -> dict[str, int]:
+    exited = {}
+    for actor_id, ref in list(self.tasks.items()):
+      ready, _ = self._ray.wait([ref], timeout=0)
+      if ready:
+        try:
+          exited[actor_id] = int(self._ray.get(ref) or 0)
+        except Exception as err:  # pylint: disable=broad-except
+          (self.dirs.actors / f"{actor_id}.log").open("a").write(f"\n{err}\n")
+          exited[actor_id] = 1
+        del self.tasks[actor_id]
+    return exited
+
+  def stop(self) -> None:
+    for ref in self.tasks.values():
+      self._ray.cancel(ref, force=True)
+    self.tasks.clear()
+
+
+def make_actors(cfg, dirs, weights_dir) -> Actors:
+  return ACTOR_BACKENDS[cfg.actors.backend](cfg, dirs, weights_dir)

@@ -1,0 +1,88 @@
+"""The RL job config: sections, defaults and validation (configs/rl.py builds on these).
+
+  model     the policy's architecture (must match the checkpoint in init_from)
+  data      the data section of the phase the policy came from: it names the tokenizer
+  init_from the SFT run directory whose newest checkpoint starts RL ('' = random init,
+            for tests of the machinery)
+  rl        losses, advantages, rewards, queue (c2jax.rl.config)
+  agent     the agent loop (c2jax.agent.config)
+  learner   the optimizer and step schedule
+  actors    rollout actors: how many, their engine, how they sync weights
+  tasks     the task source: procedural repositories split into train and held-out
+  eval      the held-out evaluation: pass rate and best-of-k
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from c2jax import config as configlib
+from c2jax import data
+from c2jax.agent import config as agent_config
+from c2jax.model import config as model_config
+from c2jax.model import variants
+from c2jax.rl import config as rl_config
+
+def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.task = "rl"
+  c.model = variants.get(variant)
+  c.data = data.default_config()
+  c.data.vocab_size = c.model.vocab_size
+  c.init_from = ""
+  c.rl = rl_config.default_config()
+  c.agent = agent_config.default_config()
+  c.learner = ml_collections.ConfigDict(dict(
+      seed=0, steps=20, learning_rate=1e-5, warmup_steps=0, b1=0.9, b2=0.999, clip_norm=1.0,
+      groups_per_step=2, checkpoint_every=5, keep_checkpoints=3, log_every=1,
+      # Seconds to wait for a group before checking on the actors again.
+      wait_s=1.0))
+  c.actors = ml_collections.ConfigDict(dict(
+      count=2, backend="process", slots=8, max_length=1024, weight_poll_s=0.5,
+      full_every=16, restarts=3))
+  c.tasks = ml_collections.ConfigDict(dict(
+      source="procgen", difficulties=(1, 2, 3, 4), train_count=64, heldout_count=16,
+      seed=0))
+  # at_start: evaluate the starting policy before the first step (the baseline).
+  c.eval = ml_collections.ConfigDict(dict(every=10, samples=4, temperature=1.0, slots=16,
+                                          at_start=True))
+  return c
+
+
+def validate(cfg) -> None:
+  """Raises configlib.ConfigError naming the first bad key."""
+  configlib.check_keys(cfg, job_defaults(cfg.model.name if "model" in cfg else "tiny"))
+  model_config.validate(cfg.model)
+  rl_config.validate(cfg.rl)
+  agent_config.validate(cfg.agent)
+  for key in ("learner.steps", "learner.learning_rate", "learner.groups_per_step",
+              "learner.checkpoint_every", "learner.keep_checkpoints", "learner.log_every",
+              "learner.clip_norm", "learner.wait_s", "actors.count", "actors.slots",
+              "actors.max_length", "actors.weight_poll_s", "actors.full_every",
+              "tasks.train_count", "tasks.heldout_count", "eval.every", "eval.samples",
+              "eval.slots"):
+    configlib.check_positive(cfg, key)
+  for key in ("learner.warmup_steps", "actors.restarts", "eval.temperature"):
+    configlib.check_positive(cfg, key, allow_zero=True)
+  from c2jax.rl import actors  # pylint: disable=g-import-not-at-top
+
+  configlib.check_choice(cfg, "actors.backend", actors.ACTOR_BACKENDS)
+  configlib.check_choice(cfg, "tasks.source", ("procgen",))
+  from c2jax.env import procgen  # pylint: disable=g-import-not-at-top
+
+  bad = sorted(set(cfg.tasks.difficulties) - set(procgen.CATEGORIES))
+  if bad or not cfg.tasks.difficulties:
+    raise configlib.ConfigError("tasks.difficulties", f"{list(cfg.tasks.difficulties)} must "
+                                f"be a non-empty subset of {sorted(procgen.CATEGORIES)}.")
+  if cfg.actors.max_length > cfg.model.max_position:
+    raise configlib.ConfigError("actors.max_length", f"= {cfg.actors.max_length} exceeds "
+                                f"model.max_position = {cfg.model.max_position}.")
+  if cfg.agent.max_turn_tokens >= cfg.actors.max_length:
+    raise configlib.ConfigError("agent.max_turn_tokens", "must be below actors.max_length "
+                                "(the prompt needs room too).")
+  steps_needed = cfg.learner.steps * cfg.learner.groups_per_step
+  if cfg.tasks.train_count < steps_needed:
+    raise configlib.ConfigError(
+        "tasks.train_count", f"= {cfg.tasks.train_count} prompts cannot feed "
+        f"learner.steps * learner.groups_per_step = {steps_needed} groups: each prompt "
+        "is trained once (single epoch).")

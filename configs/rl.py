@@ -1,0 +1,74 @@
+"""Asynchronous RL of a coding agent on procedural repositories, from an SFT checkpoint.
+
+  c2jax pipeline --config=configs/agent_sft.py:tiny --workdir=runs/tiny_agent   # the start
+  c2jax rl --config=configs/rl.py:tiny --workdir=runs/tiny_rl
+Variants:
+  tiny  the CPU demo: difficulty-0 tasks (the prompt names the constant to fix), two
+        actors, held-out pass rate and best-of-4 at step 0 and every 10 steps
+        (docs/benchmarks.md, "Reinforcement learning").
+  test  random init, a few prompts and steps: the test suite's check of the machinery.
+Override anything, e.g. --config.rl.kl.estimator=k3 --config.rl.advantage=grpo.
+"""
+
+import pathlib
+
+from c2jax import config as configlib
+from c2jax.rl import job
+
+TEST_ARGS = ("tiny", "test")
+HERE = pathlib.Path(__file__).parent
+# The tools the procedural tasks need; a short tool list keeps the prompt small for the
+# CPU models (the SFT traces are rendered with the same list: configs/agent_sft.py).
+AGENT_TOOLS = ("read_file", "edit_file", "finish")
+
+
+def get_config(variant: str = "tiny"):
+  variant = variant or "tiny"
+  if variant not in ("tiny", "test"):
+    raise ValueError(f"configs/rl.py has variants 'tiny' and 'test', not {variant!r}.")
+  c = job.job_defaults("tiny")
+  # The tokenizer of the SFT run the policy starts from: its data section.
+  c.data = configlib.load_config_file(HERE / "pretrain.py", "tiny").data
+  c.init_from = "runs/tiny_agent/sft"
+  c.agent.tools = AGENT_TOOLS
+  c.agent.max_turns = 4
+  c.agent.max_turn_tokens = 96
+  c.agent.max_total_tokens = 768
+  c.tasks.difficulties = (0,)
+  c.tasks.train_count = 400
+  c.tasks.heldout_count = 32
+  c.rl.group_size = 8
+  c.learner.steps = 40
+  c.learner.groups_per_step = 2
+  c.learner.learning_rate = 3e-4
+  # Back-pressure: actors run at most a few groups ahead of the learner, so their groups
+  # stay within max_lag policy versions instead of going stale.
+  c.rl.queue.capacity = 4
+  c.rl.queue.max_lag = 2
+  c.actors.count = 2
+  c.actors.slots = 8
+  c.actors.max_length = 512
+  c.eval.every = 10
+  c.eval.samples = 4
+  if variant == "test":
+    c.init_from = ""
+    c.agent.max_turns = 2
+    c.agent.max_turn_tokens = 12
+    c.agent.max_total_tokens = 64
+    c.tasks.difficulties = (1,)
+    c.tasks.train_count = 8
+    c.tasks.heldout_count = 1
+    c.rl.group_size = 2
+    c.learner.steps = 3
+    c.learner.groups_per_step = 1
+    c.learner.checkpoint_every = 1
+    c.rl.queue.capacity = 1
+    c.rl.queue.max_lag = 3
+    c.actors.count = 1
+    c.actors.slots = 2
+    c.actors.max_length = 640
+    c.eval.every = 100
+    c.eval.samples = 1
+    c.eval.slots = 2
+    c.eval.at_start = False
+  return c

@@ -1,0 +1,218 @@
+"""The agent loop against scripted and fake engines, in real bubblewrap sandboxes."""
+
+import json
+
+import numpy as np
+import pytest
+
+from c2jax.agent import config as agent_config
+from c2jax.agent import loop
+from c2jax.agent import prompt as prompt_lib
+from c2jax.data import chat
+from c2jax.data import tokenizer as tokenizer_lib
+from c2jax.env import procgen, solver
+from c2jax.env import tasks as tasks_lib
+from c2jax.rollout import FakeEngine
+from c2jax.rollout.engine import Engine, SlotOutput
+
+LAYERS, TOP_K = 1, 2
+
+
+class ScriptedEngine(Engine):
+  """Samples scripted turns: the i-th request on the n-th new sequence emits
+  script[n][i] token by token (logprob -0.5 each), whatever the context."""
+
+  def __init__(self, script, max_length=2048):
+    super().__init__(num_slots=2, max_length=max_length)
+    self.script, self.sequences = script, 0
+    self.contexts = []  # the context of every request, as the engine saw it
+    self._slot = {}
+
+  def _next(self, slot):
+    sequence, turn, pos = self._slot[slot]
+    tokens = self.script[sequence][turn]
+    self._slot[slot] = (sequence, turn, pos + 1)
+    return int(tokens[min(pos, len(tokens) - 1)])
+
+  def _append(self, slot, context, start, sampling, seed):
+    if start == 0:
+      self._slot[slot], self.sequences = (self.sequences, -1, 0), self.sequences + 1
+    sequence, turn, _ = self._slot[slot]
+    self._slot[slot] = (sequence, turn + 1, 0)
+    self.contexts.append(list(context))
+    routing = np.zeros((len(context) - start, LAYERS, TOP_K), np.int32)
+    return self._next(slot), -0.5, routing
+
+  def _decode(self, batch):
+    return {int(s): SlotOutput(np.int32([self._next(int(s))]), np.float32([-0.5]),
+                               np.ones((1, LAYERS, TOP_K), np.int32))
+            for s in np.flatnonzero(batch.active)}
+
+  def _set_params(self, params):
+    pass
+
+  def logprobs(self, sequences):
+    raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def solved_task(tmp_path_factory):
+  """A procgen task and the scripted solver's transcript of fixing it."""
+  task = procgen.generate(str(tmp_path_factory.mktemp("repos")), seed=3, difficulty=1)
+  [trace] = solver.solve_suite([task])
+  return task, trace["messages"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(solved_task):
+  _, messages = solved_task
+  texts = [m.get("content") or "" for m in messages] * 4
+  texts += [prompt_lib.system_message(agent_config.SYSTEM_PROMPT, [])] * 4
+  return tokenizer_lib.train_bpe(texts, 400)
+
+
+def _assistant_runs(rendered):
+  """The token runs the model produced in a rendered conversation (one per turn)."""
+  runs, current = [], []
+  for token, trained in zip(rendered.ids.tolist(), rendered.loss_mask.tolist()):
+    if trained:
+      current.append(token)
+    elif current:
+      runs.append(current)
+      current = []
+  return runs + ([current] if current else [])
+
+
+def _config(**overrides):
+  cfg = agent_config.default_config()
+  cfg.temperature = 0.0
+  cfg.update(overrides)
+  agent_config.validate(cfg)
+  return cfg
+
+
+def test_replaying_the_solver_reproduces_the_chat_template_and_solves(solved_task,
+                                                                      tokenizer):
+  task, messages = solved_task
+  turns = _assistant_runs(chat.render(tokenizer, messages))
+  engine = ScriptedEngine([turns])
+  [trajectory] = loop.run_episodes(engine, tokenizer, _config(), [task])
+
+  assert trajectory.finish_reason == "finish"
+  assert trajectory.solved and trajectory.stats.tests_passed == trajectory.stats.tests_total
+  [segment] = trajectory.segments
+  # Token in, token out: the segment is exactly what the chat template renders for the
+  # same exchange (the SFT layout), minus the closing <|eos|>. The result of `finish`
+  # is in the transcript but never fed: no turn follows it.
+  assert trajectory.messages[-1]["role"] == "tool"
+  rendered = chat.render(tokenizer, trajectory.messages[:-1])
+  np.testing.assert_array_equal(segment.tokens, rendered.ids[:-1])
+  np.testing.assert_array_equal(segment.loss_mask, rendered.loss_mask[:-1])
+  # Every request the engine got was a prefix of the final segment.
+  for context in engine.contexts:
+    np.testing.assert_array_equal(segment.tokens[:len(context)], context)
+
+  stats = trajectory.stats
+  assert stats.turns == len(turns) == 5
+  assert stats.tool_call_counts["finish"] == 1 and stats.tool_call_counts["grep"] == 1
+  assert stats.tool_call_errors == 0
+  sampled = int(segment.loss_mask.sum())
+  assert stats.thinking_tokens + stats.tool_call_tokens + stats.final_message_tokens == sampled
+  prompt = prompt_lib.prompt_ids(tokenizer, trajectory.messages[0]["content"], task.prompt)
+  assert stats.tool_output_tokens == len(segment.tokens) - len(prompt) - sampled
+  assert np.all(segment.sampler_logprobs[segment.loss_mask == 1] == -0.5)
+  assert np.all(segment.sampler_logprobs[segment.loss_mask == 0] == 0.0)
+  assert np.all(segment.versions[segment.loss_mask == 0] == -1)
+  assert segment.router_indices.shape == (len(segment.tokens), LAYERS, TOP_K)
+
+
+def _small_task(tmp_path):
+  repo = tmp_path / "repo"
+  (repo / "pkg").mkdir(parents=True)
+  (repo / "pkg" / "flag.py").write_text("DONE = False\n")
+  return tasks_lib.Task(id="flag", repo=str(repo), prompt="Set DONE to True in pkg/flag.py.",
+                        test_command="grep -q 'DONE = True' pkg/flag.py",
+                        fail_to_pass=["flag"])
+
+
+def _turn(tokenizer, content, calls):
+  """Token ids of an assistant turn as the chat template renders it (with <|end|>)."""
+  message = {"role": "assistant", "content": content, "tool_calls": [
+      {"id": f"c{i}", "type": "function",
+       "function": {"name": n, "arguments": json.dumps(a)}}
+      for i, (n, a) in enumerate(calls)]}
+  rendered = chat.render(tokenizer, [{"role": "user", "content": "x"}, message])
+  return _assistant_runs(rendered)[0]
+
+
+def test_self_summary_starts_a_new_segment_from_system_task_and_summary(tmp_path, tokenizer):
+  task = _small_task(tmp_path)
+  look = _turn(tokenizer, "Looking.", [("read_file", {"path": "pkg/flag.py"})])
+  summary = _turn(tokenizer, "I read pkg/flag.py; DONE must become True.", [])
+  fix = _turn(tokenizer, "", [("edit_file", {"path": "pkg/flag.py",
+                                             "old_string": "DONE = False",
+                                             "new_string": "DONE = True"}),
+                              ("finish", {"message": "done"})])
+  engine = ScriptedEngine([[look, summary], [fix]])
+  cfg = _config(summary_trigger_tokens=301, max_turn_tokens=300)
+  [trajectory] = loop.run_episodes(engine, tokenizer, cfg, [task])
+
+  assert trajectory.finish_reason == "finish" and trajectory.solved
+  first, second = trajectory.segments
+  # Segment 1 ends with the sampled summary; segment 2's prompt carries it as context.
+  np.testing.assert_array_equal(first.tokens[-len(summary):], summary)
+  assert first.loss_mask[-len(summary):].all()
+  extra = np.concatenate([tokenizer.encode(cfg.summary_header), summary[:-1]])
+  system = trajectory.messages[0]["content"]
+  expected_prompt = prompt_lib.prompt_ids(tokenizer, system, task.prompt, extra)
+  np.testing.assert_array_equal(second.tokens[:len(expected_prompt)], expected_prompt)
+  assert not second.loss_mask[:len(expected_prompt)].any()
+  np.testing.assert_array_equal(second.tokens[len(expected_prompt):][:len(fix)], fix)
+  # Counts add up over the chain.
+  assert trajectory.stats.turns == 2
+  assert trajectory.stats.tool_calls == 3
+
+
+def test_stops_at_max_turns(tmp_path, tokenizer):
+  task = _small_task(tmp_path)
+  look = _turn(tokenizer, "", [("list_dir", {"path": "."})])
+  engine = ScriptedEngine([[look] * 5])
+  [trajectory] = loop.run_episodes(engine, tokenizer, _config(max_turns=2), [task])
+  assert trajectory.finish_reason == "max_turns"
+  assert trajectory.stats.turns == 2 and not trajectory.solved
+  assert trajectory.stats.tests_total == 1 and trajectory.stats.tests_passed == 0
+
+
+def test_fake_engine_records_match_its_logprobs_and_weights_change_in_flight(tmp_path,
+                                                                             tokenizer):
+  """Sampled tokens with the engine's log-probs and versions; a weight swap from on_step
+  lands mid-episode, and later tokens carry the new version."""
+  task = _small_task(tmp_path)
+  engine = FakeEngine(vocab_size=tokenizer.vocab_size, num_slots=3, max_length=1024,
+                      num_moe_layers=LAYERS, experts_per_token=TOP_K)
+  steps = []
+
+  def on_step():
+    steps.append(1)
+    if len(steps) == 5:
+      engine.update_params(7, version=1)
+
+  cfg = _config(temperature=1.0, max_turn_tokens=40, max_turns=3)
+  trajectories = loop.run_episodes(engine, tokenizer, cfg, [task] * 3, seeds=[1, 2, 3],
+                                   on_step=on_step)
+  assert len(trajectories) == 3
+  before_swap = FakeEngine(vocab_size=tokenizer.vocab_size, num_moe_layers=LAYERS,
+                           experts_per_token=TOP_K, params=0)
+  versions = set()
+  for trajectory in trajectories:
+    assert trajectory.finish_reason in loop.FINISH_REASONS
+    for segment in trajectory.segments:
+      mask = segment.loss_mask.astype(bool)
+      logprobs = np.concatenate([[0.0], before_swap.logprobs([segment.tokens])[0]])
+      # Version-0 tokens were sampled from params 0, whose log-probs `logprobs` gives.
+      old = mask & (segment.versions == 0)
+      np.testing.assert_allclose(segment.sampler_logprobs[old], logprobs[old], atol=1e-5)
+      versions |= set(segment.versions[mask].tolist())
+  assert versions == {0, 1}
+  # Different seeds give different rollouts of the same prompt.
+  assert len({tuple(t.segments[0].tokens.tolist()) for t in trajectories}) == 3
