@@ -5,12 +5,22 @@ prints one JSON object: total and active parameter counts.
   c2jax plan --config=configs/pretrain.py:kimi_k25 --shardings --devices=1024
 prints how every parameter is split over the job's mesh (axis sizes from
 `config.parallel.mesh`, one of them -1 to absorb `--devices`) and the per-device bytes.
-`--config` may be a model config or any job config with a `model` field.
+  c2jax plan --config=configs/pretrain.py:kimi_k25 --memory --mesh=fsdp=16,expert=8,context=2
+compiles the real train step ahead of time on a simulated mesh of fake CPU devices (the
+command re-executes itself with XLA_FLAGS=--xla_force_host_platform_device_count=N) and
+prints per-device memory from XLA (arguments, outputs, temporaries, code, total, and
+whether it fits --device-memory-gb) and the per-step communication volume by collective;
+the last line is one JSON object with both. `--mesh` overrides `config.parallel.mesh`
+axis by axis. `--config` may be a model config or any job config with a `model` field
+(--memory needs a job config).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import jax
 from absl import flags
@@ -21,8 +31,17 @@ from c2jax.model import counting
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Model or job config file.")
 _COUNT = flags.DEFINE_bool("count", False, "Print total and active parameter counts.")
 _SHARDINGS = flags.DEFINE_bool("shardings", False, "Print every parameter's sharding.")
-_DEVICES = flags.DEFINE_integer("devices", None, "Mesh size for --shardings (default: the "
-                                "devices present).")
+_MEMORY = flags.DEFINE_bool("memory", False, "Compile the train step on a simulated mesh "
+                            "and print per-device memory and communication volume.")
+_MESH = flags.DEFINE_string("mesh", "", "Mesh axis sizes overriding config.parallel.mesh, "
+                            "e.g. data=1,fsdp=16,expert=8,context=2.")
+_DEVICES = flags.DEFINE_integer("devices", None, "Mesh size for --shardings/--memory "
+                                "(default: the devices present, or the mesh's product).")
+_DEVICE_MEMORY_GB = flags.DEFINE_float("device_memory_gb", 141.0, "Per-device memory to "
+                                       "check the plan against (B300 288, H200 141).")
+
+# Set in the re-executed child: the fake device count it was started with.
+_CHILD_ENV = "C2JAX_PLAN_FAKE_DEVICES"
 
 
 def main(argv) -> int:
@@ -32,20 +51,84 @@ def main(argv) -> int:
   if cfg is None:
     raise SystemExit("c2jax plan: pass --config=configs/<file>.py:<arg>")
   model_cfg = cfg.model if "model" in cfg else cfg
-  if not (_COUNT.value or _SHARDINGS.value):
-    raise SystemExit("c2jax plan: choose what to plan: --count and/or --shardings")
+  if not (_COUNT.value or _SHARDINGS.value or _MEMORY.value):
+    raise SystemExit("c2jax plan: choose what to plan: --count, --shardings and/or --memory")
+  if _MESH.value:
+    if "parallel" not in cfg:
+      raise SystemExit("c2jax plan: --mesh needs a job config (with a `parallel` group).")
+    from c2jax.parallel import memory
+    try:
+      cfg.parallel.mesh.update(memory.parse_mesh_flag(_MESH.value))
+    except ValueError as err:
+      raise SystemExit(f"c2jax plan: {err}") from None
+  if _MEMORY.value and os.environ.get(_CHILD_ENV) is None:
+    return _reexecute_with_fake_devices(cfg)
   if _COUNT.value:
     print(json.dumps(counting.count_params(model_cfg)))
   if _SHARDINGS.value:
-    from c2jax import parallel
-    from c2jax.parallel import plan
-
-    parallel_cfg = cfg.parallel if "parallel" in cfg else parallel.default_parallel_config()
-    devices = _DEVICES.value or jax.device_count()
-    parallel.validate_parallel(parallel_cfg, devices)
-    plans = plan.param_plans(model_cfg, parallel_cfg, devices)
-    sizes = parallel.mesh.mesh_shape(parallel_cfg.mesh, devices)
-    print(f"mesh {sizes} ({devices} devices)")
-    print(plan.format_table(plans))
-    print(json.dumps({"mesh": sizes, **plan.summarize(plans)}))
+    _print_shardings(cfg, model_cfg)
+  if _MEMORY.value:
+    _print_memory(cfg)
   return 0
+
+
+def _print_shardings(cfg, model_cfg) -> None:
+  from c2jax import parallel
+  from c2jax.parallel import plan
+
+  parallel_cfg = cfg.parallel if "parallel" in cfg else parallel.default_parallel_config()
+  devices = _DEVICES.value or jax.device_count()
+  parallel.validate_parallel(parallel_cfg, devices)
+  plans = plan.param_plans(model_cfg, parallel_cfg, devices)
+  sizes = parallel.mesh.mesh_shape(parallel_cfg.mesh, devices)
+  print(f"mesh {sizes} ({devices} devices)")
+  print(plan.format_table(plans))
+  print(json.dumps({"mesh": sizes, **plan.summarize(plans)}))
+
+
+def _reexecute_with_fake_devices(cfg) -> int:
+  """JAX fixes the CPU device count when it starts: run this command again in a process
+  that sees exactly the mesh's number of fake devices."""
+  from c2jax.parallel import memory
+
+  if "parallel" not in cfg or "train" not in cfg:
+    raise SystemExit("c2jax plan --memory needs a job config, e.g. "
+                     "--config=configs/pretrain.py:kimi_k25.")
+  try:
+    devices = memory.mesh_devices(cfg.parallel.mesh, _DEVICES.value)
+  except ValueError as err:
+    raise SystemExit(f"c2jax plan: {err}") from None
+  env = memory.fake_device_env(devices)
+  env[_CHILD_ENV] = str(devices)
+  command = [sys.executable, "-m", "c2jax.cli", "plan", *sys.argv[2:]]
+  return subprocess.run(command, env=env, check=False).returncode
+
+
+def _print_memory(cfg) -> None:
+  from c2jax.parallel import hlo_comms, memory
+
+  # A fresh compile every time: the compile time is part of the report, and a cached
+  # executable would hide it.
+  jax.config.update("jax_enable_compilation_cache", False)
+  devices = jax.device_count()
+  if devices != int(os.environ[_CHILD_ENV]):
+    raise SystemExit(f"c2jax plan --memory: JAX sees {devices} devices, expected "
+                     f"{os.environ[_CHILD_ENV]}; unset XLA_FLAGS/JAX_PLATFORMS overrides.")
+  from c2jax import parallel
+
+  sizes = parallel.mesh.mesh_shape(cfg.parallel.mesh, devices)
+  t = cfg.train
+  print(f"mesh {sizes} ({devices} simulated devices); batch {t.batch_size} x {t.seq_len} "
+        f"tokens; remat {cfg.model.remat}; moe_impl {cfg.model.moe_impl}", flush=True)
+  compiled, seconds = memory.compile_train_step(cfg)
+  print(f"compiled the train step in {seconds:.1f} s\n")
+  report = memory.memory_report(compiled)
+  print(memory.format_memory_table(report, _DEVICE_MEMORY_GB.value) + "\n")
+  volumes = hlo_comms.comm_volume(compiled.as_text(), devices)
+  print(hlo_comms.format_comm_table(volumes) + "\n")
+  print(json.dumps({
+      "mesh": sizes, "devices": devices, "batch_size": t.batch_size, "seq_len": t.seq_len,
+      "remat": cfg.model.remat, "compile_seconds": round(seconds, 1),
+      "memory": memory.summary(report, _DEVICE_MEMORY_GB.value),
+      "fits": {name: report.fits(gb) for name, gb in memory.DEVICE_MEMORY_GB.items()},
+      "comms": hlo_comms.summary(volumes)}))

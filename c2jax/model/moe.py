@@ -3,7 +3,9 @@
 y = shared(x) + sum_k w_k expert_{i_k}(x), with experts chosen by a router from ROUTERS
 (cfg.moe.router) and run by a dispatch implementation from DISPATCH (cfg.moe_impl), whose
 expert matmuls use the quantisation recipe cfg.quant (c2jax.quant.RECIPES).
-Routing lives in moe_routing.py, dispatch in moe_dispatch.py.
+Routing lives in moe_routing.py, dispatch in moe_dispatch.py; under an ambient mesh that
+splits the logical 'expert' axis, the dispatch runs expert parallel (all-to-all token
+exchange, c2jax.parallel.expert) unless cfg.moe.expert_parallel = 'off'.
 
 Parameters (under the layer's `moe/` scope; the enclosing scan adds a leading 'layers'):
   router/kernel            [D, E]        ('embed', 'expert')
@@ -31,6 +33,7 @@ from c2jax.model import layers
 from c2jax.model import moe_routing
 from c2jax.model.moe_dispatch import DISPATCH, ExpertWeights
 from c2jax.model.moe_routing import ROUTERS
+from c2jax.parallel import expert as expert_parallel
 
 __all__ = ["DISPATCH", "ROUTERS", "ExpertWeights", "MoE", "update_correction_bias"]
 
@@ -60,11 +63,17 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-  """The routed experts' stacked SwiGLU weights, run by the configured dispatch."""
+  """The routed experts' stacked SwiGLU weights, run by the configured dispatch.
+
+  Returns (y_TxD, dropped int32 scalar). With cfg.moe.expert_parallel 'auto' and an
+  ambient mesh whose logical 'expert' axis spans > 1 device, the experts run expert
+  parallel (c2jax.parallel.expert), which may drop token copies over capacity; otherwise
+  the dispatch runs as is and drops nothing.
+  """
   cfg: Any
 
   @nn.compact
-  def __call__(self, x_TxD, weights_TxK, indices_TxK) -> jax.Array:
+  def __call__(self, x_TxD, weights_TxK, indices_TxK) -> tuple[jax.Array, jax.Array]:
     cfg = self.cfg
     e, d, f = cfg.moe.num_experts, cfg.hidden_size, cfg.moe.intermediate_size
     dtype = layers.compute_dtype(cfg)
@@ -78,8 +87,17 @@ class Experts(nn.Module):
         gate_ExDxF=weight("gate_proj", (e, d, f), ("expert", "embed", "expert_mlp")),
         up_ExDxF=weight("up_proj", (e, d, f), ("expert", "embed", "expert_mlp")),
         down_ExFxD=weight("down_proj", (e, f, d), ("expert", "expert_mlp", "embed")))
-    return DISPATCH[cfg.moe_impl](x_TxD.astype(dtype), weights_TxK, indices_TxK, experts,
-                                  quant=cfg.quant)
+    x_TxD = x_TxD.astype(dtype)
+    plan = (expert_parallel.plan_from_context() if cfg.moe.expert_parallel == "auto"
+            else None)
+    if plan is None:
+      y_TxD = DISPATCH[cfg.moe_impl](x_TxD, weights_TxK, indices_TxK, experts,
+                                     quant=cfg.quant)
+      return y_TxD, jnp.zeros((), jnp.int32)
+    return expert_parallel.moe_forward(
+        x_TxD, weights_TxK, indices_TxK, experts, plan, local_dispatch=DISPATCH[cfg.moe_impl],
+        quant=cfg.quant, capacity_factor=cfg.moe.ep_capacity_factor,
+        dispatch_quant=cfg.moe.ep_dispatch_quant)
 
 
 class MoE(nn.Module):
@@ -93,7 +111,9 @@ class MoE(nn.Module):
       of expert_loads and aux_loss.
     stats: {'expert_loads': float32 [E] token copies per expert,
             'expert_indices': int32 [B, L, K] experts used,
-            'aux_loss': float32 scalar, sequence-wise balance loss * cfg.moe.aux_loss_coef}
+            'aux_loss': float32 scalar, sequence-wise balance loss * cfg.moe.aux_loss_coef,
+            'dropped_copies': float32 scalar, token copies dropped over expert-parallel
+              capacity (cfg.moe.ep_capacity_factor), all tokens (padding included)}
   """
   cfg: Any
 
@@ -112,18 +132,20 @@ class MoE(nn.Module):
 
     logits_TxE, bias_E = Router(cfg, name="router")(x_TxD)
     replay_TxK = None if routing_BxLxK is None else routing_BxLxK.reshape(-1, top_k)
-    routing = moe_routing.route(logits_TxE, bias_E, moe_cfg, replay_TxK)
+    valid_T = None if valid_BxL is None else valid_BxL.reshape(-1)
+    routing = moe_routing.route(logits_TxE, bias_E, moe_cfg, replay_TxK, valid_T)
 
-    y_TxD = Experts(cfg, name="experts")(x_TxD, routing.weights_TxK, routing.indices_TxK)
+    y_TxD, dropped = Experts(cfg, name="experts")(x_TxD, routing.weights_TxK,
+                                                  routing.indices_TxK)
     y_BxLxD = y_TxD.reshape(batch, length, hidden)
     if moe_cfg.num_shared_experts > 0:
       shared = layers.MLP(moe_cfg.num_shared_experts * moe_cfg.intermediate_size, cfg,
                           name="shared")
       y_BxLxD = y_BxLxD + shared(x_BxLxD)
     y_BxLxD = layers.constrain(y_BxLxD, ("batch", "length", "embed"))
-    return y_BxLxD, self._stats(routing, batch, length, valid_BxL)
+    return y_BxLxD, self._stats(routing, batch, length, valid_BxL, dropped)
 
-  def _stats(self, routing, batch, length, valid_BxL) -> dict[str, jax.Array]:
+  def _stats(self, routing, batch, length, valid_BxL, dropped) -> dict[str, jax.Array]:
     moe_cfg = self.cfg.moe
     indices_BxLxK = routing.indices_TxK.reshape(batch, length, -1)
     if moe_cfg.aux_loss_coef > 0:
@@ -132,11 +154,15 @@ class MoE(nn.Module):
           scores_BxLxE, indices_BxLxK, valid_BxL)
     else:  # skip the work entirely when the loss is off (aux-loss-free balancing)
       aux_loss = jnp.zeros((), jnp.float32)
+    zero = jnp.zeros((), jnp.float32)
     return {
         "expert_loads": moe_routing.expert_loads(indices_BxLxK, moe_cfg.num_experts,
                                                  valid_BxL),
         "expert_indices": indices_BxLxK,
         "aux_loss": aux_loss,
+        "dropped_copies": dropped.astype(jnp.float32),
+        "replay_replaced": zero if routing.replay_replaced is None else routing.replay_replaced,
+        "replay_mismatch": zero if routing.replay_mismatch is None else routing.replay_mismatch,
     }
 
 

@@ -130,10 +130,17 @@ def _aux(cfg, stats, batch: int, length: int) -> dict[str, jax.Array]:
     return {"expert_loads": jnp.zeros((0, cfg.moe.num_experts), jnp.float32),
             "expert_indices": jnp.zeros((0, batch, length, cfg.moe.num_experts_per_tok),
                                         jnp.int32),
-            "aux_loss": jnp.zeros((), jnp.float32)}
+            "aux_loss": jnp.zeros((), jnp.float32),
+            "dropped_copies": jnp.zeros((0,), jnp.float32),
+            "replay_replaced": jnp.zeros((0,), jnp.float32),
+            "replay_mismatch": jnp.zeros((0,), jnp.float32)}
   return {"expert_loads": stats["expert_loads"].astype(jnp.float32),
           "expert_indices": stats["expert_indices"].astype(jnp.int32),
-          "aux_loss": jnp.sum(stats["aux_loss"]).astype(jnp.float32)}
+          "aux_loss": jnp.sum(stats["aux_loss"]).astype(jnp.float32),
+          "dropped_copies": stats["dropped_copies"].astype(jnp.float32),
+          # Router replay filter, per MoE layer (0 without replay or filter).
+          "replay_replaced": stats["replay_replaced"].astype(jnp.float32),
+          "replay_mismatch": stats["replay_mismatch"].astype(jnp.float32)}
 
 
 def init_cache(cfg, batch: int, max_length: int, dtype=None) -> dict:

@@ -2,6 +2,11 @@
 
 Axes, outermost first: data (pure data parallel), fsdp (data parallel with sharded
 parameters), expert (expert parallel), context (sequence parallel), tensor.
+
+Across hosts or slices the mesh is hybrid: the slow network (between slices, or between
+processes where devices have no slice index) is spanned by the outer, data-like axes
+(data, then fsdp), whose collectives are the least frequent, so expert/context/tensor
+traffic stays on the fast network inside each granule (`dcn_shape`).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 
 from c2jax import config as configlib
+from c2jax.parallel import distributed
 
 MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
 
@@ -25,6 +31,11 @@ def default_parallel_config() -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict({"data": 1, "fsdp": -1, "expert": 1, "context": 1,
                                       "tensor": 1})
   c.rules = DEFAULT_RULES
+  c.distributed = distributed.distributed_defaults()
+  # With context parallelism (the 'length' rule's axes > 1), the loop permutes each batch
+  # along the sequence so every context shard does equal causal attention work; False
+  # keeps contiguous shards. See c2jax.parallel.context.
+  c.context_load_balance = True
   return c
 
 
@@ -52,9 +63,48 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
   return sizes
 
 
+# Axes the slow (cross-granule) network may span, in the order they absorb granules.
+DCN_AXES = ("data", "fsdp")
+
+
+def dcn_shape(sizes: dict[str, int], num_granules: int) -> dict[str, int]:
+  """How many granules (slices or processes) each mesh axis spans: data first, then fsdp.
+
+  Every other axis stays inside a granule. Raises ConfigError when the data-like axes
+  cannot absorb `num_granules`.
+  """
+  spans = {axis: 1 for axis in MESH_AXES}
+  left = num_granules
+  for axis in DCN_AXES:
+    spans[axis] = math.gcd(left, sizes[axis])
+    left //= spans[axis]
+  if left != 1:
+    raise configlib.ConfigError(
+        "parallel.mesh", f"{num_granules} hosts/slices must split over the data-like axes "
+        f"{DCN_AXES} (sizes {[sizes[a] for a in DCN_AXES]}), whose product must be a "
+        "multiple of them; enlarge data or fsdp.")
+  return spans
+
+
+def num_granules(devices) -> tuple[int, bool]:
+  """(slices or processes the devices belong to, whether the granule is the process)."""
+  slices = {getattr(device, "slice_index", 0) for device in devices}
+  if len(slices) > 1:
+    return len(slices), False
+  return len({device.process_index for device in devices}), True
+
+
 def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
   devices = list(jax.devices() if devices is None else devices)
   sizes = mesh_shape(mesh_cfg, len(devices))
+  granules, by_process = num_granules(devices)
+  if granules > 1:
+    spans = dcn_shape(sizes, granules)
+    inner = tuple(sizes[axis] // spans[axis] for axis in MESH_AXES)
+    device_array = mesh_utils.create_hybrid_device_mesh(
+        inner, tuple(spans[axis] for axis in MESH_AXES), devices,
+        process_is_granule=by_process)
+    return jax.sharding.Mesh(device_array, MESH_AXES)
   shape = tuple(sizes[axis] for axis in MESH_AXES)
   try:
     device_array = mesh_utils.create_device_mesh(shape, devices)
@@ -66,6 +116,8 @@ def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
 def validate_parallel(parallel_cfg, num_devices: int | None = None) -> None:
   """Checks keys, rules and axis sizes; with `num_devices`, also that the mesh fits them."""
   configlib.check_keys(parallel_cfg, default_parallel_config(), "parallel.")
+  if "distributed" in parallel_cfg:
+    distributed.validate(parallel_cfg.distributed)
   fixed = math.prod(size for size in parallel_cfg.mesh.values() if size != -1)
   mesh_shape(parallel_cfg.mesh, fixed if num_devices is None else num_devices)
   for i, rule in enumerate(parallel_cfg.rules):

@@ -17,6 +17,7 @@ from c2jax import config as configlib
 from c2jax import data, parallel
 from c2jax.model import config as model_config
 from c2jax.model import variants
+from c2jax.parallel import context
 from c2jax.train.optimizer import SCHEDULES
 
 BATCH_KEYS = ("inputs", "targets", "positions", "segment_ids", "loss_mask")
@@ -99,6 +100,23 @@ def validate(cfg, num_devices: int | None = None) -> None:
     raise configlib.ConfigError(
         "train.batch_size", f"= {cfg.train.batch_size} must be divisible by the {batch_ways} "
         "devices the 'batch' rule shards it over.")
+  _validate_context(cfg, sizes)
+
+
+def _validate_context(cfg, sizes: dict[str, int]) -> None:
+  shards = context.num_shards(sizes, parallel.rules_of(cfg.parallel))
+  balanced = cfg.parallel.context_load_balance
+  if shards == 1:
+    return
+  try:
+    context.check_length(cfg.train.seq_len, shards, balanced)
+  except ValueError as e:
+    raise configlib.ConfigError("train.seq_len", str(e)) from None
+  if balanced and cfg.model.num_mtp_layers:
+    raise configlib.ConfigError(
+        "parallel.context_load_balance",
+        "is True, but MTP layers shift tokens along the sequence, which needs the original "
+        "token order; set it False (contiguous context shards) or use parallel.mesh.context=1.")
 
 
 @dataclasses.dataclass

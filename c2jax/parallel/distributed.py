@@ -1,0 +1,116 @@
+"""Multi-process JAX: `jax.distributed.initialize` from config or environment.
+
+    from c2jax.parallel import distributed
+    distributed.initialize(cfg.parallel.distributed)   # before anything touches devices
+
+A job runs one process per host (or per GPU). Each field of `parallel.distributed` left
+at its default is read from the standard environment variables instead, so a launcher
+(SLURM script, Kubernetes job) can set them per process without editing the config:
+  coordinator_address  JAX_COORDINATOR_ADDRESS  host:port of process 0's coordinator
+  num_processes        JAX_NUM_PROCESSES        processes in the job
+  process_id           JAX_PROCESS_ID           this process's rank in [0, num_processes)
+With no coordinator anywhere the job is single-process and nothing is initialised.
+`auto = True` defers everything to JAX's cluster auto-detection (SLURM, Open MPI, GKE TPU).
+CPU processes exchange collectives through gloo (jax_cpu_collectives_implementation).
+After initialisation, `c2jax.parallel.make_mesh` builds a hybrid mesh whose data-like
+axes span the processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import ml_collections
+
+from c2jax import config as configlib
+
+ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS",
+       "num_processes": "JAX_NUM_PROCESSES", "process_id": "JAX_PROCESS_ID"}
+
+
+def distributed_defaults() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.auto = False  # let jax.distributed.initialize() detect the cluster itself
+  c.coordinator_address = ""  # "" -> $JAX_COORDINATOR_ADDRESS, else single-process
+  c.num_processes = 0  # 0 -> $JAX_NUM_PROCESSES
+  c.process_id = -1  # -1 -> $JAX_PROCESS_ID
+  c.initialization_timeout_s = 300
+  return c
+
+
+def validate(dist_cfg) -> None:
+  configlib.check_keys(dist_cfg, distributed_defaults(), "parallel.distributed.")
+  if dist_cfg.num_processes < 0:
+    raise configlib.ConfigError("parallel.distributed.num_processes",
+                                f"is {dist_cfg.num_processes}; use >= 1, or 0 for the env.")
+  if dist_cfg.process_id < -1:
+    raise configlib.ConfigError("parallel.distributed.process_id",
+                                f"is {dist_cfg.process_id}; use >= 0, or -1 for the env.")
+  if dist_cfg.initialization_timeout_s <= 0:
+    raise configlib.ConfigError("parallel.distributed.initialization_timeout_s",
+                                "must be positive (seconds to wait for every process).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  coordinator_address: str
+  num_processes: int
+  process_id: int
+  initialization_timeout_s: int
+
+
+def resolve(dist_cfg, environ=None) -> Settings | None:
+  """The initialize() arguments from config, then environment; None = single process."""
+  environ = os.environ if environ is None else environ
+
+  def field(name, unset):
+    value = dist_cfg[name]
+    if value != unset:
+      return value, f"config.parallel.distributed.{name}"
+    if environ.get(ENV[name], "") != "":
+      return environ[ENV[name]], f"${ENV[name]}"
+    return None, f"config.parallel.distributed.{name} or ${ENV[name]}"
+
+  address, _ = field("coordinator_address", "")
+  if address is None:
+    return None
+  values = {}
+  for name, unset in (("num_processes", 0), ("process_id", -1)):
+    value, source = field(name, unset)
+    if value is None:
+      raise configlib.ConfigError(
+          f"parallel.distributed.{name}",
+          f"is unset but a coordinator ({address}) is; set {source} for every process.")
+    try:
+      values[name] = int(value)
+    except ValueError:
+      raise configlib.ConfigError(f"parallel.distributed.{name}",
+                                  f"{source} = {value!r} is not an integer.") from None
+  if not 0 <= values["process_id"] < values["num_processes"]:
+    raise configlib.ConfigError(
+        "parallel.distributed.process_id",
+        f"= {values['process_id']} is outside [0, {values['num_processes']}).")
+  return Settings(str(address), values["num_processes"], values["process_id"],
+                  int(dist_cfg.initialization_timeout_s))
+
+
+def initialize(dist_cfg, environ=None) -> bool:
+  """Joins the job's processes; True if this is a multi-process run.
+
+  Must run before the first use of jax.devices(). Calling it again is a no-op.
+  """
+  if jax.distributed.is_initialized():
+    return True
+  if dist_cfg.auto:
+    jax.distributed.initialize(initialization_timeout=int(dist_cfg.initialization_timeout_s))
+    return True
+  settings = resolve(dist_cfg, environ)
+  if settings is None:
+    return False
+  jax.distributed.initialize(
+      coordinator_address=settings.coordinator_address,
+      num_processes=settings.num_processes, process_id=settings.process_id,
+      initialization_timeout=settings.initialization_timeout_s)
+  return True

@@ -1,0 +1,159 @@
+"""Per-device memory of the real train step, compiled ahead of time on a simulated mesh.
+
+    compiled, seconds = compile_train_step(cfg)   # abstract inputs: nothing is allocated
+    report = memory_report(compiled)
+    print(format_memory_table(report, device_memory_gb=141))
+
+`compile_train_step` lowers and compiles exactly the step the training loop runs
+(c2jax.train.loop.make_train_step: the config's optimizer, TrainState shardings, batch
+sharding, donation) against jax.ShapeDtypeStructs that carry shardings, so a 1T-parameter
+model plans on a laptop. Its mesh is every device of the process: to simulate N devices,
+start the process with `fake_device_env(N)` (XLA can only be told the fake CPU device
+count before JAX starts; `c2jax plan --memory` re-executes itself that way).
+
+The numbers are XLA's buffer assignment for the CPU backend compiling the same SPMD
+program: arguments and outputs are exact per-device shard sizes; temporaries follow the
+CPU compiler's fusion and scheduling, which differ in detail from GPU/TPU compilers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+import jax
+import numpy as np
+
+from c2jax.parallel import mesh as mesh_lib
+
+GB = 10**9
+
+# name -> per-device memory in GB (vendor figures), for --device-memory-gb shortcuts.
+DEVICE_MEMORY_GB = {"b300": 288.0, "b200": 192.0, "h200": 141.0, "h100": 80.0}
+
+
+def fake_device_env(num_devices: int, environ=None) -> dict[str, str]:
+  """A copy of `environ` (default os.environ) that makes JAX see `num_devices` CPU devices."""
+  env = dict(os.environ if environ is None else environ)
+  kept = [flag for flag in env.get("XLA_FLAGS", "").split()
+          if not flag.startswith("--xla_force_host_platform_device_count")]
+  env["XLA_FLAGS"] = " ".join(kept + [
+      f"--xla_force_host_platform_device_count={int(num_devices)}"])
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def parse_mesh_flag(text: str) -> dict[str, int]:
+  """'data=1,fsdp=-1,expert=8' -> {'data': 1, 'fsdp': -1, 'expert': 8} (axes checked)."""
+  sizes = {}
+  for item in filter(None, (part.strip() for part in text.split(","))):
+    name, sep, value = item.partition("=")
+    if not sep or name not in mesh_lib.MESH_AXES:
+      raise ValueError(f"--mesh item {item!r}: expected AXIS=SIZE with AXIS one of "
+                       f"{mesh_lib.MESH_AXES}, e.g. --mesh=fsdp=-1,expert=8,context=2.")
+    try:
+      sizes[name] = int(value)
+    except ValueError:
+      raise ValueError(f"--mesh item {item!r}: the size must be an integer (or -1).") from None
+  return sizes
+
+
+def mesh_devices(mesh_cfg, num_devices: int | None) -> int:
+  """How many devices a mesh config needs: its product, or `num_devices` if it has a -1."""
+  sizes = [int(mesh_cfg[axis]) for axis in mesh_lib.MESH_AXES]
+  if -1 in sizes:
+    if num_devices is None:
+      raise ValueError(f"mesh {dict(mesh_cfg)} has a -1 axis: give --devices=N to size it.")
+    return int(num_devices)
+  return math.prod(sizes)
+
+
+def abstract_batch(cfg, sharding) -> dict[str, jax.ShapeDtypeStruct]:
+  """The train step's batch (c2jax.train.step) as sharded shape structs, global shapes."""
+  from c2jax.train import jobs
+
+  shape = (cfg.train.batch_size, cfg.train.seq_len)
+  dtypes = {"loss_mask": np.float32}
+  return {key: jax.ShapeDtypeStruct(shape, dtypes.get(key, np.int32), sharding=sharding)
+          for key in jobs.BATCH_KEYS}
+
+
+def compile_train_step(cfg) -> tuple[jax.stages.Compiled, float]:
+  """(compiled train step, compile seconds) on a mesh over all of this process's devices."""
+  from c2jax.train import loop
+
+  rt = loop.build_runtime(cfg)
+  step = loop.make_train_step(rt)
+  state = loop.abstract_state(rt)
+  batch = abstract_batch(cfg, rt.batch_sharding)
+  begun = time.perf_counter()
+  with rt.scope():
+    compiled = step.lower(state, batch).compile()
+  return compiled, time.perf_counter() - begun
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+  """Per-device bytes from XLA's buffer assignment of one compiled program."""
+  argument_bytes: int
+  output_bytes: int
+  alias_bytes: int  # outputs written into donated arguments (counted once)
+  temp_bytes: int
+  code_bytes: int
+
+  @property
+  def total_bytes(self) -> int:
+    """Live at the peak: arguments, outputs not aliased to them, temporaries, code."""
+    return (self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+            + self.code_bytes)
+
+  def fits(self, device_memory_gb: float) -> bool:
+    return self.total_bytes <= device_memory_gb * GB
+
+
+def memory_report(compiled: jax.stages.Compiled) -> MemoryReport:
+  stats = compiled.memory_analysis()
+  if stats is None:
+    raise RuntimeError("this JAX backend gives no memory analysis for compiled programs; "
+                       "run the memory plan on CPU (JAX_PLATFORMS=cpu).")
+  return MemoryReport(
+      argument_bytes=int(stats.argument_size_in_bytes),
+      output_bytes=int(stats.output_size_in_bytes),
+      alias_bytes=int(stats.alias_size_in_bytes),
+      temp_bytes=int(stats.temp_size_in_bytes),
+      code_bytes=int(stats.generated_code_size_in_bytes))
+
+
+def _gb(num_bytes: float) -> str:
+  return f"{num_bytes / GB:,.2f}"
+
+
+def format_table(rows: list[tuple[str, ...]]) -> str:
+  """Left-aligned columns; the first row is the header."""
+  widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+  lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+  lines.insert(1, "  ".join("-" * w for w in widths))
+  return "\n".join(lines)
+
+
+def format_memory_table(report: MemoryReport, device_memory_gb: float) -> str:
+  rows = [("per device", "GB"),
+          ("arguments (params, optimizer state, batch)", _gb(report.argument_bytes)),
+          ("outputs", _gb(report.output_bytes)),
+          ("  of which aliased to donated arguments", _gb(report.alias_bytes)),
+          ("temporaries (activations, gradients, buffers)", _gb(report.temp_bytes)),
+          ("generated code", _gb(report.code_bytes)),
+          ("total", _gb(report.total_bytes))]
+  verdict = "fits" if report.fits(device_memory_gb) else "does NOT fit"
+  headroom = device_memory_gb * GB - report.total_bytes
+  return (format_table(rows) + f"\n{verdict} in {device_memory_gb:g} GB per device "
+          f"(headroom {_gb(headroom)} GB)")
+
+
+def summary(report: MemoryReport, device_memory_gb: float) -> dict:
+  """The report as one JSON-ready dict (bytes, plus the verdict)."""
+  return {**dataclasses.asdict(report), "total_bytes": report.total_bytes,
+          "total_gb": round(report.total_bytes / GB, 3),
+          "device_memory_gb": device_memory_gb, "fits": report.fits(device_memory_gb)}

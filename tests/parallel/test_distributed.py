@@ -1,0 +1,138 @@
+"""Multi-process JAX on loopback: 2 CPU processes x 2 fake devices form one 4-device mesh
+and take one train step of the tiny model; it must match a 1-process, 4-device run.
+
+This file is also the worker: `python test_distributed.py` prints one JSON line.
+"""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from c2jax import config as configlib
+from c2jax.parallel import distributed, mesh
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TIMEOUT_S = 420
+
+
+def _free_port() -> int:
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+def _env(devices: int, **extra) -> dict:
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", C2JAX_XLA_CACHE="off",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  for name in distributed.ENV.values():
+    env.pop(name, None)
+  env.update({k: str(v) for k, v in extra.items()})
+  return env
+
+
+def _result(process: subprocess.Popen) -> dict:
+  try:
+    out, err = process.communicate(timeout=TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    out, err = process.communicate()
+    pytest.fail(f"worker hung for {TIMEOUT_S}s:\n{err[-3000:]}")
+  assert process.returncode == 0, err[-3000:]
+  return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def runs():
+  worker = [sys.executable, __file__]
+  port = _free_port()
+  pair = [subprocess.Popen(worker, env=_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                                            JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=rank),
+                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True) for rank in range(2)]
+  single = subprocess.Popen(worker, env=_env(4), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+  return [_result(p) for p in pair], _result(single)
+
+
+@pytest.mark.slow  # three JAX processes each compile the tiny train step
+def test_two_processes_form_one_mesh_and_match_one_process(runs):
+  pair, single = runs
+  for rank, result in enumerate(pair):
+    assert result["process"] == [rank, 2]
+    assert result["devices"] == [2, 4]
+    # The hybrid mesh puts the processes on the outer data-like axis (fsdp here).
+    assert result["fsdp_processes"] == [0, 0, 1, 1]
+  assert single["devices"] == [4, 4]
+  for result in pair:
+    for key in ("loss", "grad_norm", "param_sum"):
+      np.testing.assert_allclose(result[key], single[key], rtol=2e-5, err_msg=key)
+  assert pair[0]["loss"] == pair[1]["loss"]
+
+
+def test_resolve_reads_config_then_environment():
+  cfg = distributed.distributed_defaults()
+  assert distributed.resolve(cfg, {}) is None  # no coordinator: single process
+  env = {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234", "JAX_NUM_PROCESSES": "4",
+         "JAX_PROCESS_ID": "3"}
+  assert distributed.resolve(cfg, env) == distributed.Settings("10.0.0.1:1234", 4, 3, 300)
+  cfg.process_id = 1  # config wins over the environment
+  assert distributed.resolve(cfg, env).process_id == 1
+  with pytest.raises(configlib.ConfigError, match="num_processes"):
+    distributed.resolve(cfg, {"JAX_COORDINATOR_ADDRESS": "h:1"})
+  with pytest.raises(configlib.ConfigError, match="process_id"):
+    distributed.resolve(cfg, {**env, "JAX_NUM_PROCESSES": "1"})
+
+
+def test_dcn_shape_spreads_granules_over_data_then_fsdp():
+  sizes = {"data": 2, "fsdp": 8, "expert": 8, "context": 2, "tensor": 1}
+  assert mesh.dcn_shape(sizes, 4) == {"data": 2, "fsdp": 2, "expert": 1, "context": 1,
+                                      "tensor": 1}
+  assert mesh.dcn_shape(sizes, 1)["fsdp"] == 1
+  with pytest.raises(configlib.ConfigError, match="data-like"):
+    mesh.dcn_shape(sizes, 32)
+
+
+def _worker() -> None:
+  import jax
+  import jax.numpy as jnp
+
+  from c2jax.train import loop
+
+  cfg = configlib.load_config_file(REPO / "configs/pretrain.py", "tiny")
+  cfg.train.batch_size, cfg.train.seq_len = 4, 16
+  distributed.initialize(cfg.parallel.distributed)
+  rt = loop.build_runtime(cfg)
+  state = loop.init_state(rt)
+  rng = np.random.default_rng(0)
+  shape = (cfg.train.batch_size, cfg.train.seq_len)
+  host_batch = {
+      "inputs": rng.integers(0, cfg.model.vocab_size, shape, dtype=np.int32),
+      "targets": rng.integers(0, cfg.model.vocab_size, shape, dtype=np.int32),
+      "positions": np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape).copy(),
+      "segment_ids": np.ones(shape, np.int32),
+      "loss_mask": np.ones(shape, np.float32)}
+  batch = {key: jax.make_array_from_callback(shape, rt.batch_sharding,
+                                             lambda index, v=value: v[index])
+           for key, value in host_batch.items()}
+  with rt.scope():
+    state, metrics = loop.make_train_step(rt)(state, batch)
+    param_sum = jax.jit(lambda p: sum(jnp.sum(x.astype(jnp.float32))
+                                      for x in jax.tree.leaves(p)))(state.params)
+  fsdp = rt.mesh.axis_names.index("fsdp")
+  processes = np.moveaxis(rt.mesh.devices, fsdp, 0).reshape(rt.mesh.shape["fsdp"], -1)
+  print(json.dumps({
+      "process": [jax.process_index(), jax.process_count()],
+      "devices": [jax.local_device_count(), jax.device_count()],
+      "fsdp_processes": [int(row[0].process_index) for row in processes],
+      "loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
+      "param_sum": float(param_sum)}), flush=True)
+
+
+if __name__ == "__main__":
+  _worker()

@@ -1,0 +1,168 @@
+"""`c2jax plan --memory`: XLA memory analysis of the real train step on fake devices, and
+the HLO communication-volume parser checked against volumes derived by hand."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from c2jax import config as configlib
+from c2jax.parallel import hlo_comms, memory, plan
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+# An HLO module as XLA prints it: an all-reduce inside a while body that runs 5 times,
+# an all-gather in the entry, and the three replica_groups spellings.
+_HLO = textwrap.dedent("""\
+    HloModule jit_f, entry_computation_layout={(f32[2,16]{1,0})->f32[8,16]{1,0}}
+
+    %add (x: f32[], y: f32[]) -> f32[] {
+      %x = f32[] parameter(0)
+      %y = f32[] parameter(1)
+      ROOT %s = f32[] add(%x, %y)
+    }
+
+    %body (p: (s32[], bf16[4,8])) -> (s32[], bf16[4,8]) {
+      %p = (s32[], bf16[4,8]{1,0}) parameter(0)
+      %v = bf16[4,8]{1,0} get-tuple-element(%p), index=1
+      %ar = bf16[4,8]{1,0} all-reduce(%v), channel_id=1, replica_groups=mesh['a'=2,'b'=4] {'b'}, to_apply=%add
+      ROOT %t = (s32[], bf16[4,8]{1,0}) tuple(%i, %ar)
+    }
+
+    %cond (p: (s32[], bf16[4,8])) -> pred[] {
+      %p = (s32[], bf16[4,8]{1,0}) parameter(0)
+      ROOT %lt = pred[] constant(true)
+    }
+
+    ENTRY %main (x: f32[2,16]) -> f32[8,16] {
+      %x = f32[2,16]{1,0} parameter(0)
+      %init = (s32[], bf16[4,8]{1,0}) tuple(%zero, %w)
+      %loop = (s32[], bf16[4,8]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+      %cp = f32[2,16]{1,0} collective-permute(%x), channel_id=3, source_target_pairs={{0,1},{1,0}}
+      %ags = (f32[2,16]{1,0}, f32[8,16]{1,0}) all-gather-start(%x), channel_id=2, replica_groups=[2,4]<=[8], dimensions={0}
+      %agd = f32[8,16]{1,0} all-gather-done(%ags)
+      ROOT %rs = f32[2,16]{1,0} reduce-scatter(%agd), channel_id=4, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}, to_apply=%add
+    }
+    """)
+
+
+def test_parser_counts_loop_trips_async_starts_and_group_spellings():
+  volumes = hlo_comms.comm_volume(_HLO)
+  ar, ag = volumes["all-reduce"], volumes["all-gather"]
+  # bf16[4,8] = 64 bytes, 5 trips, group of 4 ('b'): ring sends 2 * 3/4 * 64 per trip.
+  assert (ar.ops, ar.executions, ar.operand_bytes) == (1, 5, 5 * 64)
+  assert ar.wire_bytes == pytest.approx(5 * 2 * 0.75 * 64)
+  # f32[2,16] = 128 bytes in, f32[8,16] = 512 out, group of 4 ([2,4]<=[8]).
+  assert (ag.ops, ag.executions, ag.operand_bytes) == (1, 1, 128)
+  assert ag.wire_bytes == pytest.approx(0.75 * 512)
+  rs = volumes["reduce-scatter"]  # the gathered 512 bytes, groups listed, 4 each
+  assert (rs.operand_bytes, rs.wire_bytes) == (512, pytest.approx(0.75 * 512))
+  assert volumes["collective-permute"].wire_bytes == 128
+  assert volumes["all-to-all"].executions == 0
+
+
+def test_parser_rejects_text_without_entry():
+  with pytest.raises(ValueError, match="ENTRY"):
+    hlo_comms.comm_volume("HloModule m\n")
+
+
+_SHARD_MAP_PROGRAMS = textwrap.dedent("""\
+    import json
+    import jax, jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+    from c2jax.parallel import hlo_comms
+
+    mesh = jax.make_mesh((4,), ("x",))
+    def comms(fn, *shapes):
+      sharding = jax.sharding.NamedSharding(mesh, P("x"))
+      args = [jax.ShapeDtypeStruct(s, jnp.float32, sharding=sharding) for s in shapes]
+      text = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                   check_vma=False)).lower(*args).compile().as_text()
+      return {k: [v.executions, v.operand_bytes, v.wire_bytes]
+              for k, v in hlo_comms.comm_volume(text, 4).items() if v.executions}
+
+    def gather(x):  # local f32[2,16] -> f32[8,16] on every device
+      return jax.lax.all_gather(x, "x", tiled=True)[:2] * 2
+    def scanned_psum(x):  # a psum of the local f32[2,16] in each of 3 scan steps
+      def step(carry, _):
+        return jax.lax.psum(carry, "x") * 0.5, None
+      return jax.lax.scan(step, x, None, length=3)[0]
+    def to_all(x):  # local f32[4,16] exchanged in 4 blocks of 64 bytes
+      return jax.lax.all_to_all(x, "x", 0, 0, tiled=True)
+    print(json.dumps({"gather": comms(gather, (8, 16)),
+                      "scanned_psum": comms(scanned_psum, (8, 16)),
+                      "to_all": comms(to_all, (16, 16))}))
+    """)
+
+
+@pytest.fixture(scope="module")
+def compiled_programs():
+  out = subprocess.run([sys.executable, "-c", _SHARD_MAP_PROGRAMS], cwd=REPO,
+                       env=memory.fake_device_env(4, {**os.environ, "PYTHONPATH": str(REPO)}),
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_comm_volume_of_compiled_collectives_matches_hand_derivation(compiled_programs):
+  # all-gather: 128 bytes in per device; a ring sends 3/4 of the 512-byte result.
+  assert compiled_programs["gather"] == {"all-gather": [1, 128, 384.0]}
+  # all-reduce of 128 bytes, once per scan step (the while loop's trip count).
+  assert compiled_programs["scanned_psum"] == {"all-reduce": [3, 384, 3 * 2 * 0.75 * 128]}
+  # all-to-all of the local 256 bytes: 3/4 leaves the device.
+  assert compiled_programs["to_all"] == {"all-to-all": [1, 256, 192.0]}
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+  command = [sys.executable, "-m", "c2jax.cli", "plan", "--config=configs/pretrain.py:tiny",
+             "--memory", "--mesh=fsdp=2,expert=2", "--config.train.batch_size=4",
+             "--config.train.seq_len=32", "--config.model.num_layers=4",
+             "--device_memory_gb=0.001"]
+  out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_memory_plan_reports_sharded_state_and_batch(tiny_plan):
+  text, result = tiny_plan
+  assert result["devices"] == 4 and result["mesh"]["fsdp"] == 2
+  cfg = configlib.load_config_file(REPO / "configs/pretrain.py", "tiny")
+  cfg.parallel.mesh.update({"fsdp": 2, "expert": 2})
+  cfg.model.num_layers = 4  # 3 MoE layers: a scan XLA keeps as a while loop
+  plans = plan.param_plans(cfg.model, cfg.parallel, 4)
+  params = sum(p.shard_bytes for p in plans)
+  trained = sum(p.shard_bytes for p in plans if "correction_bias" not in p.path)
+  # Parameters, Adam's two float32 moments of the trained ones (sharded alike), and 5
+  # int32/float32 [4, 32] batch arrays split 4 ways; what is left is scalar counters.
+  state = params + 2 * trained
+  expected = state + 5 * 4 * 32 * 4 // 4
+  mem = result["memory"]
+  assert expected <= mem["argument_bytes"] <= expected + 64
+  assert mem["alias_bytes"] >= state  # the donated train state is updated in place
+  assert mem["temp_bytes"] > 0
+  assert mem["total_bytes"] == (mem["argument_bytes"] + mem["output_bytes"]
+                                - mem["alias_bytes"] + mem["temp_bytes"]
+                                + mem["code_bytes"])
+  assert not mem["fits"] and "does NOT fit in 0.001 GB" in text
+  # FSDP gathers parameters (per layer, inside the scan's while loop) and reduces
+  # gradients.
+  comms = result["comms"]
+  assert comms["all-gather"]["executions"] > comms["all-gather"]["ops"]
+  assert comms["all-reduce"]["operand_bytes"] + comms["reduce-scatter"]["operand_bytes"] > 0
+
+
+def test_mesh_flag_is_checked():
+  assert memory.parse_mesh_flag("data=1, fsdp=-1,expert=8") == {"data": 1, "fsdp": -1,
+                                                                 "expert": 8}
+  with pytest.raises(ValueError, match="AXIS=SIZE"):
+    memory.parse_mesh_flag("model=4")
+  cfg = configlib.load_config_file(REPO / "configs/pretrain.py", "tiny").parallel.mesh
+  with pytest.raises(ValueError, match="--devices"):
+    memory.mesh_devices(cfg, None)
+  assert memory.mesh_devices(cfg, 8) == 8
