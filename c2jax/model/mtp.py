@@ -19,6 +19,9 @@ Training (`loss`): each depth matches the main head's full distribution at the p
 that predicts the same token (KL to its stop-gradient softmax), optionally plus
 cross-entropy on the data. With frozen_trunk the main model gets no gradient (MTP
 attached to a frozen checkpoint); otherwise the trunk, embedding and head train jointly.
+When the block is an MoE layer (`uses_moe`), `apply` and `loss` also return its routing
+statistics ({'expert_loads': [Dm, E], 'aux_loss': scalar}, as the main model's aux), so
+the train step adds its balance loss and nudges its correction biases like the trunk's.
 
 Shape legend: Dm MTP depths, B batch, L length, D hidden, V vocab.
 """
@@ -36,8 +39,15 @@ from c2jax.model.transformer import DecoderBlock, Transformer
 PARAMS_KEY = "mtp_layers"
 
 
+def uses_moe(cfg) -> bool:
+  """Whether the MTP block is an MoE layer: it is one more layer past the main model's
+  last, so it is MoE exactly when the main model has MoE layers."""
+  return cfg.num_layers > cfg.first_k_dense
+
+
 class MTPLayer(nn.Module):
-  """One depth; a scan body: carry = hidden, xs = (next-token embeddings, cache)."""
+  """One depth; a scan body: carry = hidden, xs = (next-token embeddings, cache);
+  outputs (normed hidden, MoE routing stats or None, new cache)."""
   cfg: object
 
   @nn.compact
@@ -50,11 +60,10 @@ class MTPLayer(nn.Module):
     x_BxLxD = Linear((2 * d,), (d,), (None, "embed"), cfg, name="eh_proj")(
         jnp.concatenate([e_BxLxD, g_BxLxD], axis=-1))
     x_BxLxD = constrain(x_BxLxD, ("batch", "length", "embed"))
-    use_moe = cfg.num_layers > cfg.first_k_dense  # an extra layer past the dense ones
-    x_BxLxD, (_, new_cache) = DecoderBlock(cfg, use_moe, name="block")(
+    x_BxLxD, (stats, new_cache) = DecoderBlock(cfg, uses_moe(cfg), name="block")(
         x_BxLxD, (None, cache), positions_BxL, segment_ids_BxL)
     out_BxLxD = RMSNorm(d, "embed", cfg, name="final_norm")(x_BxLxD)
-    return x_BxLxD, (out_BxLxD, new_cache)
+    return x_BxLxD, (out_BxLxD, stats, new_cache)
 
 
 def _stack(cfg) -> nn.Module:
@@ -106,9 +115,21 @@ def _shift_left(tokens_BxL, by: int):
   return jnp.pad(tokens_BxL[:, by:], ((0, 0), (0, by)))
 
 
+def _moe_aux(cfg, stats) -> dict:
+  """The MTP blocks' routing stats as the main model's aux: loads [Dm, E] (empty [0, E]
+  for dense blocks) and the summed balance loss."""
+  if stats is None:
+    return {"expert_loads": jnp.zeros((0, cfg.moe.num_experts), jnp.float32),
+            "aux_loss": jnp.zeros((), jnp.float32)}
+  return {"expert_loads": stats["expert_loads"].astype(jnp.float32),
+          "aux_loss": jnp.sum(stats["aux_loss"]).astype(jnp.float32)}
+
+
 def apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL=None, segment_ids_BxL=None):
-  """Teacher-forced MTP logits for all depths: [Dm, B, L, V] float32 (depth k, position
-  i predicts t_{i+k+2}; positions past the sequence end read padding token 0)."""
+  """Teacher-forced MTP logits for all depths and the blocks' routing stats:
+  (logits [Dm, B, L, V] float32, {'expert_loads': [Dm, E] or [0, E], 'aux_loss': []}).
+  Depth k at position i predicts t_{i+k+2}; positions past the sequence end read padding
+  token 0."""
   _check(cfg)
   batch, length = tokens_BxL.shape
   if positions_BxL is None:
@@ -116,10 +137,10 @@ def apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL=None, segment_ids
   next_DmxBxL = jnp.stack([_shift_left(tokens_BxL, k + 1)
                            for k in range(cfg.num_mtp_layers)])
   xs = (_embed(cfg, params, next_DmxBxL), None)
-  _, (out_DmxBxLxD, _) = _stack(cfg).apply(
+  _, (out_DmxBxLxD, stats, _) = _stack(cfg).apply(
       {"params": params[PARAMS_KEY]}, hidden_BxLxD.astype(compute_dtype(cfg)), xs,
       positions_BxL, segment_ids_BxL)
-  return jax.vmap(lambda out: _head(cfg, params, out))(out_DmxBxLxD)
+  return jax.vmap(lambda out: _head(cfg, params, out))(out_DmxBxLxD), _moe_aux(cfg, stats)
 
 
 def init_layer_cache(cfg, batch: int, max_length: int, dtype=None) -> dict:
@@ -133,7 +154,7 @@ def apply_layer(cfg, params, depth: int, hidden_BxLxD, next_tokens_BxL, position
                 cache):
   """One depth over a KV cache (drafting): (hidden out, logits [B, L, V], new cache)."""
   layer_params = jax.tree.map(lambda x: x[depth], params[PARAMS_KEY])
-  h_BxLxD, (out_BxLxD, new_cache) = MTPLayer(cfg).apply(
+  h_BxLxD, (out_BxLxD, _, new_cache) = MTPLayer(cfg).apply(
       {"params": layer_params}, hidden_BxLxD.astype(compute_dtype(cfg)),
       (_embed(cfg, params, next_tokens_BxL), cache), positions_BxL, None)
   return h_BxLxD, _head(cfg, params, out_BxLxD), new_cache
@@ -142,8 +163,10 @@ def apply_layer(cfg, params, depth: int, hidden_BxLxD, next_tokens_BxL, position
 def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_BxL=None,
          positions_BxL=None, segment_ids_BxL=None, loss_mask_BxL=None,
          kl_weight: float = 1.0, ce_weight: float = 0.0, frozen_trunk: bool = False):
-  """(weighted MTP loss, metrics): mean over depths of kl_weight * KL(main || mtp) +
-  ce_weight * CE, each averaged over valid positions.
+  """(weighted MTP loss, metrics, moe_aux): the loss is the mean over depths of
+  kl_weight * KL(main || mtp) + ce_weight * CE, each averaged over valid positions;
+  moe_aux is `apply`'s routing stats of the MTP blocks, whose aux_loss is not in the loss
+  (the caller adds it beside the main model's, as it nudges their correction biases).
 
   Depth k at position i is valid when t_{i+k+1} exists in the same document (segment id,
   0 = padding) and loss_mask (of the main target at i+k+1) is set. targets_BxL (t_{i+1} at
@@ -162,8 +185,8 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_Bx
                   else segment_ids_BxL)
   mask_BxL = (jnp.ones((batch, length), jnp.float32) if loss_mask_BxL is None
               else loss_mask_BxL.astype(jnp.float32))
-  logits_DmxBxLxV = apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL,
-                          segment_ids_BxL)
+  logits_DmxBxLxV, moe_aux = apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL,
+                                   segment_ids_BxL)
   teacher_logp_BxLxV = jax.nn.log_softmax(jax.lax.stop_gradient(main_logits_BxLxV), axis=-1)
   total, metrics = 0.0, {}
   for k in range(cfg.num_mtp_layers):
@@ -188,4 +211,4 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_Bx
       depth_loss += ce_weight * ce
       metrics[f"mtp{k}/ce"] = ce
     total += depth_loss
-  return total / cfg.num_mtp_layers, metrics
+  return total / cfg.num_mtp_layers, metrics, moe_aux

@@ -24,8 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 
 from c2jax import model, parallel
+from c2jax.model import mtp as mtp_lib
+from c2jax.parallel import context as context_lib
+from c2jax.parallel import distributed
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import jobs
 from c2jax.train.metrics import MetricsWriter
@@ -55,8 +59,10 @@ class _Scope:
   """Mesh + logical-axis rules active while tracing and running jitted functions."""
 
   def __init__(self, mesh, rules):
-    self._contexts = [jax.sharding.use_mesh(mesh) if hasattr(jax.sharding, "use_mesh")
-                      else mesh, nn.logical_axis_rules(rules)]
+    # jax.set_mesh (jax >= 0.7) sets the abstract mesh that flax's logical constraints and
+    # expert parallelism read; a bare `with mesh:` no longer does.
+    set_mesh = getattr(jax, "set_mesh", None) or jax.sharding.use_mesh
+    self._contexts = [set_mesh(mesh), nn.logical_axis_rules(rules)]
 
   def __enter__(self):
     for context in self._contexts:
@@ -131,8 +137,14 @@ def abstract_state(rt: Runtime) -> TrainState:
 
 
 def device_batch(rt: Runtime, batch: dict) -> dict:
-  return {key: jax.make_array_from_process_local_data(rt.batch_sharding, np.asarray(value))
-          for key, value in batch.items() if key in jobs.BATCH_KEYS}
+  """A host batch on the mesh; under context parallelism with load balancing, permuted
+  along the sequence first (the loss is a masked sum over tokens, so it is unchanged)."""
+  batch = {key: np.asarray(value) for key, value in batch.items() if key in jobs.BATCH_KEYS}
+  shards = context_lib.num_shards(rt.mesh, rt.rules)
+  if shards > 1 and rt.cfg.parallel.context_load_balance:
+    batch = context_lib.balance_batch(batch, shards)
+  return {key: jax.make_array_from_process_local_data(rt.batch_sharding, value)
+          for key, value in batch.items()}
 
 
 def make_train_step(rt: Runtime):
@@ -163,7 +175,17 @@ def evaluate(rt: Runtime, eval_step, params, dataset, max_batches: int) -> float
 
 
 def initial_params(rt: Runtime, state: TrainState) -> TrainState:
-  """A fresh run of a later phase starts from the previous phase's newest parameters."""
+  """A fresh run of a later phase starts from the previous phase's newest parameters.
+
+  Multi-token prediction may be attached or left off between phases:
+  - the config has MTP modules (model.num_mtp_layers > 0) and the checkpoint has none:
+    the trunk is restored and params['mtp_layers'] keep their fresh initialisation (how
+    MTP starts from a checkpoint cut mid-way through pretraining);
+  - the checkpoint has MTP modules and the config has none: they are deliberately
+    dropped (a phase that needs no drafter, e.g. an ablation without MTP), with a log line.
+  Any other difference (a parameter missing, a shape changed, e.g. num_mtp_layers 2 vs
+  1) is an error naming the parameter.
+  """
   source = rt.cfg.init_from
   if not source:
     return state
@@ -176,18 +198,68 @@ def initial_params(rt: Runtime, state: TrainState) -> TrainState:
         f"config.init_from = {source!r} has no checkpoints; run the previous phase first "
         "(see configs/longctx.py and configs/sft.py for the chain).")
   step = previous.steps()[-1]
+  saved = _saved_param_shapes(directory, step)
+  fresh_mtp = mtp_lib.PARAMS_KEY in state.params and mtp_lib.PARAMS_KEY not in saved
+  wanted = {k: v for k, v in state.params.items()
+            if not (fresh_mtp and k == mtp_lib.PARAMS_KEY)}
+  _check_restorable(saved, wanted, f"{directory} step {step}")
+  shardings = {k: v for k, v in rt.state_shardings.params.items() if k in wanted}
   with rt.scope():
-    params = previous.restore_params(
-        step, checkpoint_lib.abstract_like(state.params, rt.state_shardings.params))
+    params = previous.restore_params(step, checkpoint_lib.abstract_like(wanted, shardings))
   previous.close()
   print(f"init: parameters from {directory} step {step}", flush=True)
+  if fresh_mtp:
+    params = {**params, mtp_lib.PARAMS_KEY: state.params[mtp_lib.PARAMS_KEY]}
+    print(f"init: the checkpoint has no '{mtp_lib.PARAMS_KEY}'; the "
+          f"{rt.cfg.model.num_mtp_layers} MTP module(s) start from a fresh initialisation "
+          "(trunk, embedding and head restored)", flush=True)
+  elif mtp_lib.PARAMS_KEY in saved and mtp_lib.PARAMS_KEY not in state.params:
+    print(f"init: dropping the checkpoint's '{mtp_lib.PARAMS_KEY}' "
+          "(config.model.num_mtp_layers = 0)", flush=True)
   return state.replace(params=params)
+
+
+def _saved_param_shapes(directory: pathlib.Path, step: int) -> dict:
+  """The saved parameter tree of a checkpoint step, as shapes, read from orbax metadata
+  (no array is loaded)."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    tree = handler.metadata(directory / str(step) / "state").tree
+  finally:
+    handler.close()
+  return jax.tree.map(lambda m: tuple(m.shape), tree["params"],
+                      is_leaf=lambda m: hasattr(m, "shape"))
+
+
+def _check_restorable(saved: dict, wanted: dict, where: str) -> None:
+  saved_shapes = {_dict_keys(path): shape for path, shape in
+                  jax.tree_util.tree_leaves_with_path(saved, is_leaf=_is_shape)}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(wanted):
+    keys = _dict_keys(path)
+    name = "/".join(keys)
+    if keys not in saved_shapes:
+      raise ValueError(
+          f"config.init_from: parameter {name} is not in the checkpoint {where}; the "
+          "previous phase trained a different model. Make config.model match it.")
+    if saved_shapes[keys] != tuple(leaf.shape):
+      hint = (" (config.model.num_mtp_layers differs from the checkpoint's)"
+              if keys[0] == mtp_lib.PARAMS_KEY else "")
+      raise ValueError(
+          f"config.init_from: parameter {name} has shape {saved_shapes[keys]} in the "
+          f"checkpoint {where} but {tuple(leaf.shape)} in this config{hint}; make "
+          "config.model match the previous phase.")
+
+
+def _is_shape(x) -> bool:
+  return isinstance(x, tuple) and all(isinstance(d, int) for d in x)
 
 
 def train(cfg, workdir: str | pathlib.Path) -> dict:
   """Runs (or resumes) a job to `cfg.train.steps`; returns a summary dict."""
   workdir = pathlib.Path(workdir).expanduser()
   workdir.mkdir(parents=True, exist_ok=True)
+  # Multi-process runs join here, before anything asks JAX for its devices.
+  distributed.initialize(cfg.parallel.distributed)
   rt = build_runtime(cfg)
   t = cfg.train
   datasets = jobs.datasets(cfg)

@@ -5,7 +5,9 @@ Shapes: B batch, L length, V vocab. A batch is a dict of [B, L] arrays:
   loss_mask (float32; 1 where the target token is trained on).
 
 With cfg.num_mtp_layers > 0 the loss adds the MTP self-distillation loss
-(c2jax.model.mtp.loss) weighted by `MTPWeights` (config.train.mtp_*).
+(c2jax.model.mtp.loss) weighted by `MTPWeights` (config.train.mtp_*). MoE MTP blocks are
+balanced like the trunk's MoE layers: their balance loss joins `aux_loss` and their
+expert loads nudge their own correction biases.
 """
 
 from __future__ import annotations
@@ -72,16 +74,19 @@ def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None):
   ce = (nll_BxL * mask_BxL).sum() / tokens
   loss = ce + aux["aux_loss"]
   stats = {"ce_loss": ce, "aux_loss": aux["aux_loss"], "tokens": mask_BxL.sum(),
-           "expert_loads": aux["expert_loads"]}
+           "expert_loads": aux["expert_loads"],
+           # Expert-parallel capacity drops, all MoE layers (0 without EP or with no cap).
+           "dropped_copies": aux["dropped_copies"].sum()}
   if cfg.num_mtp_layers:
     mtp = mtp or MTPWeights()
-    mtp_loss, mtp_metrics = mtp_lib.loss(
+    mtp_loss, mtp_metrics, mtp_moe = mtp_lib.loss(
         cfg, params, batch["inputs"], hidden_BxLxD, logits_BxLxV,
         targets_BxL=batch["targets"], loss_mask_BxL=batch["loss_mask"],
         kl_weight=mtp.kl_weight, ce_weight=mtp.ce_weight, frozen_trunk=mtp.frozen_trunk,
         **kwargs)
-    loss = loss + mtp_loss
-    stats.update(mtp_metrics, mtp_loss=mtp_loss)
+    loss = loss + mtp_loss + mtp_moe["aux_loss"]
+    stats.update(mtp_metrics, mtp_loss=mtp_loss, mtp_expert_loads=mtp_moe["expert_loads"],
+                 aux_loss=stats["aux_loss"] + mtp_moe["aux_loss"])
   return loss, stats
 
 
@@ -112,14 +117,19 @@ def train_step(cfg, optimizer, state: TrainState, batch: Batch, mtp: MTPWeights 
                for key, value in updates.items()}
   params = optax.apply_updates(state.params, updates)
   if cfg.num_layers > cfg.first_k_dense and cfg.moe.router == "sigmoid_bias":
-    # The expert loads are the trunk's; the MTP blocks' biases stay as they are.
+    rate = cfg.moe.bias_update_rate
+    # Each stack's biases follow its own loads: the trunk's (unless frozen) and the MTP
+    # blocks' (MoE exactly when the trunk has MoE layers; they train even when frozen).
     main = {k: v for k, v in params.items() if k != mtp_lib.PARAMS_KEY}
     if not frozen:
-      main = moe.update_correction_bias(main, stats["expert_loads"],
-                                        cfg.moe.bias_update_rate)
+      main = moe.update_correction_bias(main, stats["expert_loads"], rate)
     params = {**params, **main}
+    if cfg.num_mtp_layers:
+      params[mtp_lib.PARAMS_KEY] = moe.update_correction_bias(
+          params[mtp_lib.PARAMS_KEY], stats["mtp_expert_loads"], rate)
   metrics = {"loss": loss, "ce_loss": stats["ce_loss"], "aux_loss": stats["aux_loss"],
-             "tokens": stats["tokens"], "grad_norm": optax.tree_utils.tree_norm(grads)}
-  if cfg.num_mtp_layers:
-    metrics.update({k: v for k, v in stats.items() if k.startswith("mtp")})
+             "tokens": stats["tokens"], "grad_norm": optax.tree_utils.tree_norm(grads),
+             "dropped_copies": stats["dropped_copies"]}
+  if cfg.num_mtp_layers:  # scalars only: the MTP expert loads are not a metric
+    metrics.update({k: v for k, v in stats.items() if k.startswith("mtp") and v.ndim == 0})
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

@@ -47,7 +47,7 @@ def test_depths_chain_and_cached_layer_matches(setup):
   """Depth 1 consumes depth 0's hidden; the cached single-depth path equals apply."""
   cfg, params, tokens = setup
   _, _, _, hidden = mtp.forward_with_hidden(cfg, params, tokens)
-  logits = mtp.apply(cfg, params, hidden, tokens)
+  logits, _ = mtp.apply(cfg, params, hidden, tokens)
   assert logits.shape == (2, 2, LENGTH, 32)
   positions = jnp.broadcast_to(jnp.arange(LENGTH), (2, LENGTH))
   cache = mtp.init_layer_cache(cfg, 2, 16)
@@ -76,11 +76,11 @@ def _loss(cfg, params, tokens, segments, **kw):
 def test_loss_is_kl_to_the_main_head(setup):
   cfg, params, tokens = setup
   segments = jnp.ones_like(tokens)
-  value, metrics = _loss(cfg, params, tokens, segments, kl_weight=0.5, ce_weight=0.25)
+  value, metrics, _ = _loss(cfg, params, tokens, segments, kl_weight=0.5, ce_weight=0.25)
   # Reference for depth 0 by hand: position i vs main position i + 1; the masked last
   # target leaves i < L - 2, where the label t_{i+2} exists.
   logits, _, _, hidden = mtp.forward_with_hidden(cfg, params, tokens)
-  student = jax.nn.log_softmax(mtp.apply(cfg, params, hidden, tokens)[0][:, :-2], -1)
+  student = jax.nn.log_softmax(mtp.apply(cfg, params, hidden, tokens)[0][0][:, :-2], -1)
   teacher = jax.nn.log_softmax(logits[:, 1:-1], -1)
   kl = np.mean(np.sum(np.exp(teacher) * (teacher - student), -1))
   np.testing.assert_allclose(metrics["mtp0/kl"], kl, rtol=1e-5)
@@ -91,7 +91,7 @@ def test_loss_is_kl_to_the_main_head(setup):
   np.testing.assert_allclose(value, np.mean(depth_losses), rtol=1e-6)
   # ... and a document boundary removes the pairs that straddle it.
   split = segments.at[:, LENGTH // 2:].set(2)
-  _, split_metrics = _loss(cfg, params, tokens, split, kl_weight=1.0)
+  _, split_metrics, _ = _loss(cfg, params, tokens, split, kl_weight=1.0)
   assert not np.isclose(split_metrics["mtp0/kl"], metrics["mtp0/kl"])
 
 

@@ -5,10 +5,18 @@ HF `transformers` generate on the same weights.
     PYTHONPATH=. python tools/bench/bench_decode.py --hf_python /work/venvs/py311/bin/python
 
 Decode tokens/s counts the tokens sampled after every request's prefill (steady-state
-decode; compile and prefill excluded), greedy, random weights. With --drafts D the engine
+decode; compile and prefill excluded), greedy by default. With --drafts D the engine
 speculates D tokens per step with the model's MTP module; the table gives tokens per
-sequence-step (1 + accepted drafts) and the speedup over plain decoding. Random MTP
-weights accept almost nothing, so on an untrained model speculation only shows its cost.
+sequence-step (1 + accepted drafts) and the speedup over plain decoding. --temperature T > 0 samples
+instead (drafts are then kept by the standard speculative-sampling rule): a small trained
+model's greedy output soon repeats a short loop, which any drafter predicts.
+
+Weights: random (per --variants) by default, where the MTP module accepts almost nothing
+and speculation only shows its cost; or a trained run with --checkpoint WORKDIR (a
+`c2jax pretrain` workdir, e.g. of configs/mtp.py), whose model config and newest
+parameters (MTP module included) are loaded, with prompts cut from the run's held-out
+corpus instead of random tokens:
+    PYTHONPATH=. python tools/bench/bench_decode.py --checkpoint runs/tiny/mtp --batches 1,8
 
 The HF side runs this same file under another interpreter (`--hf_worker`), with only the
 standard library imported at the top, so it needs no c2jax on its path: run it without
@@ -26,16 +34,15 @@ import tempfile
 import time
 
 
-def _engine_rate(cfg, params, batch: int, prompt_len: int, new_tokens: int, drafts: int):
-  import numpy as np
-
+def _engine_rate(cfg, params, prompts_BxP, new_tokens: int, drafts: int,
+                 temperature: float):
   from c2jax.rollout import JaxEngine, Request, SamplingParams
+  batch, prompt_len = prompts_BxP.shape
   engine = JaxEngine(cfg, params, num_slots=batch, max_length=prompt_len + new_tokens + 8,
                      prefill_buckets=(prompt_len,), num_draft_tokens=drafts)
-  rng = np.random.default_rng(0)
-  requests = [Request(rng.integers(0, cfg.vocab_size, prompt_len),
-                      SamplingParams(temperature=0.0, max_tokens=new_tokens))
-              for _ in range(batch)]
+  requests = [Request(prompt, SamplingParams(temperature=temperature, max_tokens=new_tokens,
+                                              seed=row))
+              for row, prompt in enumerate(prompts_BxP)]
   engine.generate(requests[:1])  # compile prefill and decode
   engine.acceptance = type(engine.acceptance)()
   ids = [engine.submit(r) for r in requests]
@@ -49,22 +56,84 @@ def _engine_rate(cfg, params, batch: int, prompt_len: int, new_tokens: int, draf
   return (total - sampled_before) / elapsed, engine.acceptance.tokens_per_step
 
 
-def _run_jax(args) -> list[dict]:
+def _random_models(args):
+  """(name, cfg, params, prompts(batch)) per variant: random weights, random prompts."""
   import jax
+  import numpy as np
 
   from c2jax import model
-  from c2jax.model import mtp, variants
-  rows = []
+  from c2jax.model import variants
   for name in args.variants.split(","):
     cfg = variants.get(name, num_mtp_layers=1)
     params = jax.jit(lambda k, c=cfg: model.init(c, k))(jax.random.key(0))
-    params[mtp.PARAMS_KEY] = jax.jit(lambda k, c=cfg: mtp.init(c, k))(jax.random.key(1))
+    yield name, cfg, params, lambda batch, c=cfg: np.random.default_rng(0).integers(
+        0, c.vocab_size, (batch, args.prompt_len))
+
+
+def _trained_model(args):
+  """(name, cfg, params, prompts(batch)) of a training workdir: its model config and
+  newest parameters, and prompts cut from its held-out corpus."""
+  import pathlib
+
+  import jax
+
+  from c2jax import config as configlib
+  from c2jax import model
+  from c2jax.model import config as model_config
+  from c2jax.train import checkpoint as checkpoint_lib
+  workdir = pathlib.Path(args.checkpoint).expanduser()
+  if not (workdir / "config.json").is_file() or not (workdir / "checkpoints").is_dir():
+    raise SystemExit(f"--checkpoint {workdir}: expected a `c2jax pretrain` workdir with "
+                     "config.json and checkpoints/ (e.g. runs/tiny/mtp).")
+  job = json.loads((workdir / "config.json").read_text())
+  cfg = model_config.defaults()
+  configlib.apply_overrides(cfg, job["model"])
+  model_config.validate(cfg)
+  if args.drafts and cfg.num_mtp_layers < 1:
+    raise SystemExit(f"--checkpoint {workdir}: the run has no MTP modules "
+                     "(model.num_mtp_layers = 0); train them with configs/mtp.py, or pass "
+                     "--drafts 0.")
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  shapes = jax.eval_shape(lambda: model.init(cfg, jax.random.key(0)))
+  abstract = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device),
+                          shapes)
+  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", async_save=False)
+  if not ckpt.steps():
+    raise SystemExit(f"--checkpoint {workdir}: no checkpoint saved yet.")
+  step = ckpt.steps()[-1]
+  params = ckpt.restore_params(step, abstract)
+  ckpt.close()
+  print(f"weights: {workdir} step {step}", file=sys.stderr, flush=True)
+  yield f"{cfg.name} (trained, step {step})", cfg, params, lambda batch: _heldout_prompts(
+      job["data"], batch, args.prompt_len)
+
+
+def _heldout_prompts(data_fields: dict, batch: int, prompt_len: int):
+  """The first prompt_len tokens of `batch` rows of the run's held-out corpus."""
+  import numpy as np
+
+  from c2jax import config as configlib
+  from c2jax import data
+  data_cfg = data.default_config()
+  configlib.apply_overrides(data_cfg, data_fields)
+  prepared = data.prepare_from_config(data_cfg)
+  dataset = data.pretrain_dataset(prepared.corpus(), "heldout", prepared.tokenizer(),
+                                  seq_len=prompt_len, batch_size=batch, shuffle=False,
+                                  num_epochs=1)
+  return np.asarray(next(iter(dataset))["inputs"])
+
+
+def _run_jax(args) -> list[dict]:
+  rows = []
+  models = _trained_model(args) if args.checkpoint else _random_models(args)
+  for name, cfg, params, prompts in models:
     for batch in map(int, args.batches.split(",")):
-      base, _ = _engine_rate(cfg, params, batch, args.prompt_len, args.new_tokens, 0)
+      prompts_BxP = prompts(batch)
+      base, _ = _engine_rate(cfg, params, prompts_BxP, args.new_tokens, 0, args.temperature)
       row = {"variant": name, "batch": batch, "c2jax tok/s": base}
       if args.drafts:
-        spec, per_step = _engine_rate(cfg, params, batch, args.prompt_len, args.new_tokens,
-                                      args.drafts)
+        spec, per_step = _engine_rate(cfg, params, prompts_BxP, args.new_tokens, args.drafts,
+                                      args.temperature)
         row.update({"MTP tok/s": spec, "tokens/step": per_step, "speedup": spec / base})
       if args.hf_python:
         row["HF tok/s"] = _hf_rate(args, cfg, params, batch)
@@ -127,6 +196,11 @@ def main() -> None:
   parser.add_argument("--new_tokens", type=int, default=32)
   parser.add_argument("--drafts", type=int, default=1,
                       help="MTP draft tokens per step (0: no speculation)")
+  parser.add_argument("--temperature", type=float, default=0.0,
+                      help="sampling temperature (0: greedy); the HF side is always greedy")
+  parser.add_argument("--checkpoint", default="",
+                      help="a training workdir: benchmark its trained weights (MTP included) "
+                      "on held-out prompts instead of random --variants")
   parser.add_argument("--hf_python", default="",
                       help="interpreter with torch + transformers for the HF comparison")
   parser.add_argument("--hf_worker", default="", help=argparse.SUPPRESS)
