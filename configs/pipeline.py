@@ -13,6 +13,7 @@ import pathlib
 import ml_collections
 
 from c2jax import config as configlib
+from c2jax.agent import config as agent_config
 
 TEST_ARGS = ("tiny",)
 HERE = pathlib.Path(__file__).parent
@@ -31,5 +32,6 @@ def get_config(variant: str = "tiny"):
   # Procedurally generated repositories solved by the scripted solver through the real
   # tools: the SFT phase's agent traces; `heldout` of them measure held-out SFT loss.
   c.traces = ml_collections.ConfigDict(
-      {"count": 48, "heldout": 8, "seed": 0, "backend": "bubblewrap"})
+      {"count": 48, "heldout": 8, "seed": 0, "backend": "bubblewrap",
+       "difficulties": (1, 2, 3, 4), "tools": agent_config.default_config().tools})
   return c

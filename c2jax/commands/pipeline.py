@@ -16,6 +16,7 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Pipeline config (conf
 _WORKDIR = flags.DEFINE_string("workdir", None, "Root directory; stages go in WORKDIR/<stage>.")
 
 STAGES = ("pretrain", "longctx", "traces", "sft")
+TRAINING_STAGES = ("pretrain", "longctx", "sft")
 
 
 def build_traces(cfg, workdir: pathlib.Path) -> dict:
@@ -25,8 +26,9 @@ def build_traces(cfg, workdir: pathlib.Path) -> dict:
 
   train_path, heldout_path = workdir / "train.jsonl", workdir / "heldout.jsonl"
   if not (train_path.exists() and heldout_path.exists()):
-    suite = procgen.generate_suite(str(workdir / "repos"), cfg.count, cfg.seed)
-    traces = solver.solve_suite(suite, cfg.backend)
+    suite = procgen.generate_suite(str(workdir / "repos"), cfg.count, cfg.seed,
+                                   tuple(cfg.difficulties))
+    traces = solver.solve_suite(suite, cfg.backend, tuple(cfg.tools))
     tasks_lib.save_jsonl(suite, str(workdir / "tasks.jsonl"))
     for path, rows in ((heldout_path, traces[:cfg.heldout]),
                        (train_path, traces[cfg.heldout:])):
@@ -48,13 +50,20 @@ def main(argv) -> int:
   unknown = [stage for stage in cfg.stages if stage not in STAGES]
   if unknown:
     raise SystemExit(f"config.stages: unknown {unknown}; known stages are {STAGES}.")
+  undefined = [stage for stage in cfg.stages if stage not in cfg]
+  if undefined:
+    raise SystemExit(f"config.stages lists {undefined}, but the config has no section for "
+                     "them; drop them from config.stages or use a config that defines them.")
   if not 0 < cfg.traces.heldout < cfg.traces.count:
     raise SystemExit(f"config.traces.heldout = {cfg.traces.heldout} must be > 0 and < "
                      f"config.traces.count = {cfg.traces.count}.")
-  for stage in ("pretrain", "longctx", "sft"):
+  # The training stages this config defines, in pipeline order: each starts from the one
+  # before it under this root; the first keeps its config's init_from ("" = from scratch).
+  trained = [stage for stage in TRAINING_STAGES if stage in cfg]
+  for stage in trained:
     cfg[stage].data = cfg.data
-  cfg.longctx.init_from = str(root / "pretrain")
-  cfg.sft.init_from = str(root / "longctx")
+  for previous, stage in zip(trained, trained[1:]):
+    cfg[stage].init_from = str(root / previous)
   cfg.sft.sft.train_path = str(root / "traces" / "train.jsonl")
   cfg.sft.sft.heldout_path = str(root / "traces" / "heldout.jsonl")
   summary = {}

@@ -2,6 +2,9 @@
 
 Difficulty grows from a one-line fix to multi-file changes, in patterns a tiny model can
 learn:
+  0 constant:   a module constant has a wrong value and the prompt names the file, the
+                constant and the right value (an RL warm-start family: the fix is copied
+                from the prompt);
   1 operator:   one arithmetic operator is wrong in one function;
   2 condition:  a comparison and a constant are wrong in one function (two lines);
   3 two_files:  a helper in one module and its caller in another are both wrong;
@@ -9,6 +12,11 @@ learn:
 Every task's hidden tests check values computed from the correct code at generation
 time. metadata['solution'] lists the gold edits (path, old, new) the scripted solver
 (solver.py) applies after finding them through the tools; the agent never sees it.
+
+Hidden tests are pytest files. Difficulty 0's also run as a plain script
+(`python -m tests.test_<module>`) that prints pytest-style `PASSED <id>` / `FAILED <id>`
+lines, so grading keeps per-test verdicts without pytest's start-up cost (it runs once
+per RL rollout).
 """
 
 import os
@@ -20,7 +28,8 @@ _NOUNS = ('price', 'score', 'weight', 'count', 'speed', 'level', 'budget', 'leng
           'volume', 'rating', 'margin', 'offset')
 _MODULES = ('calc', 'metrics', 'stats', 'units', 'ledger', 'geometry', 'inventory')
 _OPS = {'+': lambda a, b: a + b, '-': lambda a, b: a - b, '*': lambda a, b: a * b}
-CATEGORIES = {1: 'operator', 2: 'condition', 3: 'two_files', 4: 'missing'}
+_CONSTANT_PREFIXES = ('MAX', 'MIN', 'BASE', 'STEP', 'DEFAULT')
+CATEGORIES = {0: 'constant', 1: 'operator', 2: 'condition', 3: 'two_files', 4: 'missing'}
 
 
 def _pairs(rng, n=4):
@@ -35,6 +44,23 @@ def _test_file(module, func, cases, expected) -> str:
   return '\n'.join(lines).rstrip() + '\n'
 
 
+def _script_footer(path) -> str:
+  # Runs the file's tests without pytest and prints the lines reward.run_hidden_tests
+  # reads; a module that fails to import exits non-zero before printing any.
+  return (f'\n\nif __name__ == "__main__":\n'
+          f'    import sys\n'
+          f'    failed = 0\n'
+          f'    for name, test in list(globals().items()):\n'
+          f'        if name.startswith("test_"):\n'
+          f'            try:\n'
+          f'                test()\n'
+          f'                print("PASSED {path}::" + name)\n'
+          f'            except Exception as e:\n'
+          f'                failed += 1\n'
+          f'                print("FAILED {path}::" + name + " - " + repr(e))\n'
+          f'    sys.exit(1 if failed else 0)\n')
+
+
 def _write_repo(root, files):
   for path, text in files.items():
     full = os.path.join(root, path)
@@ -47,6 +73,24 @@ def _filler(rng, module) -> str:
   # A correct neighbour function, so the bug is not the only code in the file.
   noun = rng.choice(_NOUNS)
   return f'\n\ndef describe_{noun}(value):\n    return "{module}:" + str(value)\n'
+
+
+def _constant(rng, module):
+  noun = rng.choice(_NOUNS)
+  name = f'{rng.choice(_CONSTANT_PREFIXES)}_{noun.upper()}'
+  func = f'apply_{noun}'
+  # Single digits: one token each, so a small model can learn to copy them.
+  good, bad = rng.sample(range(2, 10), 2)
+  good_line, bad_line = f'{name} = {good}\n', f'{name} = {bad}\n'
+  source = (bad_line + f'\n\ndef {func}(value):\n    return value + {name}\n'
+            + _filler(rng, module))
+  # Distinct values: every case sees the constant, so every case fails until it is fixed.
+  cases = [(v,) for v in rng.sample(range(-20, 21), 4)]
+  expected = [v + good for (v,) in cases]
+  buggy = [v + bad for (v,) in cases]
+  prompt = f'In pkg/{module}.py, {name} is {bad} but it should be {good}. Fix it.'
+  return ({f'pkg/{module}.py': source}, {module: (func, cases, expected, buggy)},
+          prompt, [(f'pkg/{module}.py', bad_line, good_line)])
 
 
 def _operator(rng, module):
@@ -123,7 +167,11 @@ def _missing(rng, module):
       ('pkg/helpers.py', anchor, new_func + anchor)]
 
 
-_BUILDERS = {1: _operator, 2: _condition, 3: _two_files, 4: _missing}
+_BUILDERS = {0: _constant, 1: _operator, 2: _condition, 3: _two_files, 4: _missing}
+# What generate_suite cycles through unless told otherwise: the bug-hunting families
+# (difficulty 0 states its own fix, so it is opt-in).
+DEFAULT_DIFFICULTIES = (1, 2, 3, 4)
+_SCRIPT_TESTED = frozenset({0})
 
 
 def generate(out_dir: str, seed: int, difficulty: int) -> tasks_lib.Task:
@@ -140,16 +188,32 @@ def generate(out_dir: str, seed: int, difficulty: int) -> tasks_lib.Task:
   for mod, (func, cases, expected, buggy) in tested.items():
     path = f'tests/test_{mod}.py'
     hidden[path] = _test_file(mod, func, cases, expected)
+    if difficulty in _SCRIPT_TESTED:
+      hidden[path] += _script_footer(path)
     for i, (want, got) in enumerate(zip(expected, buggy)):
       # A case the bug happens not to change already passes: it guards, not grades.
       (pass_to_pass if want == got else fail_to_pass).append(f'{path}::test_{func}_{i}')
+  if difficulty in _SCRIPT_TESTED:
+    # One tested module per task in these families: one script runs all its tests.
+    (mod,) = tested
+    test_command = f'python -m tests.test_{mod}'
+  else:
+    test_command = tasks_lib.PYTEST_COMMAND
   return tasks_lib.Task(
-      id=task_id, repo=repo, prompt=prompt, fail_to_pass=fail_to_pass,
+      id=task_id, repo=repo, prompt=prompt, test_command=test_command,
+      fail_to_pass=fail_to_pass,
       pass_to_pass=pass_to_pass, hidden_files=hidden,
       metadata={'source': 'procgen', 'category': CATEGORIES[difficulty],
                 'difficulty': difficulty, 'solution': solution})
 
 
-def generate_suite(out_dir: str, count: int, seed: int = 0) -> list[tasks_lib.Task]:
-  """`count` tasks cycling through the difficulties."""
-  return [generate(out_dir, seed + i, 1 + i % len(_BUILDERS)) for i in range(count)]
+def generate_suite(out_dir: str, count: int, seed: int = 0,
+                   difficulties: tuple[int, ...] = DEFAULT_DIFFICULTIES
+                   ) -> list[tasks_lib.Task]:
+  """`count` tasks with seeds seed, seed + 1, ..., cycling through `difficulties`."""
+  unknown = sorted(set(difficulties) - set(_BUILDERS))
+  if not difficulties or unknown:
+    raise ValueError(f'difficulties must be a non-empty selection of {sorted(_BUILDERS)}, '
+                     f'got {tuple(difficulties)}.')
+  return [generate(out_dir, seed + i, difficulties[i % len(difficulties)])
+          for i in range(count)]

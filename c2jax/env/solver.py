@@ -5,17 +5,20 @@ the Toolbox parses and runs them, and it reads the observations to decide what t
 next (where the code lives, whether the exact text to replace is there, whether the
 code now runs). The gold edits in task.metadata['solution'] tell it *what* to change,
 the tools tell it *where*. The transcript is an OpenAI-style message list.
+
+A plan per task category: bug hunts search, read, edit, check and finish (five turns);
+a 'constant' task's prompt states the file, the constant and both values, so its
+shortest honest path is one edit taken from the prompt, then finish (two turns).
 """
 
 import json
 import re
 
+from c2jax.agent import config as agent_config
+from c2jax.agent import prompt as prompt_lib
 from c2jax.agent import protocol
 from c2jax.env import tasks as tasks_lib
 from c2jax.env import tools as tools_lib
-
-SYSTEM_PROMPT = ('You are a coding agent working in a repository at /workspace. Use the '
-                 'tools to inspect and change the code, then call finish.')
 
 
 class SolverError(RuntimeError):
@@ -34,8 +37,9 @@ class _Session:
 
   def __init__(self, toolbox, task):
     self.toolbox = toolbox
-    self.messages = [{'role': 'system', 'content': SYSTEM_PROMPT},
-                     {'role': 'user', 'content': task.prompt}]
+    # The system message the agent loop sends (c2jax.agent.loop), for the same tools.
+    system = prompt_lib.system_message(agent_config.SYSTEM_PROMPT, toolbox.specs())
+    self.messages = prompt_lib.initial_messages(system, task.prompt)
     self.turns = 0
 
   def turn(self, content: str, calls: list[tuple[str, dict]]):
@@ -50,9 +54,29 @@ def _symbols(task) -> list[str]:
   return re.findall(r'\b([a-z]+_[a-z_]+)\b', task.prompt)
 
 
-def solve(task: tasks_lib.Task, toolbox: tools_lib.Toolbox) -> list[dict]:
-  """Fixes `task` in the toolbox's sandbox; returns the transcript."""
-  session = _Session(toolbox, task)
+_STATED_FIX = re.compile(r'In (\S+), ([A-Z][A-Z_]*) is (-?\d+) but it should be (-?\d+)\.')
+CONSTANT_FINISH_MESSAGE = 'Fixed the constant.'
+
+
+def _solve_stated_fix(session: _Session, task: tasks_lib.Task) -> None:
+  """One edit read off the prompt (checked against the gold edit), then finish."""
+  stated = _STATED_FIX.search(task.prompt)
+  if not stated:
+    raise SolverError(f'{task.id}: the prompt does not state a constant fix:\n{task.prompt}')
+  path, name, old, new = stated.groups()
+  edit = (path, f'{name} = {old}\n', f'{name} = {new}\n')
+  if [tuple(e) for e in task.metadata['solution']] != [edit]:
+    raise SolverError(f'{task.id}: the prompt says {edit} but the gold edit is '
+                      f'{task.metadata["solution"]}; the generator and the prompt disagree.')
+  (result,) = session.turn('', [('edit_file', dict(zip(('path', 'old_string', 'new_string'),
+                                                      edit)))])
+  if not result.ok:
+    raise SolverError(f'{task.id}: the edit failed: {result.output}')
+  session.turn('', [('finish', {'message': CONSTANT_FINISH_MESSAGE})])
+
+
+def _solve_by_search(session: _Session, task: tasks_lib.Task) -> None:
+  """Finds the code with grep, reads it, applies the gold edits, checks it imports."""
   solution = task.metadata['solution']
   symbol = _symbols(task)[0]
   (found,) = session.turn(f'I will find where {symbol} is defined and used.',
@@ -79,14 +103,26 @@ def solve(task: tasks_lib.Task, toolbox: tools_lib.Toolbox) -> list[dict]:
   if 'exit code: 0' not in check.output:
     raise SolverError(f'The fixed code does not import:\n{check.output}')
   session.turn('', [('finish', {'message': f'Fixed {symbol} (edited {", ".join(paths)}).'})])
+
+
+_PLANS = {'constant': _solve_stated_fix}
+
+
+def solve(task: tasks_lib.Task, toolbox: tools_lib.Toolbox) -> list[dict]:
+  """Fixes `task` in the toolbox's sandbox; returns the transcript."""
+  session = _Session(toolbox, task)
+  _PLANS.get(task.metadata.get('category'), _solve_by_search)(session, task)
   if not toolbox.finished:
     raise SolverError('finish was not accepted.')
   return session.messages
 
 
-def solve_suite(suite: list[tasks_lib.Task], backend: str = 'bubblewrap') -> list[dict]:
+def solve_suite(suite: list[tasks_lib.Task], backend: str = 'bubblewrap',
+                tools: tuple[str, ...] = tools_lib.ToolsetConfig.tools) -> list[dict]:
   """Solves every task in its own sandbox and returns SFT traces, one dict per task.
 
+  `tools` are the tools offered (and listed in the system message), as the agent's
+  config.agent.tools would; the traces then match what the agent loop shows the model.
   Each task is checked: its hidden tests fail before and pass after the solver's edits;
   a task the solver cannot solve is an error (the generator is broken).
   """
@@ -100,7 +136,7 @@ def solve_suite(suite: list[tasks_lib.Task], backend: str = 'bubblewrap') -> lis
       if before.reward != 0.0:
         raise SolverError(f'{task.id}: hidden tests pass before any fix; the generator '
                           f'planted no bug.\n{before.output[-1000:]}')
-      messages = solve(task, tools_lib.Toolbox(box))
+      messages = solve(task, tools_lib.Toolbox(box, tools_lib.ToolsetConfig(tools=tuple(tools))))
       after = reward.grade(box, task)
       if after.reward != 1.0:
         raise SolverError(f'{task.id}: the scripted solver did not solve it.\n'

@@ -1,0 +1,64 @@
+"""RL warm start: SFT of a CPU model, from scratch, on difficulty-0 procedural traces.
+
+Difficulty-0 ('constant') tasks state their own fix ("In pkg/ledger.py, MAX_LEVEL is 73
+but it should be 12. Fix it."); the scripted solver answers with one edit_file call and
+a finish call. The aim is a model that gets the whole edit right on part (15-60%) of
+held-out tasks, leaving RL room to raise the pass rate; tools/eval_agent_sft.py measures it.
+Measured for `tiny` at 400 steps (2-core CPU, 2026-11-22): the edit_file call is always
+well formed, the path right on 86% and the constant's name on 81% of held-out tasks, but
+the two values are not copied yet, so the exact edit is right on 0/64 (greedy and
+best-of-4): this recipe needs more steps (or an easier value range) to reach the target.
+
+  c2jax pipeline --config=configs/agent_sft.py:tiny --workdir=runs/tiny_agent
+The checkpoint lands in WORKDIR/sft/checkpoints. There is no pretraining stage: copying
+from the prompt is learnt from the traces alone, faster than a short pretraining helps.
+The tokenizer is the pipeline's shared code-corpus BPE (the `data` section of
+configs/pretrain.py for the variant), so the RL stage and the pretraining chain read
+the same ids.
+"""
+
+import pathlib
+
+import ml_collections
+
+from c2jax import config as configlib
+
+TEST_ARGS = ("tiny",)
+HERE = pathlib.Path(__file__).parent
+
+# Per-variant recipe sizes (2-core CPU).
+RUNS = {
+    # A trace is ~380 tokens (~200 of them the system message with the tool list).
+    "tiny": dict(traces=320, heldout=16, steps=600, batch_size=8, seq_len=384,
+                 learning_rate=3e-3, warmup_steps=20),
+}
+
+
+def get_config(variant: str = "tiny"):
+  variant = variant or "tiny"
+  if variant not in RUNS:
+    raise ValueError(f"configs/agent_sft.py has no recipe for {variant!r}; variants: "
+                     f"{sorted(RUNS)}.")
+  run = RUNS[variant]
+  c = ml_collections.ConfigDict()
+  c.stages = ("traces", "sft")
+  # The pretraining job config supplies the plain model (no YaRN: the traces are short)
+  # and the shared data section; it becomes an SFT job from scratch.
+  c.sft = configlib.load_config_file(HERE / "pretrain.py", variant)
+  c.sft.task = "sft"
+  c.sft.init_from = ""
+  for key in ("steps", "batch_size", "seq_len", "learning_rate", "warmup_steps"):
+    c.sft.train[key] = run[key]
+  c.sft.train.eval_every = run["steps"] // 4
+  c.sft.train.eval_batches = 2
+  c.sft.train.checkpoint_every = run["steps"] // 4
+  c.sft.train.log_every = 25
+  c.sft.sft.train_path = f"runs/{variant}_agent/traces/train.jsonl"
+  c.sft.sft.heldout_path = f"runs/{variant}_agent/traces/heldout.jsonl"
+  c.data = c.sft.data.copy_and_resolve_references()
+  c.traces = ml_collections.ConfigDict(
+      {"count": run["traces"] + run["heldout"], "heldout": run["heldout"], "seed": 0,
+       "backend": "bubblewrap", "difficulties": (0,),
+       # The RL agent's tools: the traces show the system message RL rollouts start from.
+       "tools": configlib.load_config_file(HERE / "rl.py", variant).agent.tools})
+  return c
