@@ -2,7 +2,10 @@
 
   c2jax pretrain --config=configs/pretrain.py:tiny --workdir=runs/tiny/pretrain
   c2jax pretrain --config=configs/pretrain.py:small --workdir=runs/small/pretrain
-Real-scale variants (deepseek_v3, kimi_k25, qwen3_moe_30b_a3b) use 32k-token sequences.
+Real-scale variants (deepseek_v3, kimi_k25, qwen3_moe_30b_a3b) use 32k-token sequences,
+256 of them per step, on the mesh fsdp=-1, expert=8, context=2 (the report's EP=8, CP=2);
+`c2jax plan --memory --config=configs/pretrain.py:kimi_k25` compiles that step on a
+simulated mesh and reports its per-device memory (docs/scaling.md).
 """
 
 from c2jax.train import jobs
@@ -35,6 +38,15 @@ def get_config(variant: str = "tiny"):
     c.data.tokenizer_train_bytes = min(data_bytes, 4 * 2**20)
   else:
     c.train.schedule = "wsd"
+    # The grouped-matmul kernel: the dense reference would run all experts on all tokens.
+    c.model.moe_impl = "pallas"
+    # The memory plan (docs/scaling.md): the no-drop expert-parallel buffers are 8x the
+    # balanced ones; MXFP8 tokens on the wire, as in the Composer 2 report.
+    c.model.moe.ep_capacity_factor = 1.25
+    c.model.moe.ep_dispatch_quant = "mxfp8"
+    # Flash-style tiles: dense float32 scores [heads, t, 32k] alone would need ~63 MB per
+    # token (docs/scaling.md, "Plans for the 32k and 256k phases").
+    c.model.attention_impl = "blockwise"
     c.parallel.mesh.expert = 8
     c.parallel.mesh.context = 2
   return c

@@ -4,6 +4,13 @@ Both modules take `(x_BxLxD, positions_BxL, segment_ids_BxL, cache)` and return
 `(y_BxLxD, new_cache)`.
   Training (cache None): token i attends to tokens j <= i of the same document
   (segment id); RoPE uses the explicit positions.
+  Context parallel training (the ambient mesh shards 'length', see
+  c2jax.parallel.context): each shard gathers the keys' inputs of the whole sequence (MLA:
+  the latent c_kv and k_rope, up-projected after the gather; GQA: k and v) and attends
+  with its local queries. The sequence may be in any order (the load-balanced layout), so
+  visibility comes from positions: key j is visible to query i iff same document and
+  position_j <= position_i, which is the rule above for rows whose positions increase
+  within each document (padding, segment 0, may differ; it carries no loss).
   Decoding (cache given): the new tokens are written into cache slot t = position, and
   attend to every slot t <= their position, so rows of one batch may be at different
   lengths. Slots above a row's position may hold stale values; they are never read before
@@ -13,8 +20,9 @@ decodes with absorbed weights: q_nope is folded into W_uk, so scores are taken a
 latent directly, and the latent context is mapped to values through W_uv afterwards.
 
 Shape legend: B batch, L new tokens, T key slots (L in training, cache length when
-decoding), D hidden, H heads, K kv heads, G = H / K query heads per kv head, E head dim,
-N nope dims, R rope dims, V value dims, C kv_lora rank, Q q_lora rank.
+decoding), S a context shard's share of L, D hidden, H heads, K kv heads, G = H / K query
+heads per kv head, E head dim, N nope dims, R rope dims, V value dims, C kv_lora rank,
+Q q_lora rank.
 """
 
 from __future__ import annotations
@@ -24,9 +32,16 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import rope as rope_lib
+from c2jax.model.blockwise_attention import blockwise_attention
 from c2jax.model.layers import Linear, RMSNorm, compute_dtype, constrain
+from c2jax.parallel import context as context_lib
 
 Cache = dict[str, jax.Array]
+
+# config.model.attention_impl for training forwards (decoding always scores densely):
+# 'dense' materialises float32 [B, H, L, T] scores (the reference); 'blockwise' is
+# c2jax.model.blockwise_attention, O(L * attention_block) memory, same masks.
+ATTENTION_IMPLS = ("dense", "blockwise")
 
 _BLHE = ("batch", "length", "heads", "head_dim")
 
@@ -60,6 +75,15 @@ def masked_softmax(scores: jax.Array, mask: jax.Array, dtype) -> jax.Array:
   return jax.nn.softmax(scores, axis=-1).astype(dtype)
 
 
+def position_mask(positions_BxS, segment_ids_BxS, key_positions_BxT,
+                  key_segment_ids_BxT) -> jax.Array:
+  """[B, 1, S, T] bool: key t visible to query s iff same document and not later."""
+  mask_BxSxT = key_positions_BxT[:, None, :] <= positions_BxS[:, :, None]
+  if segment_ids_BxS is not None:
+    mask_BxSxT = mask_BxSxT & (segment_ids_BxS[:, :, None] == key_segment_ids_BxT[:, None, :])
+  return mask_BxSxT[:, None]
+
+
 def _mask(positions_BxL, segment_ids_BxL, cache_length: int | None):
   batch, length = positions_BxL.shape
   if cache_length is None:
@@ -73,6 +97,74 @@ def _mask(positions_BxL, segment_ids_BxL, cache_length: int | None):
 
 def _einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
   return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _context_axes(module: nn.Module, has_cache: bool) -> tuple[str, ...]:
+  """CP mesh axes for a training forward; () for decoding (single-device cache path) and
+  for init (whose 1-token dummy input cannot be split)."""
+  if has_cache or module.is_initializing():
+    return ()
+  return context_lib.length_axes()
+
+
+def _context_specs(*logical_axes):
+  """Mesh layouts of activations under the active rules (as `constrain` places them)."""
+  return [nn.logical_to_mesh_axes(axes) for axes in logical_axes]
+
+
+def _over_context(attend, axes, local, gathered, weights, weight_specs, out_spec):
+  """`attend(*local, *gathered, *weights)` per CP shard; `local` and `gathered` are
+  (array, logical axes) pairs, `gathered` ones see the whole sequence (positions, segment
+  ids and key inputs)."""
+  pairs = [*local, *gathered]
+  specs = _context_specs(*(axes_ for _, axes_ in pairs))
+  gather = [False] * len(local) + [True] * len(gathered) + [False] * len(weights)
+  return context_lib.over_context(attend, axes, [x for x, _ in pairs] + list(weights),
+                                  specs + list(weight_specs), gather, out_spec)
+
+
+def _mla_expanded(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, mask, scale,
+                  dtype):
+  """Attention with the latent already up-projected to per-head k_nope | v."""
+  n = q_nope_BxLxHxN.shape[-1]
+  k_nope_BxTxHxN, v_BxTxHxV = kv_BxTxHx_[..., :n], kv_BxTxHx_[..., n:]
+  scores_BxHxLxT = (_einsum("blhn,bthn->bhlt", q_nope_BxLxHxN, k_nope_BxTxHxN)
+                    + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
+  probs_BxHxLxT = masked_softmax(scores_BxHxLxT, mask, dtype)
+  return jnp.einsum("bhlt,bthv->blhv", probs_BxHxLxT, v_BxTxHxV)
+
+
+def _token_order(x_BxLx_):
+  """[B, L] token indices: with them as positions, the position mask is `causal_mask`."""
+  return jnp.broadcast_to(jnp.arange(x_BxLx_.shape[1]), x_BxLx_.shape[:2])
+
+
+def _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, positions,
+                   segments, key_positions, key_segments, scale, cfg):
+  """`_mla_expanded` by blockwise_attention: the shared rope key is broadcast to every
+  head so each head's q/k is one [N + R] vector."""
+  n = q_nope_BxLxHxN.shape[-1]
+  k_rope_BxTxHxR = jnp.broadcast_to(k_rope_BxTxR[:, :, None],
+                                    (*kv_BxTxHx_.shape[:3], k_rope_BxTxR.shape[-1]))
+  q_BxLxHxE = jnp.concatenate([q_nope_BxLxHxN, q_rope_BxLxHxR.astype(q_nope_BxLxHxN.dtype)],
+                              axis=-1)
+  k_BxTxHxE = jnp.concatenate([kv_BxTxHx_[..., :n], k_rope_BxTxHxR.astype(kv_BxTxHx_.dtype)],
+                              axis=-1)
+  return blockwise_attention(q_BxLxHxE, k_BxTxHxE, kv_BxTxHx_[..., n:], positions,
+                             key_positions, segments, key_segments, scale=scale,
+                             block=cfg.attention_block)
+
+
+def _gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1xLxT, dtype):
+  """Query head j*G + i reads kv head j (HF repeat_kv order), without materialising
+  repeated keys; works on per-shard heads as long as both head axes split alike."""
+  batch, length, heads, e = q_BxLxHxE.shape
+  kv_heads = keys_BxTxKxE.shape[2]
+  q_BxLxKxGxE = q_BxLxHxE.reshape(batch, length, kv_heads, heads // kv_heads, e)
+  scores_BxKxGxLxT = _einsum("blkge,btke->bkglt", q_BxLxKxGxE, keys_BxTxKxE) * e ** -0.5
+  probs_BxKxGxLxT = masked_softmax(scores_BxKxGxLxT, mask_Bx1xLxT[:, None], dtype)
+  out_BxLxKxGxE = jnp.einsum("bkglt,btke->blkge", probs_BxKxGxLxT, values_BxTxKxE)
+  return out_BxLxKxGxE.reshape(q_BxLxHxE.shape)
 
 
 class MLA(nn.Module):
@@ -110,14 +202,41 @@ class MLA(nn.Module):
     kv_b = Linear((c,), (h, n + v), ("kv_lora", "heads", "head_dim"), cfg, name="kv_b_proj")
     o_proj = Linear((h, v), (d,), ("heads", "head_dim", "embed"), cfg, name="o_proj")
 
-    if cache is None:
+    context_axes = _context_axes(self, cache is not None)
+    if context_axes:
+      def attend(q_nope, q_rope, positions, segments, key_positions, key_segments, c_kv,
+                 k_rope, w_kv_b):
+        # Up-projected after the gather: at Kimi-K2.5 size the latent + rope key (576
+        # numbers a token) are ~29x smaller than the per-head k_nope | v they expand to.
+        kv = jnp.einsum("btc,chx->bthx", c_kv, w_kv_b.astype(dtype))
+        if cfg.attention_impl == "blockwise":
+          return _mla_blockwise(q_nope, q_rope, kv, k_rope, positions, segments,
+                                key_positions, key_segments, scale, cfg)
+        mask = position_mask(positions, segments, key_positions, key_segments)
+        return _mla_expanded(q_nope, q_rope, kv, k_rope, mask, scale, dtype)
+
+      q_spec = nn.logical_to_mesh_axes(_BLHE)
+      token_inputs = [(positions_BxL, ("batch", "length")),
+                      (segment_ids_BxL, ("batch", "length"))]
+      out_BxLxHxV = _over_context(
+          attend, context_axes,
+          local=[(q_nope_BxLxHxN, _BLHE), (q_rope_BxLxHxR, _BLHE), *token_inputs],
+          gathered=[*token_inputs, (c_kv_BxLxC, ("batch", "length", "kv_lora")),
+                    (k_rope_BxLxR, ("batch", "length", "head_dim"))],
+          weights=[kv_b.kernel], weight_specs=[jax.sharding.PartitionSpec(None, q_spec[2])],
+          out_spec=q_spec)
+      new_cache = None
+    elif cache is None:
       kv_BxTxHx_ = constrain(kv_b(c_kv_BxLxC), _BLHE)
-      k_nope_BxTxHxN, v_BxTxHxV = kv_BxTxHx_[..., :n], kv_BxTxHx_[..., n:]
-      scores_BxHxLxT = (_einsum("blhn,bthn->bhlt", q_nope_BxLxHxN, k_nope_BxTxHxN)
-                        + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxLxR)) * scale
-      probs_BxHxLxT = masked_softmax(scores_BxHxLxT, _mask(positions_BxL, segment_ids_BxL,
-                                                           None), dtype)
-      out_BxLxHxV = jnp.einsum("bhlt,bthv->blhv", probs_BxHxLxT, v_BxTxHxV)
+      if cfg.attention_impl == "blockwise":
+        order_BxL = _token_order(positions_BxL)
+        out_BxLxHxV = _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxLxR,
+                                     order_BxL, segment_ids_BxL, order_BxL, segment_ids_BxL,
+                                     scale, cfg)
+      else:
+        out_BxLxHxV = _mla_expanded(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxLxR,
+                                    _mask(positions_BxL, segment_ids_BxL, None), scale,
+                                    dtype)
       new_cache = None
     else:
       new_cache = {"c_kv": write_cache(cache["c_kv"], c_kv_BxLxC, positions_BxL),
@@ -148,7 +267,6 @@ class GQA(nn.Module):
     cfg = self.cfg
     dtype = compute_dtype(cfg)
     d, h, k, e = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    g = h // k
     rope = rope_lib.Rope(cfg.rope, e)
 
     q_BxLxHxE = Linear((d,), (h, e), ("embed", "heads", "head_dim"), cfg, name="q_proj")(x_BxLxD)
@@ -164,22 +282,38 @@ class GQA(nn.Module):
                                                             "head_dim"))
     v_BxLxKxE = constrain(v_BxLxKxE, ("batch", "length", "kv_heads", "head_dim"))
 
-    if cache is None:
-      keys_BxTxKxE, values_BxTxKxE, new_cache, cache_length = k_BxLxKxE, v_BxLxKxE, None, None
+    new_cache = None
+    context_axes = _context_axes(self, cache is not None)
+    if context_axes:
+      def attend(q, positions, segments, key_positions, key_segments, keys, values):
+        if cfg.attention_impl == "blockwise":
+          return blockwise_attention(q, keys, values, positions, key_positions, segments,
+                                     key_segments, scale=e ** -0.5, block=cfg.attention_block)
+        mask = position_mask(positions, segments, key_positions, key_segments)
+        return _gqa_attend(q, keys, values, mask, dtype)
+
+      token_inputs = [(positions_BxL, ("batch", "length")),
+                      (segment_ids_BxL, ("batch", "length"))]
+      kv_axes = ("batch", "length", "kv_heads", "head_dim")
+      out_BxLxHxE = _over_context(
+          attend, context_axes, local=[(q_BxLxHxE, _BLHE), *token_inputs],
+          gathered=[*token_inputs, (k_BxLxKxE, kv_axes), (v_BxLxKxE, kv_axes)],
+          weights=[], weight_specs=[], out_spec=nn.logical_to_mesh_axes(_BLHE))
+    elif cache is None and cfg.attention_impl == "blockwise":
+      order_BxL = _token_order(positions_BxL)
+      out_BxLxHxE = blockwise_attention(q_BxLxHxE, k_BxLxKxE, v_BxLxKxE, order_BxL, order_BxL,
+                                        segment_ids_BxL, segment_ids_BxL, scale=e ** -0.5,
+                                        block=cfg.attention_block)
+    elif cache is None:
+      out_BxLxHxE = _gqa_attend(q_BxLxHxE, k_BxLxKxE, v_BxLxKxE,
+                                _mask(positions_BxL, segment_ids_BxL, None), dtype)
     else:
       new_cache = {"k": write_cache(cache["k"], k_BxLxKxE, positions_BxL),
                    "v": write_cache(cache["v"], v_BxLxKxE, positions_BxL)}
-      keys_BxTxKxE = new_cache["k"].astype(dtype)
-      values_BxTxKxE = new_cache["v"].astype(dtype)
-      cache_length = keys_BxTxKxE.shape[1]
-    # Query head j*G + i reads kv head j (HF repeat_kv order), without materialising
-    # repeated keys.
-    q_BxLxKxGxE = q_BxLxHxE.reshape(*q_BxLxHxE.shape[:2], k, g, e)
-    scores_BxKxGxLxT = _einsum("blkge,btke->bkglt", q_BxLxKxGxE, keys_BxTxKxE) * e ** -0.5
-    mask_Bx1x1xLxT = _mask(positions_BxL, segment_ids_BxL, cache_length)[:, None]
-    probs_BxKxGxLxT = masked_softmax(scores_BxKxGxLxT, mask_Bx1x1xLxT, dtype)
-    out_BxLxKxGxE = jnp.einsum("bkglt,btke->blkge", probs_BxKxGxLxT, values_BxTxKxE)
-    out_BxLxHxE = constrain(out_BxLxKxGxE.reshape(q_BxLxHxE.shape).astype(dtype), _BLHE)
+      out_BxLxHxE = _gqa_attend(
+          q_BxLxHxE, new_cache["k"].astype(dtype), new_cache["v"].astype(dtype),
+          _mask(positions_BxL, segment_ids_BxL, new_cache["k"].shape[1]), dtype)
+    out_BxLxHxE = constrain(out_BxLxHxE.astype(dtype), _BLHE)
     o_proj = Linear((h, e), (d,), ("heads", "head_dim", "embed"), cfg, name="o_proj")
     return constrain(o_proj(out_BxLxHxE), ("batch", "length", "embed")), new_cache
 

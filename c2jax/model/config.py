@@ -3,8 +3,13 @@
 Behaviour follows explicit fields, never a model's name:
   attention   'mla' (DeepSeek/Kimi latent attention) | 'gqa' (grouped-query, Qwen3)
   moe.router  'sigmoid_bias' (DeepSeek-V3 scores + selection-only correction bias) | 'softmax'
+  moe.expert_parallel  'auto' (all-to-all expert parallelism when the mesh has an expert
+              axis) | 'off'; moe.ep_capacity_factor, moe.ep_dispatch_quant 'none' | 'mxfp8'
   moe_impl    'dense' (reference) | 'ragged' (sort by expert + grouped matmul) | 'pallas'
   quant       'none' | 'mxfp8' | 'nvfp4_fwd_mxfp8_bwd'
+  attention_impl  'dense' (float32 [B, H, L, T] scores, the reference) | 'blockwise'
+              (flash-style tiles of attention_block queries x keys, O(L) memory; training
+              and context-parallel forwards only, decoding is always dense)
   remat       name of a rematerialisation policy (see c2jax.model.transformer.REMAT_POLICIES)
 
 Dimension glossary (HF DeepseekV3Config / Qwen3MoeConfig names in brackets):
@@ -41,6 +46,8 @@ def defaults() -> ml_collections.ConfigDict:
   c.init_std = 0.02
 
   c.attention = "mla"
+  c.attention_impl = "dense"
+  c.attention_block = 512
   c.num_heads = 4
   # GQA fields (ignored by MLA).
   c.num_kv_heads = 2
@@ -77,6 +84,18 @@ def defaults() -> ml_collections.ConfigDict:
   c.moe.routed_scaling_factor = 1.0
   c.moe.bias_update_rate = 1e-3
   c.moe.aux_loss_coef = 0.0
+  # Router replay plausibility filter (replay_filter.py): a replayed expert scoring below
+  # this fraction of the router's own k-th score is replaced; 0 replays as given.
+  c.moe.replay_filter_factor = 0.0
+  # Expert parallelism (c2jax.parallel.expert): 'auto' runs the experts with all-to-all
+  # token dispatch whenever the ambient mesh splits the logical 'expert' axis; 'off' keeps
+  # the plain dispatch (XLA then gathers expert weights as it sees fit).
+  c.moe.expert_parallel = "auto"
+  # Slots per (source, destination) shard pair, as a multiple of the balanced share
+  # T_local*K/N; 0 = no drops (T_local*K). Drops are reported as aux['dropped_copies'].
+  c.moe.ep_capacity_factor = 0.0
+  # Dispatched tokens' wire format: 'none' (model dtype) | 'mxfp8' (E4M3 + E8M0 per 32).
+  c.moe.ep_dispatch_quant = "none"
 
   c.moe_impl = "dense"
   c.quant = "none"
@@ -90,23 +109,30 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Raises ConfigError naming the key for anything unknown, mistyped or inconsistent."""
   # Registries live beside the code they select; import here to avoid import cycles.
   from c2jax.model import attention, moe, transformer
+  from c2jax.parallel import expert as expert_parallel
 
   configlib.check_keys(cfg, defaults())
   for key in ("vocab_size", "hidden_size", "num_layers", "intermediate_size", "num_heads",
               "max_position", "rms_norm_eps", "init_std", "rope.theta", "rope.factor",
-              "rope.original_max_position", "scan_unroll"):
+              "rope.original_max_position", "scan_unroll", "attention_block"):
     configlib.check_positive(cfg, key)
   for key in ("first_k_dense", "num_mtp_layers", "moe.bias_update_rate",
-              "moe.aux_loss_coef"):
+              "moe.aux_loss_coef", "moe.ep_capacity_factor", "moe.replay_filter_factor"):
     configlib.check_positive(cfg, key, allow_zero=True)
   configlib.check_at_most(cfg, "first_k_dense", "num_layers")
+  if cfg.moe.replay_filter_factor > 1:
+    raise configlib.ConfigError("moe.replay_filter_factor", f"= {cfg.moe.replay_filter_factor}"
+                                "; use a value in [0, 1] (0 turns the filter off).")
   configlib.check_choice(cfg, "dtype", DTYPES)
   configlib.check_choice(cfg, "param_dtype", DTYPES)
   configlib.check_choice(cfg, "attention", attention.ATTENTION)
+  configlib.check_choice(cfg, "attention_impl", attention.ATTENTION_IMPLS)
   configlib.check_choice(cfg, "rope.scaling", ROPE_SCALINGS)
   configlib.check_choice(cfg, "remat", transformer.REMAT_POLICIES)
   configlib.check_choice(cfg, "moe.router", moe.ROUTERS)
   configlib.check_choice(cfg, "moe_impl", moe.DISPATCH)
+  configlib.check_choice(cfg, "moe.expert_parallel", expert_parallel.MODES)
+  configlib.check_choice(cfg, "moe.ep_dispatch_quant", expert_parallel.DISPATCH_FORMATS)
   configlib.check_choice(cfg, "quant", _quant_recipes())
 
   if cfg.attention == "gqa":

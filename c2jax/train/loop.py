@@ -189,7 +189,7 @@ def initial_params(rt: Runtime, state: TrainState) -> TrainState:
   source = rt.cfg.init_from
   if not source:
     return state
-  directory = pathlib.Path(source).expanduser()
+  directory = pathlib.Path(source).expanduser().absolute()
   if (directory / "checkpoints").is_dir():
     directory = directory / "checkpoints"
   previous = checkpoint_lib.Checkpointer(directory, async_save=False)
