@@ -1,13 +1,16 @@
 """RL warm start: SFT of a CPU model, from scratch, on difficulty-0 procedural traces.
 
-Difficulty-0 ('constant') tasks state their own fix ("In pkg/ledger.py, MAX_LEVEL is 73
-but it should be 12. Fix it."); the scripted solver answers with one edit_file call and
-a finish call. The aim is a model that gets the whole edit right on part (15-60%) of
-held-out tasks, leaving RL room to raise the pass rate; tools/eval_agent_sft.py measures it.
-Measured for `tiny` at 400 steps (2-core CPU, 2026-11-22): the edit_file call is always
-well formed, the path right on 86% and the constant's name on 81% of held-out tasks, but
-the two values are not copied yet, so the exact edit is right on 0/64 (greedy and
-best-of-4): this recipe needs more steps (or an easier value range) to reach the target.
+Difficulty-0 ('constant') tasks state their own fix ("In pkg/ledger.py, MAX_LEVEL is 7 but
+it should be 2. Fix it."); the scripted solver answers with one edit_file call and a
+finish call, in the agent loop's layout (system message listing configs/rl.py's tools).
+The aim is a model that gets the whole edit right on part (15-60%) of held-out tasks,
+leaving RL room to raise the pass rate; tools/eval_agent_sft.py measures it (one turn),
+and `c2jax rl` measures it for real at its step 0 (sandboxes and hidden tests).
+Measured for `tiny` (2-core CPU, 2026-11-22; docs/benchmarks.md, "Reinforcement
+learning"): 600 steps on 320 traces copy the path but rarely the digits (greedy 6%,
+sampled 0%); 300 more steps on 1,520 traces reach greedy 38%, sampled 27%, best-of-4 63%.
+Copying the values needs many distinct traces, hence the sizes below (1,520 training
+traces, 900 steps), which follow that measured run but were not re-run in one piece.
 
   c2jax pipeline --config=configs/agent_sft.py:tiny --workdir=runs/tiny_agent
 The checkpoint lands in WORKDIR/sft/checkpoints. There is no pretraining stage: copying
@@ -29,7 +32,7 @@ HERE = pathlib.Path(__file__).parent
 # Per-variant recipe sizes (2-core CPU).
 RUNS = {
     # A trace is ~380 tokens (~200 of them the system message with the tool list).
-    "tiny": dict(traces=320, heldout=16, steps=600, batch_size=8, seq_len=384,
+    "tiny": dict(traces=1520, heldout=16, steps=900, batch_size=8, seq_len=384,
                  learning_rate=3e-3, warmup_steps=20),
 }
 

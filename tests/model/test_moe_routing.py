@@ -12,7 +12,7 @@ from c2jax.model import moe, moe_routing
 def moe_cfg(**overrides):
   c = ml_collections.ConfigDict(dict(
       router="sigmoid_bias", num_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
-      norm_topk_prob=True, routed_scaling_factor=1.0))
+      norm_topk_prob=True, routed_scaling_factor=1.0, replay_filter_factor=0.0))
   c.update(overrides)
   return c
 

@@ -41,7 +41,8 @@ def losses(workdir):
 def run_pipeline(root, data_cache):
   """`c2jax pipeline` on tiny with every stage cut to two steps and three tasks."""
   stages = []
-  for stage, seq_len, batch in (("pretrain", 32, 8), ("longctx", 256, 1), ("sft", 256, 1)):
+  # SFT rows hold a whole trace (system message with the tool list, ~1k tokens).
+  for stage, seq_len, batch in (("pretrain", 32, 8), ("longctx", 256, 1), ("sft", 1024, 1)):
     stages += [f"--config.{stage}.train.steps=2", f"--config.{stage}.train.seq_len={seq_len}",
                f"--config.{stage}.train.batch_size={batch}",
                f"--config.{stage}.train.eval_every=2", f"--config.{stage}.train.eval_batches=1",
