@@ -6,8 +6,10 @@
   rl_loss(cfg, logprobs, sampler_logprobs, ref_logprobs, advantages, mask)
   default_config(), validate(cfg)                  the `config.rl` section
 Further modules, imported directly where needed:
-  group_queue.GroupQueue, task_pool.TaskPool,
-  groups.assemble_group, packing.pack_batch, curriculum.CurriculumSampler
+  group_queue.GroupQueue, task_pool.TaskPool, groups.assemble_group, packing.pack_batch,
+  curriculum.CurriculumSampler, learner.rl_step, weights.WeightPublisher/Subscriber,
+  actor (the rollout actor process), actors (process / Ray backends), evaluate,
+  trainer.train (`c2jax rl`), job (the RL job config)
 """
 
 from c2jax.rl.advantages import ADVANTAGE_ESTIMATORS, compute_advantages

@@ -46,8 +46,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.router_replay = ml_collections.ConfigDict(dict(filter=True, factor=0.5))
   c.queue = ml_collections.ConfigDict(dict(capacity=16, max_lag=2, poll_s=0.02))
   c.packing = ml_collections.ConfigDict(dict(attention_cost=1.0 / 4096))
+  # strength > 0: before the first step, the starting policy rolls out every prompt
+  # `probe_samples` times; prompts that needed more turns / thinking tokens are then
+  # leased earlier (curriculum.CurriculumSampler; 0 = the pool's own order).
   c.curriculum = ml_collections.ConfigDict(dict(
-      strength=0.0, turns_weight=1.0, thinking_weight=1.0))
+      strength=0.0, turns_weight=1.0, thinking_weight=1.0, probe_samples=1))
   return c
 
 
@@ -62,7 +65,7 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
   configlib.check_choice(wrapper, key("kl.estimator"), kl.KL_ESTIMATORS)
   configlib.check_choice(wrapper, key("kl.placement"), kl.KL_PLACEMENTS)
   for name in ("group_size", "loss.tis_cap", "loss.normalizer_tokens", "queue.capacity",
-               "reward.length_penalty.k"):
+               "reward.length_penalty.k", "curriculum.probe_samples"):
     configlib.check_positive(wrapper, key(name))
   for name in ("std_eps", "kl.coef", "loss.clip_low", "loss.clip_high", "queue.max_lag",
                "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength"):

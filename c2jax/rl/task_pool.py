@@ -19,6 +19,9 @@ from collections.abc import Callable, Iterable
 from c2jax.rl.group_store import atomic_write, check_id, locked
 
 
+_REORDER = ".reorder."
+
+
 def _task_id(name: str) -> str:
   return name.split(".", 1)[1][:-len(".json")]
 
@@ -33,7 +36,11 @@ class TaskPool:
     self._lock = self.root / "lock"
 
   def _pending(self) -> list[str]:
-    return sorted(os.listdir(self.root / "pending"))
+    folder = self.root / "pending"
+    for name in os.listdir(folder):  # finish a reorder that was killed midway
+      if name.startswith(_REORDER):
+        os.replace(folder / name, folder / name[len(_REORDER):])
+    return sorted(os.listdir(folder))
 
   def _leases(self, actor_id: str | None = None) -> list[tuple[str, str]]:
     actors = [actor_id] if actor_id else sorted(os.listdir(self.root / "leased"))
@@ -58,6 +65,31 @@ class TaskPool:
         known.add(task_id)
         seq, added = seq + 1, added + 1
       return added
+
+  def pending_tasks(self) -> list[tuple[str, dict]]:
+    """(task_id, payload) of every pending task, in lease order."""
+    with locked(self._lock):
+      return [(_task_id(n), json.loads((self.root / "pending" / n).read_text()))
+              for n in self._pending()]
+
+  def reorder(self, task_ids: list[str]) -> None:
+    """Makes the pending tasks lease in the order `task_ids` (which must list each
+    pending task exactly once), e.g. a curriculum's order."""
+    with locked(self._lock):
+      names = {_task_id(n): n for n in self._pending()}
+      if sorted(task_ids) != sorted(names):
+        missing, extra = sorted(set(names) - set(task_ids)), sorted(set(task_ids) - set(names))
+        raise ValueError(f"reorder must list every pending task once; missing {missing[:5]}, "
+                         f"not pending {extra[:5]}.")
+      first = min((int(n.split(".", 1)[0]) for n in names.values()), default=0)
+      folder = self.root / "pending"
+      # Two passes, as new names may equal old ones; a temporary name carries its final
+      # name, so `_pending` completes a reorder that was killed midway.
+      for i, task_id in enumerate(task_ids):
+        os.replace(folder / names[task_id], folder / f"{_REORDER}{first + i:012d}.{task_id}.json")
+      for name in os.listdir(folder):
+        if name.startswith(_REORDER):
+          os.replace(folder / name, folder / name[len(_REORDER):])
 
   def lease(self, actor_id: str) -> tuple[str, dict] | None:
     """The oldest pending task, now leased to `actor_id`; None when none is pending."""

@@ -29,9 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax import data, model
+from c2jax.agent import loop as agent_loop
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
 from c2jax.rl import actors as actors_lib
+from c2jax.rl import curriculum as curriculum_lib
 from c2jax.rl import evaluate as evaluate_lib
 from c2jax.rl import job, learner, packing, rollouts
 from c2jax.rl import weights as weights_lib
@@ -99,6 +101,40 @@ def build_batch(cfg, groups) -> tuple[dict[str, np.ndarray], dict]:
             for name, value in batch.items() if name != "row_sequence"}
   return {name: padded[name] for name in learner.BATCH_FIELDS}, dict(
       pack_metrics, rows=rows, segments=len(segments))
+
+
+def curriculum_order(task_ids, observations, curriculum_cfg, seed: int) -> list[str]:
+  """Every prompt, hard ones (more turns / thinking tokens in `observations`, tuples of
+  (task_id, turns, thinking_tokens)) drawn earlier as config.rl.curriculum says."""
+  sampler = curriculum_lib.CurriculumSampler(
+      task_ids, curriculum_cfg.strength, curriculum_cfg.turns_weight,
+      curriculum_cfg.thinking_weight, seed)
+  for task_id, turns, thinking in observations:
+    sampler.observe(task_id, turns, thinking)
+  return sampler.draw(len(task_ids))
+
+
+def probe_curriculum(cfg, run, engine) -> None:
+  """Rolls out every pending prompt with the starting policy and reorders the pool by
+  difficulty (once per run; see config.rl.curriculum)."""
+  marker = run.dirs.root / "curriculum.json"
+  curriculum = cfg.rl.curriculum
+  if curriculum.strength <= 0 or marker.exists():
+    return
+  pending = run.pool.pending_tasks()
+  tasks = [tasks_lib.Task.from_json(payload["task"]) for _, payload in pending]
+  samples = curriculum.probe_samples
+  jobs = [task for task in tasks for _ in range(samples)]
+  seeds = [s for task in tasks for s in rollouts.rollout_seeds("probe:" + task.id, samples)]
+  started = time.monotonic()
+  trajectories = agent_loop.run_episodes(engine, run.tokenizer, cfg.agent, jobs, seeds=seeds)
+  observations = [(t.task_id, t.stats.turns, t.stats.thinking_tokens) for t in trajectories]
+  order = curriculum_order([task_id for task_id, _ in pending], observations, curriculum,
+                           cfg.learner.seed)
+  run.pool.reorder(order)
+  marker.write_text(json.dumps({"order": order, "seconds": time.monotonic() - started}))
+  print(f"rl: curriculum over {len(order)} prompts from {len(trajectories)} probe rollouts "
+        f"({time.monotonic() - started:.0f}s)", flush=True)
 
 
 def _group_metrics(groups, step: int) -> dict[str, float]:
@@ -185,6 +221,9 @@ def train(cfg, workdir) -> dict:
     run_eval(0)
     (run.dirs.root / "eval0.done").touch()
 
+  if step == 0:
+    eval_engine.update_params(jax.tree.map(jnp.copy, state.params), 0)
+    probe_curriculum(cfg, run, eval_engine)
   step_fn = jax.jit(functools.partial(learner.rl_step, cfg.rl, model_cfg, optimizer),
                     donate_argnums=(0,))
   actors = actors_lib.make_actors(cfg, run.dirs, weights_dir)

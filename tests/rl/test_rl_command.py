@@ -21,7 +21,8 @@ def _command(workdir, data_cache):
   return [sys.executable, "-m", "c2jax.cli", "rl", "--config=configs/rl.py:test",
           f"--workdir={workdir}", f"--config.data.cache_dir={data_cache}",
           "--config.data.vocab_size=1024", "--config.data.max_total_bytes=1000000",
-          "--config.data.tokenizer_train_bytes=300000", f"--config.learner.steps={STEPS}"]
+          "--config.data.tokenizer_train_bytes=300000", f"--config.learner.steps={STEPS}",
+          "--config.rl.curriculum.strength=1.0"]
 
 
 def _start(workdir, data_cache, log):
@@ -86,6 +87,10 @@ def test_rl_survives_actor_and_learner_kills_without_losing_or_repeating_groups(
       for pid in _actor_pids(workdir) + ([learner.pid] if learner.poll() is None else []):
         os.kill(pid, signal.SIGKILL)
   output = log_path.read_text(errors="replace")
+  # The curriculum probed every prompt once, before the first step, and only then.
+  assert output.count("rl: curriculum over 8 prompts") == 1, output[-3000:]
+  order = json.loads((workdir / "curriculum.json").read_text())["order"]
+  assert len(order) == len(set(order)) == 8
   assert "actor0 died" in output, output[-3000:]
   assert "resuming from step" in output, output[-3000:]
 
