@@ -93,7 +93,8 @@ class _SegmentBuilder:
   def __init__(self):
     self.tokens, self.mask, self.logprobs, self.versions, self.routing = [], [], [], [], []
     self.counts = dict(thinking_tokens=0, tool_call_tokens=0, tool_output_tokens=0,
-                       final_message_tokens=0, turns=0, tool_call_errors=0)
+                       final_message_tokens=0, turns=0, tool_call_errors=0,
+                       unfinished_todos=0)
     self.tool_call_counts: dict[str, int] = {}
 
   def __len__(self) -> int:
@@ -254,6 +255,7 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
       episode = episodes[index]
       episode.finish_reason = reason
       release(episode)
+      episode.current.counts["unfinished_todos"] = episode.toolbox.open_todos
       episode.close_segment()
       submit_work("graded", index, episode.grade_work)
 

@@ -40,7 +40,7 @@ def default_config() -> ml_collections.ConfigDict:
                        final_message_tokens=1.0, tool_calls=20.0, turns=20.0)),
       tool_call_errors=dict(scale=0.02),
       unfinished_todos=dict(scale=0.05),
-      shell_only=dict(scale=0.1, shell_tool="run_shell", ignore_tools=("finish",)),
+      shell_only=dict(scale=0.1, shell_tool="run_shell", ignore_tools=("finish", "todo")),
   ))
 
   c.router_replay = ml_collections.ConfigDict(dict(filter=True, factor=0.5))

@@ -216,3 +216,14 @@ def test_fake_engine_records_match_its_logprobs_and_weights_change_in_flight(tmp
   assert versions == {0, 1}
   # Different seeds give different rollouts of the same prompt.
   assert len({tuple(t.segments[0].tokens.tolist()) for t in trajectories}) == 3
+
+
+def test_open_todo_items_at_the_end_are_counted(tmp_path, tokenizer):
+  task = _small_task(tmp_path)
+  plan = _turn(tokenizer, "", [("todo", {"action": "add", "item": "set DONE"}),
+                               ("todo", {"action": "add", "item": "run the tests"}),
+                               ("todo", {"action": "done", "item": "1"}),
+                               ("finish", {"message": "done"})])
+  [trajectory] = loop.run_episodes(ScriptedEngine([[plan]]), tokenizer, _config(), [task])
+  assert trajectory.finish_reason == "finish"
+  assert trajectory.stats.unfinished_todos == 1

@@ -10,7 +10,7 @@ import dataclasses
 
 from c2jax.agent import protocol
 from c2jax.env import sandbox as sandbox_lib
-from c2jax.env.tools import files, schema, semantic, shell  # pylint: disable=unused-import  (registration)
+from c2jax.env.tools import files, schema, semantic, shell, todo  # pylint: disable=unused-import  (registration)
 from c2jax.env.tools.registry import (Context, Tool, ToolError, ToolsetConfig,
                                       get_tool, register_tool, registered,
                                       truncate_middle)
@@ -49,6 +49,11 @@ class Toolbox:
   @property
   def finished(self) -> bool:
     return self.context.finished
+
+  @property
+  def open_todos(self) -> int:
+    """To-do items (todo tool) not marked done."""
+    return todo.open_items(self.context)
 
   def specs(self) -> list[dict]:
     return [tool.spec() for tool in self.tools.values()]

@@ -20,7 +20,7 @@ class ToolsetConfig:
   max_matches: most grep / glob / semantic_search results returned.
   """
   tools: tuple[str, ...] = ('read_file', 'edit_file', 'write_file', 'run_shell', 'grep',
-                            'list_dir', 'glob', 'semantic_search', 'finish')
+                            'list_dir', 'glob', 'semantic_search', 'todo', 'finish')
   strict: bool = True
   max_output_chars: int = 16000
   shell_timeout_s: float = 30.0
@@ -36,6 +36,7 @@ class Context:
   finished: bool = False
   final_message: str = ''
   cache: dict = dataclasses.field(default_factory=dict)
+  todos: list = dataclasses.field(default_factory=list)  # [text, done] (the todo tool)
 
 
 @dataclasses.dataclass(frozen=True)
