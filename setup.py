@@ -34,6 +34,8 @@ setup(
         # committed fixtures (tools/make_hf_fixtures.py) and live comparisons run in a
         # separate venv where the CPU torch wheel exists.
         "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100"],
+        # Rollout actors as Ray tasks across machines: --config.actors.backend=ray.
+        "ray": ["ray>=2.9"],
     },
     entry_points={"console_scripts": ["c2jax=c2jax.cli:run"]},
 )
