@@ -35,10 +35,12 @@ def balance_across_ranks(lengths, num_ranks: int, attention_cost: float) -> list
 
 
 def pack_batch(segments: list[dict[str, np.ndarray]], advantages_S, num_ranks: int,
-               seq_len: int, attention_cost: float) -> tuple[dict[str, np.ndarray], dict]:
+               seq_len: int, attention_cost: float,
+               rows_per_rank: int | None = None) -> tuple[dict[str, np.ndarray], dict]:
   """(batch, metrics): every field as [num_ranks * rows, seq_len, ...], rank-major (rank r
   owns rows r*rows .. (r+1)*rows - 1, so sharding the batch axis over ranks keeps the
-  balance), padded with zeros; `advantages` [B]; `row_sequence` [B] (-1 for padding)."""
+  balance), padded with zeros; `advantages` [B]; `row_sequence` [B] (-1 for padding).
+  rows_per_rank fixes `rows` (>= what the segments need), e.g. for one compiled shape."""
   if not segments:
     raise ValueError("pack_batch needs at least one segment.")
   first = next(iter(segments[0]))
@@ -49,6 +51,11 @@ def pack_batch(segments: list[dict[str, np.ndarray]], advantages_S, num_ranks: i
                      f"{max(lengths)}); raise the learner's sequence length.")
   assigned = balance_across_ranks(lengths, num_ranks, attention_cost)
   rows = -(-len(segments) // num_ranks)
+  if rows_per_rank is not None:
+    if rows_per_rank < rows:
+      raise ValueError(f"rows_per_rank = {rows_per_rank} cannot hold {len(segments)} "
+                       f"segments on {num_ranks} ranks (needs {rows}).")
+    rows = rows_per_rank
   order = [i for rank in assigned for i in rank + [-1] * (rows - len(rank))]
   batch = {}
   for name, example in segments[0].items():

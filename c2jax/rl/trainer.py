@@ -85,22 +85,28 @@ def initial_params(cfg):
   return params
 
 
-def build_batch(cfg, groups) -> tuple[dict[str, np.ndarray], dict]:
-  """One packed batch from the step's groups, padded to a fixed row count (one compile)."""
+def build_batch(cfg, groups, num_ranks: int = 1) -> tuple[dict[str, np.ndarray], dict]:
+  """One packed batch from the step's groups: rows balanced across `num_ranks`
+  data-parallel ranks (rank-major), padded to a row count that changes only when the
+  segments outgrow it (few compiles)."""
   segments, advantages = [], []
   for group in groups:
     for segment, chain in zip(group.segments, group.segment_chain_S):
       segments.append(segment)
       advantages.append(group.advantages_G[chain])
-  batch, pack_metrics = packing.pack_batch(segments, advantages, 1, cfg.actors.max_length,
-                                           cfg.rl.packing.attention_cost)
   unit = cfg.learner.groups_per_step * cfg.rl.group_size
-  rows = -(-len(batch["tokens"]) // unit) * unit
-  padded = {name: np.concatenate([value, np.zeros((rows - len(value),) + value.shape[1:],
-                                                  value.dtype)])
-            for name, value in batch.items() if name != "row_sequence"}
-  return {name: padded[name] for name in learner.BATCH_FIELDS}, dict(
-      pack_metrics, rows=rows, segments=len(segments))
+  rows = -(-len(segments) // unit) * unit
+  batch, pack_metrics = packing.pack_batch(
+      segments, advantages, num_ranks, cfg.actors.max_length, cfg.rl.packing.attention_cost,
+      rows_per_rank=-(-rows // num_ranks))
+  return {name: batch[name] for name in learner.BATCH_FIELDS}, dict(
+      pack_metrics, rows=len(batch["tokens"]), segments=len(segments))
+
+
+def data_parallel_mesh() -> jax.sharding.Mesh:
+  """Every local device as one data-parallel axis: the learner's parameters are
+  replicated and each device takes its rank's rows of the packed batch."""
+  return jax.sharding.Mesh(np.asarray(jax.devices()), ("data",))
 
 
 def curriculum_order(task_ids, observations, curriculum_cfg, seed: int) -> list[str]:
@@ -182,11 +188,15 @@ def train(cfg, workdir) -> dict:
   checkpointer = checkpoint_lib.Checkpointer(run.dirs.checkpoints,
                                              keep=cfg.learner.keep_checkpoints,
                                              every=cfg.learner.checkpoint_every)
+  mesh = data_parallel_mesh()
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  by_rank = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
   restored = checkpointer.restore_latest(checkpoint_lib.abstract_like(state))
   step = 0
   if restored is not None:
     step, state, _ = restored
     print(f"rl: resuming from step {step}", flush=True)
+  state, ref_params = jax.device_put((state, ref_params), replicated)
   requeued = run.queue.recover(step if restored is not None else -1)
   returned = run.pool.requeue(None, finished=run.queue.contains)
   if requeued or returned:
@@ -243,7 +253,8 @@ def train(cfg, workdir) -> dict:
                 f"The pool ran out of prompts at step {step} of {cfg.learner.steps}; "
                 "add tasks (config.tasks.train_count) or lower learner.steps.") from None
       idle_s += time.monotonic() - waited
-      batch, batch_metrics = build_batch(cfg, groups)
+      batch, batch_metrics = build_batch(cfg, groups, mesh.size)
+      batch = jax.device_put(batch, by_rank)
       state, step_metrics = step_fn(state, ref_params, batch)
       step_metrics = jax.device_get(step_metrics)
       step += 1
