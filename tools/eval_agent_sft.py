@@ -34,7 +34,7 @@ from c2jax.env import procgen
 from c2jax.env.tools import registry
 from c2jax.model import variants
 from c2jax.rollout import JaxEngine, Request, SamplingParams
-from c2jax.train import checkpoint as checkpoint_lib
+from c2jax.train import loop
 
 # Far from the recipe's training seeds (0 .. a few hundred), so no task is seen in SFT.
 HELDOUT_SEED = 100_000
@@ -52,14 +52,9 @@ def load_run(workdir: pathlib.Path):
   apply_overrides(model_cfg, saved['model'])
   tokenizer = data.prepare_from_config(ml_collections.ConfigDict(saved['data']),
                                        progress=False).tokenizer()
-  checkpoints = checkpoint_lib.Checkpointer(workdir / 'checkpoints', async_save=False)
-  if not checkpoints.steps():
-    raise FileNotFoundError(f'{workdir / "checkpoints"} holds no checkpoint; train first.')
-  abstract = checkpoint_lib.abstract_like(
-      jax.eval_shape(lambda: model.init(model_cfg, jax.random.key(0))))
-  params = checkpoints.restore_params(None, abstract)
-  print(f'loaded step {checkpoints.steps()[-1]} from {workdir}', file=sys.stderr)
-  checkpoints.close()
+  fresh = model.init(model_cfg, jax.random.key(0))
+  params = loop.restore_init_params(
+      ml_collections.ConfigDict({'init_from': str(workdir), 'model': model_cfg}), fresh)
   return model_cfg, params, tokenizer
 
 

@@ -99,7 +99,8 @@ def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = 
     on_step()
     leased = pool.lease(actor_id)
     if leased is None:
-      if pool.counts()["pending"] == 0 and pool.counts()["leased"] == 0:
+      counts = pool.counts()
+      if counts["pending"] == 0 and counts["leased"] == 0:
         print(f"{actor_id}: no prompts left; exiting.", flush=True)
         return 0
       time.sleep(0.2)

@@ -38,6 +38,7 @@ from c2jax.rl import evaluate as evaluate_lib
 from c2jax.rl import job, learner, packing, rollouts
 from c2jax.rl import weights as weights_lib
 from c2jax.train import checkpoint as checkpoint_lib
+from c2jax.train import loop
 from c2jax.train import metrics as metrics_lib
 from c2jax.train import optimizer as optimizer_lib
 from c2jax.train.step import TrainState
@@ -71,18 +72,10 @@ def learner_model_config(cfg):
 
 
 def initial_params(cfg):
-  abstract = jax.eval_shape(functools.partial(model.init, cfg.model),
-                            jax.random.PRNGKey(cfg.learner.seed))
-  if not cfg.init_from:
-    return model.init(cfg.model, jax.random.PRNGKey(cfg.learner.seed))
-  directory = pathlib.Path(cfg.init_from) / "checkpoints"
-  checkpointer = checkpoint_lib.Checkpointer(directory, async_save=False)
-  if not checkpointer.steps():
-    raise FileNotFoundError(f"config.init_from = {cfg.init_from!r} has no checkpoint in "
-                            f"{directory}; run the SFT phase first (see configs/rl.py).")
-  params = checkpointer.restore_params(None, abstract)
-  checkpointer.close()
-  return params
+  """The policy RL starts from: cfg.init_from's newest checkpoint (an SFT run), or a
+  random initialisation when init_from is '' (tests of the machinery)."""
+  params = model.init(cfg.model, jax.random.PRNGKey(cfg.learner.seed))
+  return loop.restore_init_params(cfg, params) if cfg.init_from else params
 
 
 def build_batch(cfg, groups, num_ranks: int = 1) -> tuple[dict[str, np.ndarray], dict]:

@@ -175,7 +175,18 @@ def evaluate(rt: Runtime, eval_step, params, dataset, max_batches: int) -> float
 
 
 def initial_params(rt: Runtime, state: TrainState) -> TrainState:
-  """A fresh run of a later phase starts from the previous phase's newest parameters.
+  """A fresh run of a later phase starts from the previous phase's newest parameters
+  (`restore_init_params`, placed with the runtime's shardings)."""
+  if not rt.cfg.init_from:
+    return state
+  shardings = rt.state_shardings.params
+  with rt.scope():
+    params = restore_init_params(rt.cfg, state.params, shardings)
+  return state.replace(params=params)
+
+
+def restore_init_params(cfg, fresh_params, shardings=None):
+  """`fresh_params` replaced by the newest checkpoint of `cfg.init_from`.
 
   Multi-token prediction may be attached or left off between phases:
   - the config has MTP modules (model.num_mtp_layers > 0) and the checkpoint has none:
@@ -184,11 +195,10 @@ def initial_params(rt: Runtime, state: TrainState) -> TrainState:
   - the checkpoint has MTP modules and the config has none: they are deliberately
     dropped (a phase that needs no drafter, e.g. an ablation without MTP), with a log line.
   Any other difference (a parameter missing, a shape changed, e.g. num_mtp_layers 2 vs
-  1) is an error naming the parameter.
+  1) is an error naming the parameter. `shardings` (a tree like `fresh_params`) places
+  the restored arrays; None restores them to the default device.
   """
-  source = rt.cfg.init_from
-  if not source:
-    return state
+  source = cfg.init_from
   directory = pathlib.Path(source).expanduser().absolute()
   if (directory / "checkpoints").is_dir():
     directory = directory / "checkpoints"
@@ -199,24 +209,24 @@ def initial_params(rt: Runtime, state: TrainState) -> TrainState:
         "(see configs/longctx.py and configs/sft.py for the chain).")
   step = previous.steps()[-1]
   saved = _saved_param_shapes(directory, step)
-  fresh_mtp = mtp_lib.PARAMS_KEY in state.params and mtp_lib.PARAMS_KEY not in saved
-  wanted = {k: v for k, v in state.params.items()
+  fresh_mtp = mtp_lib.PARAMS_KEY in fresh_params and mtp_lib.PARAMS_KEY not in saved
+  wanted = {k: v for k, v in fresh_params.items()
             if not (fresh_mtp and k == mtp_lib.PARAMS_KEY)}
   _check_restorable(saved, wanted, f"{directory} step {step}")
-  shardings = {k: v for k, v in rt.state_shardings.params.items() if k in wanted}
-  with rt.scope():
-    params = previous.restore_params(step, checkpoint_lib.abstract_like(wanted, shardings))
+  if shardings is not None:
+    shardings = {k: v for k, v in shardings.items() if k in wanted}
+  params = previous.restore_params(step, checkpoint_lib.abstract_like(wanted, shardings))
   previous.close()
   print(f"init: parameters from {directory} step {step}", flush=True)
   if fresh_mtp:
-    params = {**params, mtp_lib.PARAMS_KEY: state.params[mtp_lib.PARAMS_KEY]}
+    params = {**params, mtp_lib.PARAMS_KEY: fresh_params[mtp_lib.PARAMS_KEY]}
     print(f"init: the checkpoint has no '{mtp_lib.PARAMS_KEY}'; the "
-          f"{rt.cfg.model.num_mtp_layers} MTP module(s) start from a fresh initialisation "
+          f"{cfg.model.num_mtp_layers} MTP module(s) start from a fresh initialisation "
           "(trunk, embedding and head restored)", flush=True)
-  elif mtp_lib.PARAMS_KEY in saved and mtp_lib.PARAMS_KEY not in state.params:
+  elif mtp_lib.PARAMS_KEY in saved and mtp_lib.PARAMS_KEY not in fresh_params:
     print(f"init: dropping the checkpoint's '{mtp_lib.PARAMS_KEY}' "
           "(config.model.num_mtp_layers = 0)", flush=True)
-  return state.replace(params=params)
+  return params
 
 
 def _saved_param_shapes(directory: pathlib.Path, step: int) -> dict:

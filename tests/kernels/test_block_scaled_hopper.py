@@ -11,22 +11,11 @@ import pytest
 import kernels
 from kernels.block_scaled import hopper
 from kernels.block_scaled import matmul
+from test_block_scaled_matmul import fake_quant, forward_and_grads
 
 # float32 unit roundoff: a K-term float32 sum of exact products errs by at most ~K * U
 # times the sum of the terms' magnitudes (plus one rounding per promoted block).
 U = 2.0**-24
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def fake_quant(x, fmt, axis):
-  return kernels.dequantize(kernels.quantize(x, fmt, axis=axis), dtype=jnp.float32)
-
-
-@functools.partial(jax.jit, static_argnames=('recipe', 'path'))
-def forward_and_grads(a, b, dy, *, recipe, path):
-  y, vjp = jax.vjp(functools.partial(kernels.block_scaled_matmul, recipe=recipe, path=path),
-                   a, b)
-  return (y, *vjp(dy))
 
 
 @functools.partial(jax.jit, static_argnames='recipe')

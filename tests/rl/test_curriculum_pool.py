@@ -33,7 +33,7 @@ def test_reorder_must_name_every_pending_task_once(tmp_path):
 
 
 def test_an_interrupted_reorder_loses_no_task(tmp_path):
-  pool = _pool(tmp_path, ["a", "b", "c"])
+  _pool(tmp_path, ["a", "b", "c"])
   pending = tmp_path / "pool" / "pending"
   name = sorted(os.listdir(pending))[0]
   os.replace(pending / name, pending / (".reorder." + name))  # killed mid-reorder
