@@ -11,8 +11,20 @@ Each command runs in fresh namespaces (user, pid, net, ipc, uts, mount, cgroup):
   * when the command's first process exits, the pid namespace dies and takes every
     process it left behind with it; the cgroup is emptied as a second guard.
 Processes do not live across `exec` calls: state lives in the workspace.
+
+Nothing of the host's environment is readable inside (DESIGN: an actor's environment may
+hold API keys). bubblewrap is launched with exactly the sandbox's environment
+(`sandbox.command_environment`), never the caller's, and with `--as-pid-1` the command
+itself is process 1: no bwrap process, whose environment and arguments would otherwise be
+readable in /proc/1, is visible from inside. The mount options reach bwrap through a pipe
+(`--args FD`), drained and closed before the command starts, so no command line names the
+host paths behind the mounts; every other descriptor of the launcher is closed. What a
+command can still learn of the host is the read-only mounts it needs, at their host paths
+(/usr, the Python environments), and, in /proc/self/mountinfo, the host folder behind
+/workspace.
 """
 
+import fcntl
 import os
 import select
 import shlex
@@ -32,36 +44,75 @@ _SANDBOX_UID = 1000
 _PATH = '/usr/local/bin:/usr/bin:/bin'
 
 
+def program(name: str, package: str) -> str:
+  """Absolute path of a host program: commands are launched with the sandbox's PATH."""
+  found = shutil.which(name)
+  if found is None:
+    raise RuntimeError(f'{name} is not installed: `apt-get install {package}`, '
+                       "or use make_sandbox('docker', ...).")
+  return found
+
+
 def default_ro_binds() -> tuple[str, ...]:
   # The Python running c2jax is the one whose pytest the hidden tests use. The venv
   # comes first: its bin/ must come first on PATH.
   return tuple(dict.fromkeys((sys.prefix, sys.base_prefix)))
 
 
-def bwrap_argv(workspace_root: str, ro_binds: tuple[str, ...], env_path: str) -> list[str]:
-  argv = ['bwrap', '--unshare-all', '--unshare-user', '--uid', str(_SANDBOX_UID),
-          '--gid', str(_SANDBOX_UID), '--die-with-parent', '--new-session',
-          '--cap-drop', 'ALL', '--hostname', 'sandbox', '--clearenv',
-          '--ro-bind', '/usr', '/usr']
+def environment(ro_binds: tuple[str, ...]) -> dict[str, str]:
+  """A command's whole environment: the environments' bin/ folders come first on PATH."""
+  bins = [os.path.join(p, 'bin') for p in ro_binds]
+  return sandbox_lib.command_environment(':'.join(bins + [_PATH]))
+
+
+def bwrap_options(workspace_root: str, ro_binds: tuple[str, ...],
+                  env: dict[str, str]) -> list[str]:
+  """bwrap's options for a command over `workspace_root` with environment `env`."""
+  options = ['--unshare-all', '--unshare-user', '--uid', str(_SANDBOX_UID),
+             '--gid', str(_SANDBOX_UID), '--die-with-parent', '--new-session',
+             '--as-pid-1', '--cap-drop', 'ALL', '--hostname', 'sandbox', '--clearenv',
+             '--ro-bind', '/usr', '/usr']
   for name in ('bin', 'lib', 'lib32', 'lib64', 'sbin'):
     path = '/' + name
     if os.path.islink(path):
-      argv += ['--symlink', os.readlink(path), path]
+      options += ['--symlink', os.readlink(path), path]
     elif os.path.isdir(path):
-      argv += ['--ro-bind', path, path]
+      options += ['--ro-bind', path, path]
   for path in _ETC_FILES:
     if os.path.exists(path):
-      argv += ['--ro-bind', path, path]
+      options += ['--ro-bind', path, path]
   # Mounts apply in order: the fresh /tmp comes first so that read-only binds of paths
   # under /tmp (e.g. a virtualenv in a CI checkout there) stay visible on top of it.
-  argv += ['--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp']
+  options += ['--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp']
   for path in ro_binds:
-    argv += ['--ro-bind', path, path]
-  argv += ['--bind', workspace_root, sandbox_lib.WORKDIR, '--chdir', sandbox_lib.WORKDIR,
-           '--setenv', 'PATH', env_path, '--setenv', 'HOME', '/tmp',
-           '--setenv', 'LANG', 'C.UTF-8', '--setenv', 'PYTHONDONTWRITEBYTECODE', '1',
-           '--setenv', 'TMPDIR', '/tmp']
-  return argv
+    options += ['--ro-bind', path, path]
+  options += ['--bind', workspace_root, sandbox_lib.WORKDIR, '--chdir', sandbox_lib.WORKDIR]
+  for name, value in env.items():
+    options += ['--setenv', name, value]
+  return options
+
+
+def run_in_bwrap(options: list[str], argv: list[str], env: dict[str, str],
+                 limits: limits_lib.Limits, timeout_s: float, stdin: bytes = b'',
+                 use_cgroups: bool = True) -> sandbox_lib.ExecResult:
+  """Runs argv inside bubblewrap configured by `options` (see the module docstring)."""
+  data = b''.join(option.encode() + b'\0' for option in options)
+  read_fd, write_fd = os.pipe()
+  try:
+    if len(data) > 1 << 16:  # a default pipe holds 64 KiB; the write below must not block
+      fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, len(data))
+    view = memoryview(data)
+    while view:
+      view = view[os.write(write_fd, view):]
+    os.close(write_fd)
+    write_fd = None
+    argv = [program('bwrap', 'bubblewrap'), '--args', str(read_fd), '--'] + list(argv)
+    return run_limited(argv, limits, timeout_s, env=env, stdin=stdin,
+                       use_cgroups=use_cgroups, pass_fds=(read_fd,))
+  finally:
+    os.close(read_fd)
+    if write_fd is not None:
+      os.close(write_fd)
 
 
 class _OutputKeeper:
@@ -97,7 +148,7 @@ def limit_prefix(limits: limits_lib.Limits, group) -> list[str]:
   A shell and prlimit do this instead of a Popen preexec_fn: running Python in a forked
   child of a multithreaded process (JAX) can deadlock.
   """
-  rlimits = ['prlimit', f'--fsize={limits.max_file_mb << 20}', '--core=0']
+  rlimits = [program('prlimit', 'util-linux'), f'--fsize={limits.max_file_mb << 20}', '--core=0']
   if group is None:  # weaker fallback: per-process memory, per-user process count
     rlimits += [f'--as={limits.memory_mb << 20}', f'--nproc={limits.max_processes}']
     return rlimits + ['--']
@@ -115,9 +166,13 @@ def _kill(proc, group) -> None:
     group.kill_all()
 
 
-def run_limited(argv: list[str], limits: limits_lib.Limits, timeout_s: float,
-                stdin: bytes = b'', use_cgroups: bool = True) -> sandbox_lib.ExecResult:
-  """Runs argv with wall-time, output, file-size and memory/process limits."""
+def run_limited(argv: list[str], limits: limits_lib.Limits, timeout_s: float, *,
+                env: dict[str, str], stdin: bytes = b'', use_cgroups: bool = True,
+                pass_fds: tuple[int, ...] = ()) -> sandbox_lib.ExecResult:
+  """Runs argv with wall-time, output, file-size and memory/process limits.
+
+  The process gets exactly `env` and, besides stdin/stdout/stderr, only `pass_fds`.
+  """
   group = None
   if use_cgroups:
     group = cgroups.CgroupSet(limits.memory_mb << 20, limits.max_processes)
@@ -128,7 +183,8 @@ def run_limited(argv: list[str], limits: limits_lib.Limits, timeout_s: float,
   timed_out = truncated = False
   try:
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env=env, close_fds=True, pass_fds=pass_fds)
     try:
       proc.stdin.write(stdin)
       proc.stdin.close()
@@ -182,10 +238,8 @@ class BubblewrapSandbox(sandbox_lib.Sandbox):
 
   def __init__(self, repo, ro_binds: tuple[str, ...] | None = None,
                workspace: str = 'auto', _family=None, **limits):
-    for program, package in (('bwrap', 'bubblewrap'), ('prlimit', 'util-linux')):
-      if shutil.which(program) is None:
-        raise RuntimeError(f'{program} is not installed: `apt-get install {package}`, '
-                           "or use make_sandbox('docker', ...).")
+    program('bwrap', 'bubblewrap')
+    program('prlimit', 'util-linux')
     self.limits = limits_lib.Limits.from_kwargs(**limits)
     self.ro_binds = default_ro_binds() if ro_binds is None else tuple(ro_binds)
     snapshot = repo if isinstance(repo, workspace_lib.Snapshot) else (
@@ -193,9 +247,8 @@ class BubblewrapSandbox(sandbox_lib.Sandbox):
     self._strategy = workspace
     self._workspace = workspace_lib.Workspace(snapshot, workspace, _family)
     self._use_cgroups = cgroups.CgroupSet.available()
-    bins = [os.path.join(p, 'bin') for p in self.ro_binds]
-    self._argv = bwrap_argv(self._workspace.root, self.ro_binds,
-                            ':'.join(bins + [_PATH]))
+    self._env = environment(self.ro_binds)
+    self._options = bwrap_options(self._workspace.root, self.ro_binds, self._env)
 
   @property
   def host_root(self) -> str:
@@ -206,8 +259,8 @@ class BubblewrapSandbox(sandbox_lib.Sandbox):
     if self._workspace is None:
       raise RuntimeError('This sandbox is closed; start a new one with make_sandbox.')
     timeout = self.limits.timeout_s if timeout_s is None else timeout_s
-    return run_limited(self._argv + ['--'] + list(argv), self.limits, timeout, stdin,
-                       self._use_cgroups)
+    return run_in_bwrap(self._options, argv, self._env, self.limits, timeout, stdin,
+                        self._use_cgroups)
 
   def read_file(self, path):
     return self._workspace.read_file(path)

@@ -8,6 +8,12 @@ clean-up are enforced by wrapping each command in `timeout -s KILL` followed by
 `kill -9 -1` (every process but the container's init), output by reading at most
 Limits.max_output_bytes. `snapshot` commits the container, `fork` starts a new
 container from that image, `reset` replaces the container with one from the base image.
+Environment: a command sees the image's ENV overridden by `sandbox.BASE_ENVIRONMENT`
+(set on the container at creation), nothing of the launching process's: the SDK talks to
+the engine over its API and passes no variables of its own. Every exec of a sandbox runs
+in the one container, so a command sees the container's process 1 (`sleep infinity`,
+which keeps the container alive between commands and has the same environment) and any
+other command of the same sandbox still running; every sandbox has its own container.
 Snapshot images (repository `c2jax-snapshot`) stay in the engine for later forks;
 remove them with `docker image prune --filter reference=c2jax-snapshot`.
 
@@ -65,6 +71,7 @@ class DockerSandbox(sandbox_lib.Sandbox):
     memory = f'{self.limits.memory_mb}m'
     container = self._client.containers.create(
         image, command=_INIT, working_dir=sandbox_lib.WORKDIR, network_mode='none',
+        environment=dict(sandbox_lib.BASE_ENVIRONMENT),
         mem_limit=memory, memswap_limit=memory, pids_limit=self.limits.max_processes,
         name=f'c2jax-{uuid.uuid4().hex[:12]}', detach=True)
     container.start()

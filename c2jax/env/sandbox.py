@@ -15,6 +15,25 @@ from c2jax.env import limits as limits_lib
 
 WORKDIR = '/workspace'
 
+# The environment of every sandboxed command, on every backend; this is the one place it
+# is defined. A command sees exactly these variables plus PATH (bubblewrap: the read-only
+# Python environments' bin/ folders, then /usr/local/bin:/usr/bin:/bin; docker: the
+# image's own ENV, which these override). Tasks set no variables. Nothing of the launching
+# process's environment reaches a sandbox by any path: the actor that starts sandboxes may
+# hold API keys and storage credentials, and any command the model writes runs in there.
+BASE_ENVIRONMENT = {
+    'HOME': '/tmp',
+    'LANG': 'C.UTF-8',
+    'PWD': WORKDIR,
+    'PYTHONDONTWRITEBYTECODE': '1',
+    'TMPDIR': '/tmp',
+}
+
+
+def command_environment(path: str) -> dict[str, str]:
+  """The full environment of a sandboxed command whose PATH is `path`."""
+  return {'PATH': path, **BASE_ENVIRONMENT}
+
 
 class PathOutsideWorkspaceError(ValueError):
   """A path names something outside the workspace (absolute, `..`, or a symlink out)."""

@@ -141,11 +141,12 @@ def _make_handler(engine: FakeEngine):
       host = container['config']['HostConfig']
       limits = limits_lib.Limits(memory_mb=host['Memory'] >> 20,
                                  max_processes=host['PidsLimit'], timeout_s=600)
-      argv = bubblewrap.bwrap_argv(container['folder'], engine.ro_binds,
-                                   ':'.join(os.path.join(p, 'bin') for p in engine.ro_binds)
-                                   + ':/usr/bin:/bin')
-      result = bubblewrap.run_limited(argv + ['--'] + record['cmd'], limits,
-                                      limits.timeout_s)
+      # Like the real engine: the image's ENV (here the sandbox's) under the container's.
+      env = bubblewrap.environment(engine.ro_binds)
+      env.update(item.split('=', 1) for item in container['config'].get('Env') or [])
+      options = bubblewrap.bwrap_options(container['folder'], engine.ro_binds, env)
+      result = bubblewrap.run_in_bwrap(options, record['cmd'], env, limits,
+                                       limits.timeout_s)
       record['exit'] = result.exit_code
       # Like the real engine: answer 101, then hijack the connection for raw frames.
       self.send_response(101)

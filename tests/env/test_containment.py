@@ -11,7 +11,8 @@ import uuid
 
 import pytest
 
-from c2jax.env import bubblewrap, cgroups, tools as tools_lib
+from c2jax.env import bubblewrap, cgroups, sandbox as sandbox_lib, tools as tools_lib
+import fake_docker_engine
 
 
 def _digest(folder):
@@ -191,7 +192,118 @@ def test_concurrent_commands_do_not_see_each_other(repo):
 
 def test_rlimit_fallback_without_cgroups(hostile_box):
   # Where cgroups are not writable, rlimits bound each process instead.
-  argv = hostile_box._argv + ['--', 'python', '-c',  # pylint: disable=protected-access
-                              'x = bytearray(1 << 30); print("GOT IT")']
-  result = bubblewrap.run_limited(argv, hostile_box.limits, 10, use_cgroups=False)
+  hostile_box._use_cgroups = False  # pylint: disable=protected-access
+  result = hostile_box.exec(['python', '-c', 'x = bytearray(1 << 30); print("GOT IT")'])
   assert 'GOT IT' not in result.text and 'MemoryError' in result.text
+
+
+# Reads every file under /proc it may, and every file a /proc link points to (an
+# inherited descriptor, say), and prints which needle it found where. The needles come in
+# a workspace file deleted once read, so they are in no command line or environment; a
+# control needle in its own environment and one in a file it holds open prove the walk
+# reaches both kinds of place.
+_PROC_WALKER = r'''
+import os, signal, stat
+
+def alarm(*_):
+  raise TimeoutError
+
+with open('needles.txt', 'rb') as f:
+  needles = f.read().split()
+os.remove('needles.txt')
+held = open('held.txt', 'rb')
+signal.signal(signal.SIGALRM, alarm)
+hits, scanned = set(), 0  # (needle, path)
+
+def scan(path):
+  global scanned
+  try:
+    if os.path.islink(path):
+      hits.update((n, path) for n in needles if n in os.readlink(path).encode())
+    if not stat.S_ISREG(os.stat(path).st_mode):
+      return  # pipes and sockets (our own stdout among them) would block or loop
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+      with open(path, 'rb') as f:
+        data = f.read(1 << 20)
+    finally:
+      signal.setitimer(signal.ITIMER_REAL, 0)
+  except (OSError, TimeoutError):
+    return
+  scanned += 1
+  hits.update((n, path) for n in needles if n in data)
+
+for dirpath, dirnames, filenames in os.walk('/proc'):
+  for name in filenames + dirnames:
+    scan(os.path.join(dirpath, name))
+print('scanned', scanned)
+for needle, path in sorted(hits):
+  print('HIT', needle.decode(), path)
+'''
+
+
+def _proc_hits(box, needles, control_env, control_file) -> dict[str, list[str]]:
+  '''{needle: paths under /proc where the walker read it} for a walk inside `box`.'''
+  box.write_file('needles.txt', ' '.join(needles).encode())
+  box.write_file('held.txt', control_file.encode())
+  box.write_file('walker.py', _PROC_WALKER.encode())
+  result = box.exec(['env', f'CONTROL={control_env}', 'python', 'walker.py'], timeout_s=60)
+  assert result.exit_code == 0 and not result.timed_out, result.text
+  scanned = int(result.text.split('scanned ')[1].split()[0])
+  assert scanned > 200, result.text  # the walk really read /proc
+  hits = {needle: [] for needle in needles}
+  for line in result.text.splitlines():
+    if line.startswith('HIT '):
+      _, needle, path = line.split(' ', 2)
+      hits[needle].append(path)
+  return hits
+
+
+@pytest.fixture
+def host_canaries(monkeypatch, tmp_path):
+  '''A secret in the launcher's environment and one in a file it holds open (inheritable,
+  as a descriptor left by a shell redirect would be).'''
+  env_canary, file_canary = (f'canary{uuid.uuid4().hex}' for _ in range(2))
+  monkeypatch.setenv('C2JAX_TEST_API_KEY', env_canary)
+  secret = tmp_path / 'credentials'
+  secret.write_text(file_canary)
+  fd = os.open(secret, os.O_RDONLY)
+  os.set_inheritable(fd, True)
+  yield env_canary, file_canary
+  os.close(fd)
+
+
+def _assert_nothing_of_the_host_leaks(box, host_canaries):
+  control_env, control_file = (f'control{uuid.uuid4().hex}' for _ in range(2))
+  hits = _proc_hits(box, [*host_canaries, control_env, control_file], control_env,
+                    control_file)
+  # The walk finds the controls, in its own environment and its own open descriptor...
+  assert any(path.endswith('/environ') for path in hits[control_env]), hits
+  assert any('/fd/' in path for path in hits[control_file]), hits
+  # ...and the host's secrets nowhere.
+  for canary in host_canaries:
+    assert not hits[canary], f'{canary} is readable inside the sandbox at {hits[canary]}'
+
+
+def test_host_environment_and_descriptors_are_unreadable(hostile_box, host_canaries):
+  _assert_nothing_of_the_host_leaks(hostile_box, host_canaries)
+  # The command's environment is exactly the documented one, and the sandbox's process 1
+  # is the command itself: no launcher process shows its arguments or environment.
+  env = dict(line.split('=', 1) for line in hostile_box.exec(['env']).text.splitlines())
+  assert env == bubblewrap.environment(hostile_box.ro_binds)
+  assert env.keys() == {'PATH', *sandbox_lib.BASE_ENVIRONMENT}
+  cmdline = hostile_box.run_shell('tr "\\0" " " < /proc/1/cmdline').text
+  assert cmdline.startswith('/bin/sh -c tr'), cmdline
+
+
+def test_docker_backend_leaks_nothing_of_the_host(repo, host_canaries):
+  engine = fake_docker_engine.FakeEngine()
+  try:
+    with sandbox_lib.make_sandbox('docker', repo, base_url=engine.base_url,
+                                  timeout_s=60) as box:
+      create = [body for _, path, body in engine.requests if path == '/containers/create']
+      assert sorted(create[-1]['Env']) == sorted(
+          f'{k}={v}' for k, v in sandbox_lib.BASE_ENVIRONMENT.items())
+      _assert_nothing_of_the_host_leaks(box, host_canaries)
+  finally:
+    engine.close()
