@@ -13,6 +13,12 @@ whether it fits --device-memory-gb) and the per-step communication volume by col
 the last line is one JSON object with both. `--mesh` overrides `config.parallel.mesh`
 axis by axis. `--config` may be a model config or any job config with a `model` field
 (--memory needs a job config).
+  c2jax plan --config=configs/pretrain.py:kimi_k25 --roofline --mesh=fsdp=16,expert=8,context=2
+compiles the same step and prints, per train step and per decode step, the model-formula
+FLOPs beside XLA's compiled cost analysis, bytes moved, arithmetic intensity, and the
+lower-bound time and MFU ceiling on every accelerator of c2jax/parallel/accelerators.py
+(c2jax/parallel/roofline.py says how). With --measure (one device) it also measures this
+machine's peaks and the real step times, and prints measured / bound for them.
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ _MESH = flags.DEFINE_string("mesh", "", "Mesh axis sizes overriding config.paral
                             "e.g. data=1,fsdp=16,expert=8,context=2.")
 _DEVICES = flags.DEFINE_integer("devices", None, "Mesh size for --shardings/--memory "
                                 "(default: the devices present, or the mesh's product).")
+_ROOFLINE = flags.DEFINE_bool("roofline", False, "Print FLOPs, bytes moved and lower-bound "
+                              "step times on known accelerators for a train and a decode step.")
+_MEASURE = flags.DEFINE_bool("measure", False, "With --roofline on one device: measure this "
+                             "machine's peaks and the real train and decode steps beside the bound.")
+_DECODE_BATCH = flags.DEFINE_integer("decode_batch", 8, "Sequences per decode step (--roofline).")
+_DECODE_CONTEXT = flags.DEFINE_integer("decode_context", None, "Context length of the decode "
+                                       "step (--roofline; default: train.seq_len).")
 _DEVICE_MEMORY_GB = flags.DEFINE_float("device_memory_gb", 141.0, "Per-device memory to "
                                        "check the plan against (B300 288, H200 141).")
 
@@ -51,8 +64,9 @@ def main(argv) -> int:
   if cfg is None:
     raise SystemExit("c2jax plan: pass --config=configs/<file>.py:<arg>")
   model_cfg = cfg.model if "model" in cfg else cfg
-  if not (_COUNT.value or _SHARDINGS.value or _MEMORY.value):
-    raise SystemExit("c2jax plan: choose what to plan: --count, --shardings and/or --memory")
+  if not (_COUNT.value or _SHARDINGS.value or _MEMORY.value or _ROOFLINE.value):
+    raise SystemExit("c2jax plan: choose what to plan: --count, --shardings, --memory "
+                     "and/or --roofline")
   if _MESH.value:
     if "parallel" not in cfg:
       raise SystemExit("c2jax plan: --mesh needs a job config (with a `parallel` group).")
@@ -61,14 +75,17 @@ def main(argv) -> int:
       cfg.parallel.mesh.update(memory.parse_mesh_flag(_MESH.value))
     except ValueError as err:
       raise SystemExit(f"c2jax plan: {err}") from None
-  if _MEMORY.value and os.environ.get(_CHILD_ENV) is None:
+  if (_MEMORY.value or _ROOFLINE.value) and os.environ.get(_CHILD_ENV) is None:
     return _reexecute_with_fake_devices(cfg)
   if _COUNT.value:
     print(json.dumps(counting.count_params(model_cfg)))
   if _SHARDINGS.value:
     _print_shardings(cfg, model_cfg)
+  compiled = None
   if _MEMORY.value:
-    _print_memory(cfg)
+    compiled = _print_memory(cfg)
+  if _ROOFLINE.value:
+    _print_roofline(cfg, compiled)
   return 0
 
 
@@ -92,10 +109,10 @@ def _reexecute_with_fake_devices(cfg) -> int:
   from c2jax.parallel import memory
 
   if "parallel" not in cfg or "train" not in cfg:
-    raise SystemExit("c2jax plan --memory needs a job config, e.g. "
+    raise SystemExit("c2jax plan --memory/--roofline needs a job config, e.g. "
                      "--config=configs/pretrain.py:kimi_k25.")
   try:
-    devices = memory.mesh_devices(cfg.parallel.mesh, _DEVICES.value)
+    devices = memory.mesh_devices(cfg.parallel.mesh, _DEVICES.value or jax.device_count())
   except ValueError as err:
     raise SystemExit(f"c2jax plan: {err}") from None
   env = memory.fake_device_env(devices)
@@ -104,16 +121,21 @@ def _reexecute_with_fake_devices(cfg) -> int:
   return subprocess.run(command, env=env, check=False).returncode
 
 
-def _print_memory(cfg) -> None:
+def _check_child_devices() -> int:
+  devices = jax.device_count()
+  if devices != int(os.environ[_CHILD_ENV]):
+    raise SystemExit(f"c2jax plan: JAX sees {devices} devices, expected "
+                     f"{os.environ[_CHILD_ENV]}; unset XLA_FLAGS/JAX_PLATFORMS overrides.")
+  return devices
+
+
+def _print_memory(cfg):
   from c2jax.parallel import hlo_comms, memory
 
   # A fresh compile every time: the compile time is part of the report, and a cached
   # executable would hide it.
   jax.config.update("jax_enable_compilation_cache", False)
-  devices = jax.device_count()
-  if devices != int(os.environ[_CHILD_ENV]):
-    raise SystemExit(f"c2jax plan --memory: JAX sees {devices} devices, expected "
-                     f"{os.environ[_CHILD_ENV]}; unset XLA_FLAGS/JAX_PLATFORMS overrides.")
+  devices = _check_child_devices()
   from c2jax import parallel
 
   sizes = parallel.mesh.mesh_shape(cfg.parallel.mesh, devices)
@@ -132,3 +154,32 @@ def _print_memory(cfg) -> None:
       "memory": memory.summary(report, _DEVICE_MEMORY_GB.value),
       "fits": {name: report.fits(gb) for name, gb in memory.DEVICE_MEMORY_GB.items()},
       "comms": hlo_comms.summary(volumes)}))
+  return compiled
+
+
+def _print_roofline(cfg, compiled) -> None:
+  import dataclasses
+
+  from c2jax.parallel import accelerators, memory, roofline
+
+  devices = _check_child_devices()
+  if compiled is None:
+    compiled, seconds = memory.compile_train_step(cfg)
+    print(f"compiled the train step in {seconds:.1f} s")
+  context = _DECODE_CONTEXT.value or cfg.train.seq_len
+  train = roofline.train_step_cost(cfg, devices, compiled)
+  decode = roofline.decode_step_cost(cfg.model, _DECODE_BATCH.value, context, devices)
+  accels = dict(accelerators.ACCELERATORS)
+  if _MEASURE.value:
+    if devices != 1:
+      raise SystemExit("c2jax plan --measure times the real steps on one device: "
+                       "drop --mesh/--devices or use a one-device config.")
+    from c2jax.parallel import measure
+
+    accels["this"] = accelerators.measure_cpu()
+    train = dataclasses.replace(train, measured_s=measure.train_step_seconds(cfg))
+    decode = dataclasses.replace(
+        decode, measured_s=measure.decode_step_seconds(cfg.model, _DECODE_BATCH.value, context))
+  costs = [train, decode]
+  print(roofline.format_roofline(costs, accels))
+  print(json.dumps({"devices": devices, "roofline": roofline.summary(costs, accels)}))

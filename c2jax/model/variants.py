@@ -26,6 +26,16 @@ VARIANTS: dict[str, dict] = {
         moe=dict(num_experts=16, num_experts_per_tok=2, num_shared_experts=1,
                  intermediate_size=256, n_group=1, topk_group=1,
                  routed_scaling_factor=1.0)),
+    # A ~1B-active MoE for single-node GPU benchmarks (train-step MFU, rooflines):
+    # DeepSeek-V3 shape at 2/7 width: 8.1B total / 1.1B active parameters.
+    "moe_8b_a1b": dict(
+        vocab_size=32768, hidden_size=2048, num_layers=20, first_k_dense=1,
+        intermediate_size=8192, num_heads=16, q_lora_rank=512, kv_lora_rank=256,
+        qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, max_position=32768,
+        dtype="bfloat16", param_dtype="bfloat16", remat="full",
+        moe=dict(num_experts=64, num_experts_per_tok=6, num_shared_experts=1,
+                 intermediate_size=1024, router="sigmoid_bias", n_group=1, topk_group=1,
+                 norm_topk_prob=True, routed_scaling_factor=2.5)),
     "deepseek_v3": dict(
         vocab_size=129280, hidden_size=7168, num_layers=61, first_k_dense=3,
         intermediate_size=18432, num_heads=128, max_position=163840,

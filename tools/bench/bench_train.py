@@ -3,10 +3,9 @@
   PYTHONPATH=. python tools/bench/bench_train.py --variants tiny,small --steps 10
 
 The ceiling is the best rate of one large jitted float32 (bfloat16 on accelerators) matmul
-on the same device; model FLOPs per token are 6 x active non-embedding parameters (forward
-+ backward) plus the attention score/value matmuls, 6 x layers x heads x
-(qk_head_dim + v_head_dim) x seq_len / 2 (causal). Prints one table, all rows measured in
-the same run.
+on the same device (c2jax.parallel.accelerators.matmul_ceiling); model FLOPs per token
+are c2jax.parallel.roofline.train_flops_per_token (3 forward passes of the active matmul
+weights plus causal attention). Prints one table, all rows measured in the same run.
 """
 
 from __future__ import annotations
@@ -21,31 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax import train
-from c2jax.model import counting, variants
-
-
-def matmul_ceiling(dtype, n: int = 2048, repeats: int = 5) -> float:
-  a = jnp.ones((n, n), dtype)
-  f = jax.jit(lambda x, y: x @ y)
-  f(a, a).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    f(a, a).block_until_ready()
-    best = min(best, time.perf_counter() - start)
-  return 2 * n**3 / best
-
-
-def flops_per_token(cfg, seq_len: int) -> float:
-  counts = counting.count_params(cfg)
-  embedding = 2 * cfg.vocab_size * cfg.hidden_size  # lookup is free; the head is not
-  dense_params = counts["active_params"] - embedding + cfg.vocab_size * cfg.hidden_size
-  if cfg.attention == "mla":
-    head_dims = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim
-  else:
-    head_dims = 2 * cfg.head_dim
-  attention = 6 * cfg.num_layers * cfg.num_heads * head_dims * seq_len / 2
-  return 6 * dense_params + attention
+from c2jax.model import variants
+from c2jax.parallel import accelerators, roofline
 
 
 def bench_variant(name: str, batch: int, seq_len: int, steps: int, moe_impl: str):
@@ -73,7 +49,7 @@ def bench_variant(name: str, batch: int, seq_len: int, steps: int, moe_impl: str
   tokens_per_s = batch * seq_len / seconds
   return dict(variant=name, moe_impl=moe_impl, batch=batch, seq_len=seq_len,
               step_ms=seconds * 1e3, tokens_per_s=tokens_per_s, compile_s=compile_s,
-              model_tflops=tokens_per_s * flops_per_token(cfg, seq_len) / 1e12)
+              model_tflops=tokens_per_s * roofline.train_flops_per_token(cfg, seq_len) / 1e12)
 
 
 def main():
@@ -86,7 +62,7 @@ def main():
   args = parser.parse_args()
   device = jax.devices()[0]
   dtype = jnp.float32 if device.platform == "cpu" else jnp.bfloat16
-  ceiling = matmul_ceiling(dtype)
+  ceiling = accelerators.matmul_ceiling(dtype)
   print(f"train step throughput, {datetime.date.today()}, {device.platform} "
         f"({device.device_kind}), {jax.device_count()} device(s), jax {jax.__version__}")
   print(f"ceiling: {jnp.dtype(dtype).name} 2048^3 matmul = {ceiling / 1e12:.3f} TFLOP/s\n")
