@@ -74,7 +74,13 @@ def run(argv: list[str] | None = None) -> None:
     # the user asked for --verbosity.
     if quiet:
       logging.set_verbosity(logging.WARNING)
-    return module.main(verb_argv)
+    from c2jax import config as configlib
+
+    try:
+      return module.main(verb_argv)
+    except configlib.ConfigError as err:  # a config mistake is the user's to fix: no traceback
+      print(f"c2jax {verb}: {err}", file=sys.stderr)
+      return 2
 
   app.run(main, argv=[f"c2jax {verb}"] + rest)
 
