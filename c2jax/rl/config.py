@@ -30,6 +30,9 @@ def default_config() -> ml_collections.ConfigDict:
       aggregation="constant",
       normalizer_tokens=4096.0,  # Dr. GRPO's constant: about the generation budget
   ))
+  # The learner's log-probs are computed in chunks of seq_chunk positions x vocab_chunk
+  # columns (largest live float32 array: rows x seq_chunk x vocab_chunk).
+  c.logprobs = ml_collections.ConfigDict(dict(seq_chunk=512, vocab_chunk=8192))
   c.kl = ml_collections.ConfigDict(dict(estimator="k1", placement="reward", coef=1e-3))
 
   c.reward = ml_collections.ConfigDict(dict(
@@ -65,7 +68,8 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
   configlib.check_choice(wrapper, key("kl.estimator"), kl.KL_ESTIMATORS)
   configlib.check_choice(wrapper, key("kl.placement"), kl.KL_PLACEMENTS)
   for name in ("group_size", "loss.tis_cap", "loss.normalizer_tokens", "queue.capacity",
-               "reward.length_penalty.k", "curriculum.probe_samples"):
+               "reward.length_penalty.k", "curriculum.probe_samples", "logprobs.seq_chunk",
+               "logprobs.vocab_chunk"):
     configlib.check_positive(wrapper, key(name))
   for name in ("std_eps", "kl.coef", "loss.clip_low", "loss.clip_high", "queue.max_lag",
                "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength"):

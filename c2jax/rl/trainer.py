@@ -87,13 +87,18 @@ def build_batch(cfg, groups, num_ranks: int = 1) -> tuple[dict[str, np.ndarray],
     for segment, chain in zip(group.segments, group.segment_chain_S):
       segments.append(segment)
       advantages.append(group.advantages_G[chain])
-  unit = cfg.learner.groups_per_step * cfg.rl.group_size
+  unit = rollouts_per_step(cfg)
   rows = -(-len(segments) // unit) * unit
   batch, pack_metrics = packing.pack_batch(
       segments, advantages, num_ranks, cfg.actors.max_length, cfg.rl.packing.attention_cost,
       rows_per_rank=-(-rows // num_ranks))
   return {name: batch[name] for name in learner.BATCH_FIELDS}, dict(
       pack_metrics, rows=len(batch["tokens"]), segments=len(segments))
+
+
+def rollouts_per_step(cfg) -> int:
+  """Rollouts the learner trains on per step: the `constant` loss normaliser's count."""
+  return int(cfg.learner.groups_per_step * cfg.rl.group_size)
 
 
 def data_parallel_mesh() -> jax.sharding.Mesh:
@@ -227,7 +232,9 @@ def train(cfg, workdir) -> dict:
   if step == 0:
     eval_engine.update_params(jax.tree.map(jnp.copy, state.params), 0)
     probe_curriculum(cfg, run, eval_engine)
-  step_fn = jax.jit(functools.partial(learner.rl_step, cfg.rl, model_cfg, optimizer),
+  step_fn = jax.jit(functools.partial(learner.rl_step, cfg.rl, model_cfg, optimizer,
+                                      rollouts_per_step=rollouts_per_step(cfg),
+                                      temperature=float(cfg.agent.temperature)),
                     donate_argnums=(0,))
   actors = actors_lib.make_actors(cfg, run.dirs, weights_dir)
   actors.start()
