@@ -197,9 +197,11 @@ def train(cfg, workdir) -> dict:
   state, ref_params = jax.device_put((state, ref_params), replicated)
   requeued = run.queue.recover(step if restored is not None else -1)
   returned = run.pool.requeue(None, finished=run.queue.contains)
-  if requeued or returned:
-    print(f"rl: {requeued} group(s) back in the queue, {returned} prompt(s) back in the "
-          "pool", flush=True)
+  # Groups sampled by weights newer than the restored step were refused: re-roll them.
+  reopened = run.pool.reopen(run.queue.refused_ids(), finished=run.queue.contains)
+  if requeued or returned or reopened:
+    print(f"rl: {requeued} group(s) back in the queue, {returned + reopened} prompt(s) "
+          f"back in the pool ({reopened} refused as ahead of step {step})", flush=True)
 
   # A fresh weight directory per incarnation: versions published after the checkpoint
   # we resumed from belong to a discarded future.
