@@ -16,6 +16,12 @@ from c2jax.env import limits as limits_lib
 WORKDIR = '/workspace'
 
 
+class SandboxError(RuntimeError):
+  """The sandbox itself failed (could not start, crashed, its container or workspace is
+  gone): infrastructure, not the model. A command of the model's that fails or times out
+  is an ExecResult, never this. Rollouts hit by it are retried on a fresh sandbox."""
+
+
 class PathOutsideWorkspaceError(ValueError):
   """A path names something outside the workspace (absolute, `..`, or a symlink out)."""
 
