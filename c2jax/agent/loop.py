@@ -53,7 +53,11 @@ FINISH_REASONS = ("finish", "answer", "max_turns", "budget", "context")
 
 class RolloutError(RuntimeError):
   """Infrastructure failed during an episode (e.g. a sandbox could not start), beyond
-  its retries."""
+  its retries. `retries`: fresh-sandbox reruns spent in the whole call."""
+
+  def __init__(self, message: str, retries: int = 0):
+    super().__init__(message)
+    self.retries = retries
 
 
 class EngineError(RolloutError):
@@ -255,9 +259,10 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
   work: dict[concurrent.futures.Future, tuple[str, int, object]] = {}
   results: dict[int, Trajectory] = {}
   errors: list[str] = []
+  misconfigured: list[str] = []  # not infrastructure: retrying cannot help
   orphans: set[int] = set()  # engine requests of failed episodes, released on return
   engine_error: Exception | None = None
-  live = 0
+  live = retried = 0
 
   with concurrent.futures.ThreadPoolExecutor(cfg.tool_threads) as pool:
 
@@ -339,9 +344,10 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
         return submit_work("graded", index, episode.grade_work)
       submit_engine(index, tokens, budget)
 
-    def fail(index, message):
-      """Infrastructure failed this episode: retry it on a fresh sandbox or give up."""
-      nonlocal live
+    def fail(index, message, infra=True):
+      """Infrastructure failed this episode: retry it on a fresh sandbox or give up.
+      infra=False: the setup cannot work (e.g. the prompt does not fit): no retry."""
+      nonlocal live, retried
       episode = episodes[index]
       if episode.seq_id is not None:
         if by_seq.pop(episode.seq_id, None) is not None:
@@ -352,9 +358,12 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
       episode.close()
       episode.failed = True
       live -= 1
-      if episode.attempt < infra_retries:
+      if not infra:
+        misconfigured.append(f"{episode.task.id}: {message}")
+      elif episode.attempt < infra_retries:
         episodes[index] = episode.retry()
         waiting.append(index)  # next to start
+        retried += 1
       else:
         errors.append(f"{episode.task.id}: {message} (after {episode.attempt} retries)")
       start_more()
@@ -410,7 +419,8 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
           budget = episode.turn_budget(engine, len(value))
           if budget < 1:
             fail(index, f"the prompt ({len(value)} tokens) leaves no room in the engine's "
-                 f"max_length = {engine.max_length}; build the engine with more.")
+                 f"max_length = {engine.max_length}; build the engine with more.",
+                 infra=False)
             continue
           submit_engine(index, value, budget)
         elif kind == "tools":
@@ -429,7 +439,11 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
     for episode in episodes:
       episode.close()
     raise EngineError(f"The engine failed: {type(engine_error).__name__}: "
-                      f"{engine_error}") from engine_error
+                      f"{engine_error}", retried) from engine_error
+  if misconfigured:
+    raise ValueError(f"{len(misconfigured)} episode(s) cannot run: "
+                     + "; ".join(misconfigured[:5]))
   if errors:
-    raise RolloutError(f"{len(errors)} episode(s) failed: " + "; ".join(errors[:5]))
+    raise RolloutError(f"{len(errors)} episode(s) failed: " + "; ".join(errors[:5]),
+                       retried)
   return [results[i] for i in range(len(episodes))]

@@ -5,6 +5,7 @@ One directory shared by the supervisor and its actor processes:
   leased/<actor_id>/<seq>.<task_id>.json
   done/<task_id>                       its group reached the GroupQueue (the payload,
                                        kept so the task can be reopened)
+  released/<task_id>                   how often `release` returned it
 A crashed actor loses only its in-flight rollouts: `requeue(actor_id, finished=...)`
 returns its leases to pending, except tasks whose group was already queued (the actor
 died after `put` but before `complete`), which are marked done so they never run twice.
@@ -37,7 +38,7 @@ class TaskPool:
 
   def __init__(self, root):
     self.root = pathlib.Path(root)
-    for name in ("pending", "leased", "done"):
+    for name in ("pending", "leased", "done", "released"):
       (self.root / name).mkdir(parents=True, exist_ok=True)
     self._lock = self.root / "lock"
 
@@ -120,11 +121,20 @@ class TaskPool:
     with locked(self._lock):
       self._take_lease(actor_id, task_id, lambda name: self.root / "done" / task_id)
 
-  def release(self, actor_id: str, task_id: str) -> None:
-    """Returns a leased task to the front of pending (its rollouts could not be run)."""
+  def release(self, actor_id: str, task_id: str, max_releases: int | None = None) -> bool:
+    """Returns a leased task to the front of pending (its rollouts could not be run) and
+    True; after `max_releases` earlier releases of the task it is marked done instead
+    (dropped for good: its environment keeps failing) and False."""
     with locked(self._lock):
+      counter = self.root / "released" / check_id("task_id", task_id)
+      count = int(counter.read_text()) if counter.exists() else 0
+      if max_releases is not None and count >= max_releases:
+        self._take_lease(actor_id, task_id, lambda name: self.root / "done" / task_id)
+        return False
       self._take_lease(actor_id, task_id,
                        lambda name: self.root / "pending" / f"{_FRONT}.{task_id}.json")
+      atomic_write(counter, str(count + 1).encode())
+      return True
 
   def reopen(self, task_ids: Iterable[str],
              finished: Callable[[str], bool] = lambda task_id: False) -> int:

@@ -35,7 +35,7 @@ from c2jax.env import tasks as tasks_lib
 from c2jax.rl import actors as actors_lib
 from c2jax.rl import curriculum as curriculum_lib
 from c2jax.rl import evaluate as evaluate_lib
-from c2jax.rl import job, learner, packing, rollouts
+from c2jax.rl import infra, job, learner, packing, rollouts
 from c2jax.rl import weights as weights_lib
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import loop
@@ -270,6 +270,7 @@ def train(cfg, workdir) -> dict:
                  **_group_metrics(groups, step - 1), **batch_metrics,
                  "idle_fraction": idle_s / max(elapsed, 1e-9),
                  "stale_groups": run.queue.counts()["stale"],
+                 **infra.totals(run.dirs),
                  "rollouts_per_s": rollouts_done / max(elapsed, 1e-9)}
       writer.write(step, scalars)
       if step % cfg.learner.log_every == 0 or step == cfg.learner.steps:

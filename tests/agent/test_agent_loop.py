@@ -288,10 +288,10 @@ def test_sandbox_crashes_are_retried_on_a_fresh_sandbox_not_scored(tmp_path, tok
 def test_a_rollout_failing_beyond_its_retries_raises(tmp_path, tokenizer):
   task = _small_task(tmp_path)
   factory, calls = _flaky_factory(["start"] * 5)
-  with pytest.raises(loop.RolloutError, match="could not start.*after 1 retries"):
+  with pytest.raises(loop.RolloutError, match="could not start.*after 1 retries") as info:
     loop.run_episodes(ScriptedEngine([[_fix_turn(tokenizer)]]), tokenizer, _config(),
                       [task], sandbox_factory=factory, infra_retries=1)
-  assert len(calls) == 2
+  assert len(calls) == 2 and info.value.retries == 1
 
 
 def test_a_model_command_that_times_out_is_the_models_doing(tmp_path, tokenizer):
