@@ -15,6 +15,13 @@ sequence in one step while tool calls and grading run in worker threads, so a sl
 run never stalls decoding. `on_step()` is called after every decode step (RL actors swap
 in new weights there: in-flight updates).
 
+Infrastructure failures are not the model's doing: an episode whose sandbox fails (it
+cannot start, crashes, or its tools raise sandbox.SandboxError) is retried from scratch
+on a fresh sandbox, same task and seed, up to `infra_retries` times; if it still fails,
+run_episodes raises RolloutError once the other episodes are done (the caller drops the
+group, it is never scored). An engine failure raises EngineError (a RolloutError) at
+once. A model's command that times out is an observation, not a failure.
+
 Token in, token out: a Segment holds exactly the ids the engine saw and sampled, with the
 sampler's log-probabilities, policy versions and expert indices per token; loss_mask is 1
 on sampled tokens only.
@@ -45,7 +52,16 @@ FINISH_REASONS = ("finish", "answer", "max_turns", "budget", "context")
 
 
 class RolloutError(RuntimeError):
-  """Infrastructure failed during an episode (e.g. a sandbox could not start)."""
+  """Infrastructure failed during an episode (e.g. a sandbox could not start), beyond
+  its retries. `retries`: fresh-sandbox reruns spent in the whole call."""
+
+  def __init__(self, message: str, retries: int = 0):
+    super().__init__(message)
+    self.retries = retries
+
+
+class EngineError(RolloutError):
+  """The inference engine failed; its state is suspect, so the caller should restart it."""
 
 
 @dataclasses.dataclass
@@ -74,6 +90,7 @@ class Trajectory:
   messages: list[dict]  # OpenAI-style transcript, for reading; training uses the tokens
   passed: dict[str, bool]  # hidden test id -> passed
   duration_s: float
+  infra_retries: int = 0  # fresh-sandbox restarts after infrastructure failures
 
   @property
   def solved(self) -> bool:
@@ -121,9 +138,11 @@ class _Episode:
   except the `*_work` methods, which run in a worker thread)."""
 
   def __init__(self, cfg, tokenizer, task: tasks_lib.Task, seed: int | None,
-               sandbox_factory: Callable[[tasks_lib.Task], sandbox_lib.Sandbox]):
+               sandbox_factory: Callable[[tasks_lib.Task], sandbox_lib.Sandbox],
+               attempt: int = 0):
     self.cfg, self.tokenizer, self.task, self.seed = cfg, tokenizer, task, seed
     self.sandbox_factory = sandbox_factory
+    self.attempt = attempt  # 0 for the first try; +1 per infrastructure retry
     self.sandbox = self.toolbox = None
     self.system = ""
     self.segments: list[Segment] = []
@@ -139,6 +158,11 @@ class _Episode:
     specials = tokenizer.specials
     self.end_id = tokenizer.token_id(specials.end)
     self.stop_tokens = (self.end_id, tokenizer.token_id(specials.eos))
+
+  def retry(self) -> _Episode:
+    """The same task and seed from scratch, for a fresh sandbox (call after close)."""
+    return _Episode(self.cfg, self.tokenizer, self.task, self.seed, self.sandbox_factory,
+                    self.attempt + 1)
 
   # ---- worker-thread work ---------------------------------------------------------------
   def start_work(self) -> np.ndarray:
@@ -205,7 +229,8 @@ class _Episode:
     stats = dataclasses.replace(stats, tests_total=len(self.passed),
                                 tests_passed=sum(self.passed.values()))
     return Trajectory(self.task.id, self.segments, stats, self.finish_reason,
-                      self.messages, dict(self.passed), time.monotonic() - self.started)
+                      self.messages, dict(self.passed), time.monotonic() - self.started,
+                      self.attempt)
 
 
 def default_sandbox_factory(backend: str) -> Callable[[tasks_lib.Task], sandbox_lib.Sandbox]:
@@ -215,12 +240,14 @@ def default_sandbox_factory(backend: str) -> Callable[[tasks_lib.Task], sandbox_
 def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
                  seeds: Sequence[int | None] | None = None,
                  on_step: Callable[[], None] | None = None,
-                 sandbox_factory=None) -> list[Trajectory]:
+                 sandbox_factory=None, infra_retries: int = 0) -> list[Trajectory]:
   """Runs every task to the end (concurrently, at most engine.num_slots at a time) and
   returns their trajectories in task order. `cfg` is the agent config section.
 
-  Raises RolloutError (after closing every sandbox) if infrastructure failed; a model's
-  bad output is never an error, it is an observation the model gets back.
+  An episode whose sandbox fails is rerun on a fresh one up to `infra_retries` times.
+  Raises RolloutError (after closing every sandbox) if infrastructure still failed, and
+  EngineError if the engine did; a model's bad output is never an error, it is an
+  observation the model gets back.
   """
   seeds = list(seeds) if seeds is not None else [None] * len(tasks)
   if len(seeds) != len(tasks):
@@ -232,7 +259,10 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
   work: dict[concurrent.futures.Future, tuple[str, int, object]] = {}
   results: dict[int, Trajectory] = {}
   errors: list[str] = []
-  live = 0
+  misconfigured: list[str] = []  # not infrastructure: retrying cannot help
+  orphans: set[int] = set()  # engine requests of failed episodes, released on return
+  engine_error: Exception | None = None
+  live = retried = 0
 
   with concurrent.futures.ThreadPoolExecutor(cfg.tool_threads) as pool:
 
@@ -314,15 +344,28 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
         return submit_work("graded", index, episode.grade_work)
       submit_engine(index, tokens, budget)
 
-    def fail(index, message):
-      nonlocal live
+    def fail(index, message, infra=True):
+      """Infrastructure failed this episode: retry it on a fresh sandbox or give up.
+      infra=False: the setup cannot work (e.g. the prompt does not fit): no retry."""
+      nonlocal live, retried
       episode = episodes[index]
-      errors.append(f"{episode.task.id}: {message}")
-      episode.failed = True
-      if episode.seq_id is not None and episode.seq_id not in by_seq:
-        release(episode)  # idle in the engine; a pending one is released when it returns
+      if episode.seq_id is not None:
+        if by_seq.pop(episode.seq_id, None) is not None:
+          orphans.add(episode.seq_id)  # pending in the engine: released when it returns
+        else:
+          engine.release(episode.seq_id)
+        episode.seq_id = None
       episode.close()
+      episode.failed = True
       live -= 1
+      if not infra:
+        misconfigured.append(f"{episode.task.id}: {message}")
+      elif episode.attempt < infra_retries:
+        episodes[index] = episode.retry()
+        waiting.append(index)  # next to start
+        retried += 1
+      else:
+        errors.append(f"{episode.task.id}: {message} (after {episode.attempt} retries)")
       start_more()
 
     def start_more():
@@ -335,14 +378,21 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
     start_more()
     while live:
       if by_seq:
-        for generation in engine.step():
+        try:
+          generations = engine.step()
+        except Exception as e:  # pylint: disable=broad-except
+          engine_error = e
+          break
+        for generation in generations:
+          if generation.seq_id in orphans:
+            orphans.discard(generation.seq_id)
+            engine.release(generation.seq_id)
+            continue
           index = by_seq.pop(generation.seq_id, None)
           if index is None:
             continue
           episode = episodes[index]
-          if episode.failed:
-            release(episode)
-          elif episode.summarising:
+          if episode.summarising:
             after_summary(index, generation)
           else:
             text = episode.record_turn(generation)
@@ -369,7 +419,8 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
           budget = episode.turn_budget(engine, len(value))
           if budget < 1:
             fail(index, f"the prompt ({len(value)} tokens) leaves no room in the engine's "
-                 f"max_length = {engine.max_length}; build the engine with more.")
+                 f"max_length = {engine.max_length}; build the engine with more.",
+                 infra=False)
             continue
           submit_engine(index, value, budget)
         elif kind == "tools":
@@ -379,10 +430,20 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
           results[index] = episode.trajectory()
           live -= 1
           start_more()
-    while by_seq:  # requests of failed episodes: let them finish, then free their slots
+    while orphans and engine_error is None:  # failed episodes' requests: free their slots
       for generation in engine.step():
-        if by_seq.pop(generation.seq_id, None) is not None:
+        if generation.seq_id in orphans:
+          orphans.discard(generation.seq_id)
           engine.release(generation.seq_id)
+  if engine_error is not None:
+    for episode in episodes:
+      episode.close()
+    raise EngineError(f"The engine failed: {type(engine_error).__name__}: "
+                      f"{engine_error}", retried) from engine_error
+  if misconfigured:
+    raise ValueError(f"{len(misconfigured)} episode(s) cannot run: "
+                     + "; ".join(misconfigured[:5]))
   if errors:
-    raise RolloutError(f"{len(errors)} episode(s) failed: " + "; ".join(errors[:5]))
+    raise RolloutError(f"{len(errors)} episode(s) failed: " + "; ".join(errors[:5]),
+                       retried)
   return [results[i] for i in range(len(episodes))]

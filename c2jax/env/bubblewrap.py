@@ -257,10 +257,14 @@ class BubblewrapSandbox(sandbox_lib.Sandbox):
 
   def exec(self, argv, timeout_s=None, stdin=b''):
     if self._workspace is None:
-      raise RuntimeError('This sandbox is closed; start a new one with make_sandbox.')
+      raise sandbox_lib.SandboxError('This sandbox is closed; start a new one with '
+                                     'make_sandbox.')
     timeout = self.limits.timeout_s if timeout_s is None else timeout_s
-    return run_in_bwrap(self._options, argv, self._env, self.limits, timeout, stdin,
-                        self._use_cgroups)
+    try:
+      return run_in_bwrap(self._options, argv, self._env, self.limits, timeout, stdin,
+                          self._use_cgroups)
+    except OSError as e:  # bwrap could not be started (the host, not the command)
+      raise sandbox_lib.SandboxError(f'bubblewrap could not run the command: {e}') from e
 
   def read_file(self, path):
     return self._workspace.read_file(path)

@@ -82,15 +82,19 @@ class DockerSandbox(sandbox_lib.Sandbox):
 
   def exec(self, argv, timeout_s=None, stdin=b''):
     if self._container is None:
-      raise RuntimeError('This sandbox is closed; start a new one with make_sandbox.')
+      raise sandbox_lib.SandboxError('This sandbox is closed; start a new one with '
+                                     'make_sandbox.')
     if stdin:
       raise NotImplementedError('The docker backend does not pass stdin; write the '
                                 'input to a file with write_file and redirect it.')
     timeout = self.limits.timeout_s if timeout_s is None else timeout_s
     start = time.monotonic()
-    exec_id = self._api().exec_create(
-        self._container.id, ['/bin/sh', '-c', _WRAPPER, str(max(1, round(timeout)))]
-        + list(argv), workdir=sandbox_lib.WORKDIR)['Id']
+    try:
+      exec_id = self._api().exec_create(
+          self._container.id, ['/bin/sh', '-c', _WRAPPER, str(max(1, round(timeout)))]
+          + list(argv), workdir=sandbox_lib.WORKDIR)['Id']
+    except docker.errors.APIError as e:  # the container or the daemon is gone
+      raise sandbox_lib.SandboxError(f'docker could not run the command: {e}') from e
     stream = self._api().exec_start(exec_id, stream=True)
     output, truncated = bytearray(), False
     for chunk in stream:

@@ -35,6 +35,12 @@ def command_environment(path: str) -> dict[str, str]:
   return {'PATH': path, **BASE_ENVIRONMENT}
 
 
+class SandboxError(RuntimeError):
+  """The sandbox itself failed (could not start, crashed, its container or workspace is
+  gone): infrastructure, not the model. A command of the model's that fails or times out
+  is an ExecResult, never this. Rollouts hit by it are retried on a fresh sandbox."""
+
+
 class PathOutsideWorkspaceError(ValueError):
   """A path names something outside the workspace (absolute, `..`, or a symlink out)."""
 

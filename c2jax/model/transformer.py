@@ -82,7 +82,9 @@ class Transformer(nn.Module):
 
   @nn.compact
   def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, routing=None,
-               cache=None):
+               cache=None, head: bool = True):
+    """head=False returns the final-normed hidden state [B, L, D] in place of the logits
+    (for losses that apply params['lm_head'] themselves, e.g. chunked token log-probs)."""
     cfg = self.cfg
     batch, length = tokens_BxL.shape
     num_dense = cfg.first_k_dense
@@ -118,6 +120,8 @@ class Transformer(nn.Module):
         new_cache[name] = layer_cache
 
     x_BxLxD = RMSNorm(cfg.hidden_size, "embed", cfg, name="final_norm")(x_BxLxD)
+    if not head:
+      return x_BxLxD, _aux(cfg, stats, batch, length), new_cache
     logits_BxLxV = Linear((cfg.hidden_size,), (cfg.vocab_size,), ("embed", "vocab"), cfg,
                           out_dtype="float32", name="lm_head")(x_BxLxD)
     logits_BxLxV = constrain(logits_BxLxV, ("batch", "length", "vocab"))

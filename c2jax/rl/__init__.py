@@ -3,12 +3,13 @@
   length_penalty(x, k, q)                          the report's concave length penalty
   TrajectoryStats, total_reward(cfg.reward, stats) rewards from a registry of terms
   compute_advantages(name, rewards_NxG)            dr_grpo | grpo | rloo
-  rl_loss(cfg, logprobs, sampler_logprobs, ref_logprobs, advantages, mask)
+  rl_loss(cfg, logprobs, sampler_logprobs, ref_logprobs, advantages, mask, num_rollouts=R)
   default_config(), validate(cfg)                  the `config.rl` section
 Further modules, imported directly where needed:
   group_queue.GroupQueue, task_pool.TaskPool, groups.assemble_group, packing.pack_batch,
   curriculum.CurriculumSampler, learner.rl_step, weights.WeightPublisher/Subscriber,
-  actor (the rollout actor process), actors (process / Ray backends), evaluate,
+  actor (the rollout actor process), actors (process / Ray backends), infra
+  (infrastructure failures: dropped groups, counts), evaluate,
   trainer.train (`c2jax rl`), job (the RL job config)
 """
 

@@ -9,7 +9,10 @@ decode steps it polls the weight directory and swaps in newer weights in flight,
 tokens sampled later in a rollout carry newer policy versions. A finished group is put
 on the queue (blocking while the queue is full: back-pressure), then the lease is
 completed; if the actor dies before that, the learner returns the lease to the pool and
-another actor rolls the prompt out again (only in-flight rollouts are lost).
+another actor rolls the prompt out again (only in-flight rollouts are lost). A group
+lost to infrastructure (sandbox or engine failures beyond config.rl.infra.retries) is
+dropped and its prompt returned to the pool (c2jax.rl.infra); after an engine failure
+the actor exits non-zero so the learner restarts it with a fresh engine.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import sys
 import time
 import zlib
 
-from c2jax.rl import rollouts
+from c2jax.rl import infra, rollouts
 
 _LIBC_PR_SET_PDEATHSIG = 1
 
@@ -72,8 +75,6 @@ def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = 
   import jax  # pylint: disable=g-import-not-at-top
 
   from c2jax import data
-  from c2jax.agent import loop as agent_loop
-  from c2jax.env import tasks as tasks_lib
   from c2jax.rl import weights as weights_lib
   from c2jax.rollout import JaxEngine
 
@@ -106,27 +107,50 @@ def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = 
       time.sleep(0.2)
       continue
     task_id, payload = leased
-    task = tasks_lib.Task.from_json(payload["task"])
-    group_size = cfg.rl.group_size
-    started = time.monotonic()
-    try:
-      trajectories = agent_loop.run_episodes(
-          engine, tokenizer, cfg.agent, [task] * group_size,
-          seeds=rollouts.rollout_seeds(task_id, group_size, cfg.learner.seed),
-          on_step=on_step)
-    except agent_loop.RolloutError as err:
-      # Infrastructure, not the model: drop this prompt rather than train on a broken run.
-      logging.error("%s: prompt %s failed and is dropped: %s", actor_id, task_id, err)
-      print(f"{actor_id}: prompt {task_id} dropped: {err}", flush=True)
-      pool.complete(actor_id, task_id)
-      continue
-    group, metrics = rollouts.make_group(cfg.rl, task_id, trajectories)
-    group.info["actor"] = actor_id
-    queue.put(group)
-    pool.complete(actor_id, task_id)
-    print(f"{actor_id}: {task_id} reward {metrics['reward']:+.3f} pass "
-          f"{metrics['pass_rate']:.2f} in {time.monotonic() - started:.1f}s "
-          f"(policy v{group.policy_version})", flush=True)
+    outcome = roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id, task_id,
+                              payload, on_step)
+    if outcome == "engine_error":
+      return 1  # the engine's state is suspect: exit, and the learner restarts us
+
+
+def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, task_id: str,
+                    payload: dict, on_step=None, sandbox_factory=None) -> str:
+  """Rolls out one leased prompt's group and queues it: 'queued'; or, when
+  infrastructure failed beyond the retries, drops the group (never scored) and returns
+  the prompt to the pool (c2jax.rl.infra): 'dropped', or 'engine_error' when the
+  engine failed (the caller should restart it)."""
+  from c2jax.agent import loop as agent_loop  # pylint: disable=g-import-not-at-top
+  from c2jax.env import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+
+  task = tasks_lib.Task.from_json(payload["task"])
+  group_size = cfg.rl.group_size
+  started = time.monotonic()
+  try:
+    trajectories = agent_loop.run_episodes(
+        engine, tokenizer, cfg.agent, [task] * group_size,
+        seeds=rollouts.rollout_seeds(task_id, group_size, cfg.learner.seed),
+        on_step=on_step, sandbox_factory=sandbox_factory,
+        infra_retries=cfg.rl.infra.retries)
+  except agent_loop.RolloutError as err:
+    returned = infra.drop_group(cfg.rl.infra, dirs, pool, actor_id, task_id,
+                                retries=err.retries)
+    fate = "back in the pool" if returned else "dropped for good (it keeps failing)"
+    logging.error("%s: prompt %s failed for infrastructure reasons: %s", actor_id,
+                  task_id, err)
+    print(f"{actor_id}: group of {task_id} dropped (infrastructure: {err}); prompt "
+          f"{fate}", flush=True)
+    return "engine_error" if isinstance(err, agent_loop.EngineError) else "dropped"
+  retried = sum(t.infra_retries for t in trajectories)
+  if retried:
+    infra.record(dirs, actor_id, infra_retries=retried)
+  group, metrics = rollouts.make_group(cfg.rl, task_id, trajectories)
+  group.info["actor"] = actor_id
+  queue.put(group)
+  pool.complete(actor_id, task_id)
+  print(f"{actor_id}: {task_id} reward {metrics['reward']:+.3f} pass "
+        f"{metrics['pass_rate']:.2f} in {time.monotonic() - started:.1f}s "
+        f"(policy v{group.policy_version})", flush=True)
+  return "queued"
 
 
 def main(argv: list[str]) -> int:

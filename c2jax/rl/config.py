@@ -30,6 +30,9 @@ def default_config() -> ml_collections.ConfigDict:
       aggregation="constant",
       normalizer_tokens=4096.0,  # Dr. GRPO's constant: about the generation budget
   ))
+  # The learner's log-probs are computed in chunks of seq_chunk positions x vocab_chunk
+  # columns (largest live float32 array: rows x seq_chunk x vocab_chunk).
+  c.logprobs = ml_collections.ConfigDict(dict(seq_chunk=512, vocab_chunk=8192))
   c.kl = ml_collections.ConfigDict(dict(estimator="k1", placement="reward", coef=1e-3))
 
   c.reward = ml_collections.ConfigDict(dict(
@@ -43,6 +46,11 @@ def default_config() -> ml_collections.ConfigDict:
       shell_only=dict(scale=0.1, shell_tool="run_shell", ignore_tools=("finish", "todo")),
   ))
 
+  # Infrastructure failures (sandbox crash, engine error) are never rewards: a rollout
+  # is rerun on a fresh sandbox up to `retries` times; if it still fails its group is
+  # dropped and the prompt goes back to the pool, at most `prompt_returns` times (then
+  # the prompt is dropped for good). Counted as metrics infra_failures / infra_retries.
+  c.infra = ml_collections.ConfigDict(dict(retries=2, prompt_returns=2))
   c.router_replay = ml_collections.ConfigDict(dict(filter=True, factor=0.5))
   c.queue = ml_collections.ConfigDict(dict(capacity=16, max_lag=2, poll_s=0.02))
   c.packing = ml_collections.ConfigDict(dict(attention_cost=1.0 / 4096))
@@ -65,11 +73,16 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
   configlib.check_choice(wrapper, key("kl.estimator"), kl.KL_ESTIMATORS)
   configlib.check_choice(wrapper, key("kl.placement"), kl.KL_PLACEMENTS)
   for name in ("group_size", "loss.tis_cap", "loss.normalizer_tokens", "queue.capacity",
-               "reward.length_penalty.k", "curriculum.probe_samples"):
+               "reward.length_penalty.k", "curriculum.probe_samples", "logprobs.seq_chunk",
+               "logprobs.vocab_chunk"):
     configlib.check_positive(wrapper, key(name))
   for name in ("std_eps", "kl.coef", "loss.clip_low", "loss.clip_high", "queue.max_lag",
-               "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength"):
+               "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength",
+               "infra.retries", "infra.prompt_returns"):
     configlib.check_positive(wrapper, key(name), allow_zero=True)
+  for name in ("infra.retries", "infra.prompt_returns"):
+    if not isinstance(configlib.get(wrapper, key(name)), int):
+      raise configlib.ConfigError(key(name), "must be a whole number.")
   if cfg.advantage == "rloo" and cfg.group_size < 2:
     raise configlib.ConfigError(key("group_size"), "must be >= 2 for advantage 'rloo'.")
   if not 0.0 < cfg.router_replay.factor <= 1.0:

@@ -9,13 +9,20 @@ one file that moves between folders by atomic rename:
   claimed/...   handed to the learner, not yet trained
   trained/...   trained on at a step whose manifest is written
   stale/...     dropped: its policy version lagged the learner by more than max_lag
+  ahead/...     refused: its policy version is ahead of the learner, so it was sampled
+                by weights of a discarded future (published by a learner incarnation
+                after the checkpoint this one resumed from); kept for inspection only.
+                Such a group no longer counts as queued (`contains` is False), so its
+                prompt goes back to the pool and is rolled out again by a live policy
   steps/<step>.json                manifest: the group ids trained at that step
 
 Exactly-once training across crashes: the learner calls `mark_trained(ids, step)` after
 each step and `recover(checkpoint_step)` when it starts. Groups trained at steps after
 the checkpoint it resumes from did not survive into its parameters, so they go back to
 ready (in their original order); groups claimed but never trained go back too; groups in
-manifests up to the checkpoint stay trained and are never handed out again.
+manifests up to the checkpoint stay trained and are never handed out again; groups whose
+version is ahead of the checkpoint are refused (ahead/), as `get` refuses any group ahead
+of the learner.
 Back-pressure: `put` blocks (or raises queue.Full after `timeout`) while `capacity`
 groups are waiting, so actors never run more than a queue's worth ahead.
 """
@@ -30,11 +37,16 @@ import time
 
 from c2jax.rl.group_store import Group, atomic_write, check_id, locked
 
-_STATES = ("ready", "claimed", "trained", "stale")
+_STATES = ("ready", "claimed", "trained", "stale")  # a group in one of these was queued
+_REFUSED = "ahead"
 
 
 def _group_id(name: str) -> str:
   return name.split(".", 2)[2][:-len(".npz")]
+
+
+def _version(name: str) -> int:
+  return int(name.split(".", 2)[1])
 
 
 class GroupQueue:
@@ -46,7 +58,7 @@ class GroupQueue:
                        f"{max_lag}); see config.rl.queue.")
     self.root = pathlib.Path(root)
     self.capacity, self.max_lag, self.poll_s = capacity, max_lag, poll_s
-    for name in _STATES + ("steps", "tmp"):
+    for name in _STATES + (_REFUSED, "steps", "tmp"):
       (self.root / name).mkdir(parents=True, exist_ok=True)
     self._lock = self.root / "lock"
 
@@ -70,7 +82,7 @@ class GroupQueue:
 
   def counts(self) -> dict[str, int]:
     with locked(self._lock):
-      return {state: len(self._names(state)) for state in _STATES}
+      return {state: len(self._names(state)) for state in _STATES + (_REFUSED,)}
 
   def put(self, group: Group, timeout: float | None = None) -> None:
     """Adds a finished group; blocks while the queue is full (queue.Full after timeout).
@@ -110,13 +122,17 @@ class GroupQueue:
   def get(self, learner_version: int, timeout: float | None = None) -> Group:
     """The oldest group within max_lag of `learner_version` (queue.Empty after timeout).
 
-    Groups lagging further are moved to stale/ and never returned.
+    Groups lagging further are moved to stale/ and never returned; groups ahead of
+    `learner_version` (sampled by weights this learner never had) are refused (ahead/).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
       with locked(self._lock):
         for name in self._names("ready"):
-          version = int(name.split(".", 2)[1])
+          version = _version(name)
+          if version > learner_version:
+            self._move(name, "ready", _REFUSED)
+            continue
           if learner_version - version > self.max_lag:
             self._move(name, "ready", "stale")
             continue
@@ -151,7 +167,11 @@ class GroupQueue:
 
   def recover(self, checkpoint_step: int) -> int:
     """Makes the queue match a learner resuming from `checkpoint_step`; returns how many
-    groups went back to ready. Use -1 (or any step below the first) for a fresh learner."""
+    groups went back to ready. Use -1 (or any step below the first) for a fresh learner.
+
+    Afterwards no group trained at a step <= checkpoint_step can be handed out again,
+    and no group sampled by a policy version > checkpoint_step (a discarded future) can
+    be handed out at all: those are refused (see `refused_ids`)."""
     with locked(self._lock):
       kept: set[str] = set()
       for step, ids in self._manifests().items():
@@ -165,7 +185,18 @@ class GroupQueue:
           if _group_id(name) in kept:
             if state == "claimed":  # killed between manifest and move
               self._move(name, "claimed", "trained")
+          elif _version(name) > checkpoint_step:
+            self._move(name, state, _REFUSED)
           else:
             self._move(name, state, "ready")
             requeued += 1
+      for name in self._names("ready"):
+        if _version(name) > checkpoint_step:
+          self._move(name, "ready", _REFUSED)
       return requeued
+
+  def refused_ids(self) -> list[str]:
+    """Ids of groups refused as ahead of the learner (their prompts may be rolled out
+    again: they no longer count as queued)."""
+    with locked(self._lock):
+      return [_group_id(n) for n in self._names(_REFUSED)]

@@ -80,9 +80,31 @@ def validate(cfg) -> None:
   if cfg.agent.max_turn_tokens >= cfg.actors.max_length:
     raise configlib.ConfigError("agent.max_turn_tokens", "must be below actors.max_length "
                                 "(the prompt needs room too).")
+  _check_sampling_is_scorable(cfg.agent)
   steps_needed = cfg.learner.steps * cfg.learner.groups_per_step
   if cfg.tasks.train_count < steps_needed:
     raise configlib.ConfigError(
         "tasks.train_count", f"= {cfg.tasks.train_count} prompts cannot feed "
         f"learner.steps * learner.groups_per_step = {steps_needed} groups: each prompt "
         "is trained once (single epoch).")
+
+
+def _check_sampling_is_scorable(agent_cfg) -> None:
+  """The learner must score tokens under the distribution the actors sampled from
+  (c2jax.rl.learner): temperature it reproduces; greedy and top-k / top-p truncation
+  it cannot, so they are refused here instead of biasing every importance ratio."""
+  if agent_cfg.temperature <= 0:
+    raise configlib.ConfigError(
+        "agent.temperature", "is 0 (greedy): RL needs sampled rollouts and a log-prob "
+        "the learner can reproduce; use a temperature > 0 (1.0 is the model's own "
+        "distribution).")
+  if agent_cfg.top_k != 0:
+    raise configlib.ConfigError(
+        "agent.top_k", f"is {agent_cfg.top_k}: the learner cannot reproduce the sampler's "
+        "top-k set from its own logits, so the importance ratio would be biased; set "
+        "agent.top_k = 0 for RL (lower agent.temperature to sharpen sampling).")
+  if agent_cfg.top_p != 1.0:
+    raise configlib.ConfigError(
+        "agent.top_p", f"is {agent_cfg.top_p}: the learner cannot reproduce the sampler's "
+        "nucleus from its own logits, so the importance ratio would be biased; set "
+        "agent.top_p = 1.0 for RL (lower agent.temperature to sharpen sampling).")

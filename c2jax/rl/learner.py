@@ -12,6 +12,18 @@ trained (it is <|bos|>). The forward replays the sampler's expert choices (route
 replay, with the plausibility filter when model_cfg.moe.replay_filter_factor > 0), so the
 learner scores the computation the sampler ran; the reference policy (KL) runs with the
 same routes.
+
+Log-probs are computed chunk-wise over sequence and vocabulary (model.token_logprobs,
+chunks from config.rl.logprobs): no [B, L, V] float32 array exists in the step.
+
+Temperature: actors sample from softmax(logits / T) (T = config.agent.temperature) and
+record log mu under exactly that distribution, so the learner scores its tokens under
+softmax(logits / T) too (`temperature=`); the ratio pi_T / mu_T is then 1 on-policy
+whatever T is. The reference policy of the KL is scored at the same T (it compares the
+same sampling distributions). Top-k / top-p truncation renormalises over a set chosen
+from the sampler's own logits, a discontinuous function the learner's logits cannot
+reproduce (a token in the sampler's set may fall outside the learner's), so RL
+validation refuses it (c2jax.rl.job.validate) rather than bias the ratio silently.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import jax.numpy as jnp
 import optax
 
 from c2jax import model
+from c2jax.model.token_logprobs import token_logprobs as chunked_token_logprobs
 from c2jax.rl import losses
 from c2jax.train.step import TrainState
 
@@ -28,41 +41,53 @@ BATCH_FIELDS = ("tokens", "valid", "loss_mask", "sampler_logprobs", "router_indi
                 "advantages")
 
 
-def token_logprobs(model_cfg, params, batch) -> tuple[jax.Array, dict]:
-  """(log pi(token t | tokens < t) as [B, L] with 0 at t = 0, model aux)."""
+def token_logprobs(model_cfg, params, batch, temperature=1.0, *, seq_chunk: int = 512,
+                   vocab_chunk: int = 8192) -> tuple[jax.Array, dict]:
+  """(log pi_T(token t | tokens < t) as [B, L] float32 with 0 at t = 0, model aux).
+
+  pi_T = softmax(logits / temperature); computed in chunks (see the module docstring).
+  """
   tokens_BxL = batch["tokens"]
   routing = None
   if model_cfg.num_layers > model_cfg.first_k_dense:
     routing = jnp.transpose(batch["router_indices"], (2, 0, 1, 3))  # [Lm, B, L, K]
-  logits_BxLxV, aux, _ = model.apply(model_cfg, params, tokens_BxL,
+  hidden_BxLxD, aux, _ = model.apply(model_cfg, params, tokens_BxL,
                                      segment_ids_BxL=batch["valid"].astype(jnp.int32),
-                                     routing=routing)
-  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV[:, :-1].astype(jnp.float32), axis=-1)
-  picked_BxL = jnp.take_along_axis(logp_BxLxV, tokens_BxL[:, 1:, None], axis=-1)[..., 0]
+                                     routing=routing, head=False)
+  picked_BxL = chunked_token_logprobs(hidden_BxLxD[:, :-1], params["lm_head"]["kernel"],
+                                      tokens_BxL[:, 1:], temperature, seq_chunk=seq_chunk,
+                                      vocab_chunk=vocab_chunk)
   return jnp.pad(picked_BxL, ((0, 0), (1, 0))), aux
 
 
 def rl_step(rl_cfg, model_cfg, optimizer: optax.GradientTransformation, state: TrainState,
-            ref_params, batch) -> tuple[TrainState, dict]:
+            ref_params, batch, *, rollouts_per_step: int,
+            temperature: float = 1.0) -> tuple[TrainState, dict]:
   """One Adam step on the RL loss; pure (jit it with the configs and optimizer bound).
 
   ref_params: the reference policy's parameters for the KL term (None when
-  rl_cfg.kl.coef == 0).
+  rl_cfg.kl.coef == 0). rollouts_per_step: groups x group size (the `constant`
+  aggregation's divisor, whatever the number of segment rows). temperature: the actors' sampling temperature
+  (config.agent.temperature), under which the learner scores tokens.
   """
   missing = [f for f in BATCH_FIELDS if f not in batch]
   if missing:
     raise ValueError(f"rl_step: batch lacks {missing}; build it with packing.pack_batch "
                      "over segments carrying those fields.")
   mask_BxL = batch["loss_mask"] * batch["valid"]
+  score = lambda p: token_logprobs(model_cfg, p, batch, temperature,
+                                   seq_chunk=rl_cfg.logprobs.seq_chunk,
+                                   vocab_chunk=rl_cfg.logprobs.vocab_chunk)
   ref_logprobs_BxL = None
   if rl_cfg.kl.coef > 0:
-    ref_logprobs_BxL, _ = token_logprobs(model_cfg, jax.lax.stop_gradient(ref_params), batch)
+    ref_logprobs_BxL, _ = score(jax.lax.stop_gradient(ref_params))
     ref_logprobs_BxL = jax.lax.stop_gradient(ref_logprobs_BxL)
 
   def loss_fn(params):
-    logprobs_BxL, aux = token_logprobs(model_cfg, params, batch)
+    logprobs_BxL, aux = score(params)
     loss, metrics = losses.rl_loss(rl_cfg, logprobs_BxL, batch["sampler_logprobs"],
-                                   ref_logprobs_BxL, batch["advantages"], mask_BxL)
+                                   ref_logprobs_BxL, batch["advantages"], mask_BxL,
+                                   num_rollouts=rollouts_per_step)
     loss = loss + aux["aux_loss"]
     return loss, (metrics, aux)
 

@@ -12,8 +12,10 @@ policy_loss):
        batch (single epoch), so no trust region is needed; truncation bounds variance.
   ppo  clipped surrogate: -min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A).
 Aggregations (config.rl.loss.aggregation), from token losses l_BxL and mask m_BxL:
-  constant       sum(l m) / (B * normalizer_tokens): Dr. GRPO, every token weighs the
-                 same whatever its sequence's length (default; no length bias)
+  constant       sum(l m) / (R * normalizer_tokens), R = rollouts per step (groups x
+                 group size, a config constant): Dr. GRPO, every token weighs the same
+                 whatever its sequence's length or how many self-summary segments (rows)
+                 its rollout was cut into (default; no length bias)
   token_mean     sum(l m) / sum(m): weights depend on the batch's total length
   sequence_mean  mean over sequences of sum_t(l m) / sum_t(m): GRPO's original, which
                  favours long wrong answers over short ones
@@ -21,6 +23,7 @@ Aggregations (config.rl.loss.aggregation), from token losses l_BxL and mask m_Bx
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -29,17 +32,19 @@ import jax.numpy as jnp
 from c2jax.rl import kl as kl_lib
 
 
-def constant(loss_BxL, mask_BxL, normalizer_tokens: float) -> jax.Array:
-  return (loss_BxL * mask_BxL).sum() / (loss_BxL.shape[0] * normalizer_tokens)
+def constant(loss_BxL, mask_BxL, normalizer_tokens: float, num_rollouts: int) -> jax.Array:
+  # Not the row count: rows grow with segments (self-summaries) and padding.
+  return (loss_BxL * mask_BxL).sum() / (num_rollouts * normalizer_tokens)
 
 
-def token_mean(loss_BxL, mask_BxL, normalizer_tokens: float) -> jax.Array:
-  del normalizer_tokens  # normalised by the batch's own token count
+def token_mean(loss_BxL, mask_BxL, normalizer_tokens: float, num_rollouts: int) -> jax.Array:
+  del normalizer_tokens, num_rollouts  # normalised by the batch's own token count
   return (loss_BxL * mask_BxL).sum() / jnp.maximum(mask_BxL.sum(), 1.0)
 
 
-def sequence_mean(loss_BxL, mask_BxL, normalizer_tokens: float) -> jax.Array:
-  del normalizer_tokens  # normalised by each sequence's own length
+def sequence_mean(loss_BxL, mask_BxL, normalizer_tokens: float,
+                  num_rollouts: int) -> jax.Array:
+  del normalizer_tokens, num_rollouts  # normalised by each row's own length
   tokens_B = mask_BxL.sum(-1)
   per_sequence_B = (loss_BxL * mask_BxL).sum(-1) / jnp.maximum(tokens_B, 1.0)
   has_tokens_B = (tokens_B > 0).astype(per_sequence_B.dtype)
@@ -80,8 +85,11 @@ def _masked_mean(x_BxL, mask_BxL):
 
 
 def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantages_B,
-            loss_mask_BxL):
+            loss_mask_BxL, *, num_rollouts: int):
   """(loss, metrics) for one batch; differentiable in `logprobs_BxL` only.
+
+  num_rollouts: rollouts in the step (groups x group size), the `constant`
+  aggregation's divisor; a Python int, independent of the batch's row count.
 
   cfg: the RL config (c2jax.rl.config.default_config()); reads cfg.loss and cfg.kl.
   ref_logprobs_BxL may be None when cfg.kl.coef == 0 (no reference policy is run).
@@ -97,6 +105,11 @@ def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantage
   if use_kl and ref_logprobs_BxL is None:
     raise ValueError("rl_loss: config.rl.kl.coef > 0 needs ref_logprobs_BxL (the "
                      "reference policy's log-probs); pass them or set the coef to 0.")
+  if isinstance(num_rollouts, bool) or not isinstance(num_rollouts, int) or num_rollouts < 1:
+    raise ValueError(f"rl_loss: num_rollouts = {num_rollouts!r}; pass the step's rollout "
+                     "count (groups x group size) as a positive int.")
+  aggregate = functools.partial(aggregate, normalizer_tokens=normalizer,
+                                num_rollouts=num_rollouts)
   metrics = {}
 
   if use_kl and cfg.kl.placement == "reward":
@@ -108,13 +121,13 @@ def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantage
 
   pg_BxL, stats = POLICY_LOSSES[cfg.loss.policy_loss](
       logprobs_BxL, sampler_logprobs_BxL, advantages_BxL, mask_BxL, cfg.loss)
-  pg_loss = aggregate(pg_BxL, mask_BxL, normalizer)
+  pg_loss = aggregate(pg_BxL, mask_BxL)
   loss = pg_loss
 
   if use_kl and cfg.kl.placement == "loss":
     ref_BxL = jax.lax.stop_gradient(ref_logprobs_BxL.astype(jnp.float32))
     kl_BxL = kl_lib.kl_estimate(cfg.kl.estimator, logprobs_BxL, ref_BxL)
-    loss = loss + cfg.kl.coef * aggregate(kl_BxL, mask_BxL, normalizer)
+    loss = loss + cfg.kl.coef * aggregate(kl_BxL, mask_BxL)
     metrics["kl"] = _masked_mean(kl_BxL, mask_BxL)
 
   ratio_BxL = jax.lax.stop_gradient(stats["ratio"])

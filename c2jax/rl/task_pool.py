@@ -3,10 +3,16 @@
 One directory shared by the supervisor and its actor processes:
   pending/<seq>.<task_id>.json         not yet leased (FIFO by seq)
   leased/<actor_id>/<seq>.<task_id>.json
-  done/<task_id>                       its group reached the GroupQueue
+  done/<task_id>                       its group reached the GroupQueue (the payload,
+                                       kept so the task can be reopened)
+  released/<task_id>                   how often `release` returned it
 A crashed actor loses only its in-flight rollouts: `requeue(actor_id, finished=...)`
 returns its leases to pending, except tasks whose group was already queued (the actor
 died after `put` but before `complete`), which are marked done so they never run twice.
+`release(actor_id, task_id)` returns one lease (its rollouts failed for infrastructure
+reasons); `reopen(task_ids, finished=...)` returns done tasks whose group the queue
+refused (sampled by a discarded policy), so they are rolled out again. Both go to the
+front of the pending order.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from c2jax.rl.group_store import atomic_write, check_id, locked
 
 
 _REORDER = ".reorder."
+_FRONT = "000000000000"  # a seq that sorts before every added task: returned tasks first
 
 
 def _task_id(name: str) -> str:
@@ -31,7 +38,7 @@ class TaskPool:
 
   def __init__(self, root):
     self.root = pathlib.Path(root)
-    for name in ("pending", "leased", "done"):
+    for name in ("pending", "leased", "done", "released"):
       (self.root / name).mkdir(parents=True, exist_ok=True)
     self._lock = self.root / "lock"
 
@@ -103,14 +110,48 @@ class TaskPool:
       os.replace(self.root / "pending" / pending[0], target)
       return _task_id(pending[0]), json.loads(target.read_text())
 
+  def _take_lease(self, actor_id: str, task_id: str, target) -> None:
+    for _, name in self._leases(actor_id):
+      if _task_id(name) == task_id:
+        os.replace(self.root / "leased" / actor_id / name, target(name))
+        return
+    raise KeyError(f"Actor {actor_id!r} holds no lease on task {task_id!r}.")
+
   def complete(self, actor_id: str, task_id: str) -> None:
     with locked(self._lock):
-      for _, name in self._leases(actor_id):
-        if _task_id(name) == task_id:
-          (self.root / "done" / task_id).touch()
-          os.unlink(self.root / "leased" / actor_id / name)
-          return
-    raise KeyError(f"Actor {actor_id!r} holds no lease on task {task_id!r}.")
+      self._take_lease(actor_id, task_id, lambda name: self.root / "done" / task_id)
+
+  def release(self, actor_id: str, task_id: str, max_releases: int | None = None) -> bool:
+    """Returns a leased task to the front of pending (its rollouts could not be run) and
+    True; after `max_releases` earlier releases of the task it is marked done instead
+    (dropped for good: its environment keeps failing) and False."""
+    with locked(self._lock):
+      counter = self.root / "released" / check_id("task_id", task_id)
+      count = int(counter.read_text()) if counter.exists() else 0
+      if max_releases is not None and count >= max_releases:
+        self._take_lease(actor_id, task_id, lambda name: self.root / "done" / task_id)
+        return False
+      self._take_lease(actor_id, task_id,
+                       lambda name: self.root / "pending" / f"{_FRONT}.{task_id}.json")
+      atomic_write(counter, str(count + 1).encode())
+      return True
+
+  def reopen(self, task_ids: Iterable[str],
+             finished: Callable[[str], bool] = lambda task_id: False) -> int:
+    """Moves done tasks back to the front of pending, except those `finished` (e.g.
+    GroupQueue.contains: a later group of the task is queued); returns how many."""
+    with locked(self._lock):
+      reopened = 0
+      for task_id in task_ids:
+        done = self.root / "done" / check_id("task_id", task_id)
+        if not done.exists() or finished(task_id):
+          continue
+        if done.stat().st_size == 0:
+          raise ValueError(f"Task {task_id!r} in {self.root} is done but its payload was "
+                           "not kept (a pool written by an older c2jax); add it again.")
+        os.replace(done, self.root / "pending" / f"{_FRONT}.{task_id}.json")
+        reopened += 1
+      return reopened
 
   def requeue(self, actor_id: str | None = None,
               finished: Callable[[str], bool] = lambda task_id: False) -> int:
@@ -121,8 +162,7 @@ class TaskPool:
       for actor, name in self._leases(actor_id):
         source = self.root / "leased" / actor / name
         if finished(_task_id(name)):
-          (self.root / "done" / _task_id(name)).touch()
-          os.unlink(source)
+          os.replace(source, self.root / "done" / _task_id(name))
         else:
           os.replace(source, self.root / "pending" / name)
           requeued += 1

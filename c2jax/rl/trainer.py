@@ -35,7 +35,7 @@ from c2jax.env import tasks as tasks_lib
 from c2jax.rl import actors as actors_lib
 from c2jax.rl import curriculum as curriculum_lib
 from c2jax.rl import evaluate as evaluate_lib
-from c2jax.rl import job, learner, packing, rollouts
+from c2jax.rl import infra, job, learner, packing, rollouts
 from c2jax.rl import weights as weights_lib
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import loop
@@ -87,13 +87,18 @@ def build_batch(cfg, groups, num_ranks: int = 1) -> tuple[dict[str, np.ndarray],
     for segment, chain in zip(group.segments, group.segment_chain_S):
       segments.append(segment)
       advantages.append(group.advantages_G[chain])
-  unit = cfg.learner.groups_per_step * cfg.rl.group_size
+  unit = rollouts_per_step(cfg)
   rows = -(-len(segments) // unit) * unit
   batch, pack_metrics = packing.pack_batch(
       segments, advantages, num_ranks, cfg.actors.max_length, cfg.rl.packing.attention_cost,
       rows_per_rank=-(-rows // num_ranks))
   return {name: batch[name] for name in learner.BATCH_FIELDS}, dict(
       pack_metrics, rows=len(batch["tokens"]), segments=len(segments))
+
+
+def rollouts_per_step(cfg) -> int:
+  """Rollouts the learner trains on per step: the `constant` loss normaliser's count."""
+  return int(cfg.learner.groups_per_step * cfg.rl.group_size)
 
 
 def data_parallel_mesh() -> jax.sharding.Mesh:
@@ -192,9 +197,11 @@ def train(cfg, workdir) -> dict:
   state, ref_params = jax.device_put((state, ref_params), replicated)
   requeued = run.queue.recover(step if restored is not None else -1)
   returned = run.pool.requeue(None, finished=run.queue.contains)
-  if requeued or returned:
-    print(f"rl: {requeued} group(s) back in the queue, {returned} prompt(s) back in the "
-          "pool", flush=True)
+  # Groups sampled by weights newer than the restored step were refused: re-roll them.
+  reopened = run.pool.reopen(run.queue.refused_ids(), finished=run.queue.contains)
+  if requeued or returned or reopened:
+    print(f"rl: {requeued} group(s) back in the queue, {returned + reopened} prompt(s) "
+          f"back in the pool ({reopened} refused as ahead of step {step})", flush=True)
 
   # A fresh weight directory per incarnation: versions published after the checkpoint
   # we resumed from belong to a discarded future.
@@ -227,7 +234,9 @@ def train(cfg, workdir) -> dict:
   if step == 0:
     eval_engine.update_params(jax.tree.map(jnp.copy, state.params), 0)
     probe_curriculum(cfg, run, eval_engine)
-  step_fn = jax.jit(functools.partial(learner.rl_step, cfg.rl, model_cfg, optimizer),
+  step_fn = jax.jit(functools.partial(learner.rl_step, cfg.rl, model_cfg, optimizer,
+                                      rollouts_per_step=rollouts_per_step(cfg),
+                                      temperature=float(cfg.agent.temperature)),
                     donate_argnums=(0,))
   actors = actors_lib.make_actors(cfg, run.dirs, weights_dir)
   actors.start()
@@ -261,6 +270,7 @@ def train(cfg, workdir) -> dict:
                  **_group_metrics(groups, step - 1), **batch_metrics,
                  "idle_fraction": idle_s / max(elapsed, 1e-9),
                  "stale_groups": run.queue.counts()["stale"],
+                 **infra.totals(run.dirs),
                  "rollouts_per_s": rollouts_done / max(elapsed, 1e-9)}
       writer.write(step, scalars)
       if step % cfg.learner.log_every == 0 or step == cfg.learner.steps:

@@ -59,10 +59,21 @@ def sampling_logprobs(logits_BxV, temperature_B, top_k_B, top_p_B) -> jax.Array:
   return jax.nn.log_softmax(jnp.where(keep_BxV, scaled_BxV, NEG_INF), axis=-1)
 
 
+def recorded_logprobs(logp_BxV, logits_BxV, temperature_B, tokens_B) -> jax.Array:
+  """[B] log-probabilities the engine reports for drawn tokens: under the distribution
+  actually sampled from (`logp_BxV`, from sampling_logprobs: temperature, then top-k /
+  top-p renormalised), so that a learner's importance ratio pi / mu is exact. Greedy rows
+  (temperature 0), whose sampled distribution is a point mass (log-prob 0 for every
+  draw), report the model's own log_softmax instead."""
+  sampled_B = jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]
+  model_BxV = policy_logprobs(logits_BxV, jnp.ones_like(temperature_B))
+  model_B = jnp.take_along_axis(model_BxV, tokens_B[:, None], axis=-1)[:, 0]
+  return jnp.where(temperature_B > 0, sampled_B, model_B)
+
+
 def sample(logits_BxV, temperature_B, top_k_B, top_p_B, keys_B):
-  """(tokens_B int32, logprobs_B float32): draws and their policy log-probabilities."""
+  """(tokens_B int32, logprobs_B float32): draws and their log-probabilities under the
+  distribution they were drawn from (see recorded_logprobs)."""
   logp_BxV = sampling_logprobs(logits_BxV, temperature_B, top_k_B, top_p_B)
   tokens_B = jax.vmap(jax.random.categorical)(keys_B, logp_BxV).astype(jnp.int32)
-  policy_BxV = policy_logprobs(logits_BxV, temperature_B)
-  logprobs_B = jnp.take_along_axis(policy_BxV, tokens_B[:, None], axis=-1)[:, 0]
-  return tokens_B, logprobs_B
+  return tokens_B, recorded_logprobs(logp_BxV, logits_BxV, temperature_B, tokens_B)

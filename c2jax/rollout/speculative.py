@@ -166,9 +166,11 @@ def decode(cfg, params, cache, mtp_cache, last_hidden_SxH, tokens_S, lengths_S, 
   slot_index = jnp.arange(width)[None]
   new_SxG = jnp.where(slot_index == accepted_S[:, None], next_S[:, None],
                       jnp.pad(drafts_SxD, ((0, 0), (0, 1))))
-  policy_SxGxV = sampling_lib.policy_logprobs(
-      logits_SxGxV.reshape(-1, vocab), flat(temperature_S)).reshape(slots, width, vocab)
-  logprobs_SxG = jnp.take_along_axis(policy_SxGxV, new_SxG[..., None], axis=-1)[..., 0]
+  # Accepted drafts and the residual draw are distributed exactly as the target, so the
+  # target's (truncated, renormalised) log-prob is the one to record.
+  logprobs_SxG = sampling_lib.recorded_logprobs(
+      target_SxGxV.reshape(-1, vocab), logits_SxGxV.reshape(-1, vocab), flat(temperature_S),
+      new_SxG.reshape(-1)).reshape(slots, width)
 
   _, _, mtp_cache = mtp.apply_layer(cfg, params, 0, hidden_SxGxH[:, :num_draft], drafts_SxD,
                                     positions_SxG[:, :num_draft], mtp_cache)

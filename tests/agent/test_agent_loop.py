@@ -11,6 +11,7 @@ from c2jax.agent import prompt as prompt_lib
 from c2jax.data import chat
 from c2jax.data import tokenizer as tokenizer_lib
 from c2jax.env import procgen, solver
+from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import tasks as tasks_lib
 from c2jax.rollout import FakeEngine
 from c2jax.rollout.engine import Engine, SlotOutput
@@ -227,3 +228,92 @@ def test_open_todo_items_at_the_end_are_counted(tmp_path, tokenizer):
   [trajectory] = loop.run_episodes(ScriptedEngine([[plan]]), tokenizer, _config(), [task])
   assert trajectory.finish_reason == "finish"
   assert trajectory.stats.unfinished_todos == 1
+
+
+class _CrashingSandbox:
+  """A real sandbox whose `crash_on` method raises SandboxError, as a dying sandbox
+  does (anything else passes through)."""
+
+  def __init__(self, inner, crash_on):
+    self._inner, self._crash_on = inner, crash_on
+
+  def __getattr__(self, name):
+    if name == self._crash_on:
+      def crash(*args, **kwargs):
+        raise sandbox_lib.SandboxError(f"the sandbox died during {name}")
+      return crash
+    return getattr(self._inner, name)
+
+
+def _flaky_factory(crashes):
+  """Sandbox factory: the i-th sandbox crashes as crashes[i] says ('start': cannot be
+  created; a method name: that call raises), later ones work. Records every call."""
+  calls = []
+
+  def factory(task):
+    calls.append(task.id)
+    how = crashes[len(calls) - 1] if len(calls) <= len(crashes) else None
+    if how == "start":
+      raise sandbox_lib.SandboxError("the sandbox could not start")
+    sandbox = sandbox_lib.make_sandbox("bubblewrap", task.repo)
+    return _CrashingSandbox(sandbox, how) if how else sandbox
+
+  return factory, calls
+
+
+def _fix_turn(tokenizer):
+  return _turn(tokenizer, "", [("edit_file", {"path": "pkg/flag.py",
+                                              "old_string": "DONE = False",
+                                              "new_string": "DONE = True"}),
+                               ("finish", {"message": "done"})])
+
+
+def test_sandbox_crashes_are_retried_on_a_fresh_sandbox_not_scored(tmp_path, tokenizer):
+  task = _small_task(tmp_path)
+  fix = _fix_turn(tokenizer)
+  # Attempt 1 cannot start; attempt 2 crashes inside the model's edit (after its turn was
+  # sampled); attempt 3 works. The crash is not an observation the model is blamed for.
+  factory, calls = _flaky_factory(["start", "write_file"])
+  engine = ScriptedEngine([[fix], [fix]])
+  [trajectory] = loop.run_episodes(engine, tokenizer, _config(), [task],
+                                   sandbox_factory=factory, infra_retries=2)
+  assert len(calls) == 3 and trajectory.infra_retries == 2
+  assert trajectory.solved and trajectory.finish_reason == "finish"
+  assert trajectory.stats.tool_call_errors == 0 and trajectory.stats.turns == 1
+  # Only the successful attempt's tokens are in the trajectory.
+  [segment] = trajectory.segments
+  assert int(segment.loss_mask.sum()) == len(fix)
+
+
+def test_a_rollout_failing_beyond_its_retries_raises(tmp_path, tokenizer):
+  task = _small_task(tmp_path)
+  factory, calls = _flaky_factory(["start"] * 5)
+  with pytest.raises(loop.RolloutError, match="could not start.*after 1 retries") as info:
+    loop.run_episodes(ScriptedEngine([[_fix_turn(tokenizer)]]), tokenizer, _config(),
+                      [task], sandbox_factory=factory, infra_retries=1)
+  assert len(calls) == 2 and info.value.retries == 1
+
+
+def test_a_model_command_that_times_out_is_the_models_doing(tmp_path, tokenizer):
+  task = _small_task(tmp_path)
+  slow = _turn(tokenizer, "", [("run_shell", {"command": "sleep 5", "timeout": 1})])
+  factory, calls = _flaky_factory([])
+  [trajectory] = loop.run_episodes(ScriptedEngine([[slow]]), tokenizer,
+                                   _config(max_turns=1), [task], sandbox_factory=factory,
+                                   infra_retries=2)
+  assert len(calls) == 1 and trajectory.infra_retries == 0
+  assert trajectory.finish_reason == "max_turns" and not trajectory.solved
+  assert "timed out" in trajectory.messages[-1]["content"]
+
+
+class _BrokenEngine(ScriptedEngine):
+  def _decode(self, batch):
+    raise RuntimeError("device lost")
+
+
+def test_an_engine_failure_is_an_engine_error(tmp_path, tokenizer):
+  task = _small_task(tmp_path)
+  factory, _ = _flaky_factory([])
+  with pytest.raises(loop.EngineError, match="device lost"):
+    loop.run_episodes(_BrokenEngine([[_fix_turn(tokenizer)]]), tokenizer, _config(),
+                      [task], sandbox_factory=factory, infra_retries=2)

@@ -67,7 +67,7 @@ def test_stale_groups_are_dropped(tmp_path):
   for name, version in [("old", 0), ("edge", 3), ("new", 5)]:
     q.put(make_group(name, version))
   assert q.get(learner_version=5).group_id == "edge"  # lag 2 is allowed, lag 5 is not
-  assert q.counts() == {"ready": 1, "claimed": 1, "trained": 0, "stale": 1}
+  assert q.counts() == {"ready": 1, "claimed": 1, "trained": 0, "stale": 1, "ahead": 0}
   assert q.contains("old") and not q.contains("other")
 
 

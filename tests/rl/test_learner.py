@@ -44,9 +44,9 @@ def _rl_cfg(**kl):
   return cfg
 
 
-def _forward_logprobs(cfg, params, tokens, valid):
+def _forward_logprobs(cfg, params, tokens, valid, temperature=1.0):
   logits = model.forward(cfg, params, jnp.asarray(tokens), segment_ids_BxL=jnp.asarray(valid))
-  logp = jax.nn.log_softmax(logits[:, :-1], -1)
+  logp = jax.nn.log_softmax(logits[:, :-1] / temperature, -1)
   picked = jnp.take_along_axis(logp, jnp.asarray(tokens)[:, 1:, None], -1)[..., 0]
   return np.pad(np.asarray(picked), ((0, 0), (1, 0)))
 
@@ -59,11 +59,50 @@ def test_replaying_own_routes_gives_the_plain_forward_logprobs(setup):
   assert float(jnp.abs(aux["replay_replaced"]).sum()) == 0.0
 
 
-def _step(rl_cfg, cfg, params, batch, lr=1e-2):
+def test_chunked_logprobs_at_a_temperature_match_plain_values_and_param_grads(setup):
+  cfg, params, batch = setup
+  weights = jnp.asarray(np.random.default_rng(1).normal(size=(B, L)), jnp.float32)
+
+  def chunked(p):  # 512 = 4 chunks of 100 (padded) + a partial sequence chunk
+    logp, _ = learner.token_logprobs(cfg, p, batch, 0.7, seq_chunk=4, vocab_chunk=100)
+    return (weights * logp).sum(), logp
+
+  def plain(p):
+    logits = model.forward(cfg, p, jnp.asarray(batch["tokens"]),
+                           segment_ids_BxL=jnp.asarray(batch["valid"]))
+    logp = jax.nn.log_softmax(logits[:, :-1] / 0.7, -1)
+    picked = jnp.take_along_axis(logp, jnp.asarray(batch["tokens"])[:, 1:, None], -1)[..., 0]
+    logp = jnp.pad(picked, ((0, 0), (1, 0)))
+    return (weights * logp).sum(), logp
+
+  (_, logp), grads = jax.value_and_grad(chunked, has_aux=True)(params)
+  (_, ref_logp), ref_grads = jax.value_and_grad(plain, has_aux=True)(params)
+  np.testing.assert_allclose(np.asarray(logp), np.asarray(ref_logp), atol=1e-5)
+  for (path, g), r in zip(jax.tree_util.tree_leaves_with_path(grads),
+                          jax.tree.leaves(ref_grads)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def test_sampler_logprobs_at_the_same_temperature_are_on_policy(setup):
+  # Actors sampling at T record log softmax(logits / T); the learner scores at the same T,
+  # so every ratio is 1 (scoring at T = 1 instead would not be).
+  cfg, params, batch = setup
+  sampler = _forward_logprobs(cfg, params, batch["tokens"], batch["valid"], 0.5)
+  batch = dict(batch, sampler_logprobs=sampler.astype(np.float32))
+  _, metrics = _step(_rl_cfg(), cfg, params, batch, temperature=0.5)
+  np.testing.assert_allclose(float(metrics["ratio_mean"]), 1.0, atol=1e-5)
+  np.testing.assert_allclose(float(metrics["ratio_max"]), 1.0, atol=1e-5)
+  _, metrics = _step(_rl_cfg(), cfg, params, batch, temperature=1.0)
+  assert abs(float(metrics["ratio_mean"]) - 1.0) > 1e-2
+
+
+def _step(rl_cfg, cfg, params, batch, lr=1e-2, **kw):
   optimizer, _ = optimizer_lib.make_optimizer(learning_rate=lr, total_steps=10,
                                               weight_decay=0.0, end_lr_fraction=1.0)
   state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
-  step = jax.jit(functools.partial(learner.rl_step, rl_cfg, cfg, optimizer))
+  step = jax.jit(functools.partial(learner.rl_step, rl_cfg, cfg, optimizer,
+                                   rollouts_per_step=B, **kw))
   return step(state, params, {k: jnp.asarray(v) for k, v in batch.items()})
 
 

@@ -43,7 +43,8 @@ SCRIPT = textwrap.dedent("""
     optimizer, _ = optimizer_lib.make_optimizer(learning_rate=1e-3, total_steps=4,
                                                 weight_decay=0.0, end_lr_fraction=1.0)
     state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
-    step = jax.jit(functools.partial(learner.rl_step, cfg.rl, cfg.model, optimizer))
+    step = jax.jit(functools.partial(learner.rl_step, cfg.rl, cfg.model, optimizer,
+                                         rollouts_per_step=trainer.rollouts_per_step(cfg)))
     single, m1 = step(state, None, one)
     mesh = trainer.data_parallel_mesh()
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())

@@ -24,17 +24,19 @@ def _cfg(**overrides):
 
 def test_aggregations_hand_values():
   # Masked sum 1 + 2 + 3 + 4 = 10 over 4 tokens; 3 rows (one empty); sequences 6/3, 4/1.
-  np.testing.assert_allclose(float(losses.constant(LOSS_BxL, MASK_BxL, 5.0)), 10 / 15)
-  np.testing.assert_allclose(float(losses.token_mean(LOSS_BxL, MASK_BxL, 5.0)), 2.5)
-  np.testing.assert_allclose(float(losses.sequence_mean(LOSS_BxL, MASK_BxL, 5.0)), 3.0)
+  # `constant` divides by rollouts (here 3) x 5, not by the row count.
+  np.testing.assert_allclose(float(losses.constant(LOSS_BxL, MASK_BxL, 5.0, 3)), 10 / 15)
+  np.testing.assert_allclose(float(losses.constant(LOSS_BxL, MASK_BxL, 5.0, 2)), 10 / 10)
+  np.testing.assert_allclose(float(losses.token_mean(LOSS_BxL, MASK_BxL, 5.0, 3)), 2.5)
+  np.testing.assert_allclose(float(losses.sequence_mean(LOSS_BxL, MASK_BxL, 5.0, 3)), 3.0)
 
 
 def test_constant_normaliser_has_no_length_bias():
   # d(agg)/d(loss_bt): the same for every token under `constant`; 1/len_b per sequence
   # under `sequence_mean` (tokens of short sequences weigh more).
-  g_const = jax.grad(losses.constant)(LOSS_BxL, MASK_BxL, 5.0)
+  g_const = jax.grad(losses.constant)(LOSS_BxL, MASK_BxL, 5.0, 3)
   np.testing.assert_allclose(np.asarray(g_const), np.asarray(MASK_BxL) / 15)
-  g_seq = jax.grad(losses.sequence_mean)(LOSS_BxL, MASK_BxL, 5.0)
+  g_seq = jax.grad(losses.sequence_mean)(LOSS_BxL, MASK_BxL, 5.0, 3)
   np.testing.assert_allclose(np.asarray(g_seq)[:2, :1], [[1 / 6], [1 / 2]], rtol=1e-6)
 
 
@@ -80,7 +82,7 @@ def test_rl_loss_k1_in_reward_hand_values():
   mask = jnp.array([[1.0, 1.0, 0.0]])
   adv = jnp.array([1.0])
   # k1 = sampler - ref = [.5, -1, (6 masked)]; to go [-.5, -1, 0]; A_t = 1 - .5 * to go.
-  fn = lambda lp: rl.rl_loss(cfg, lp, sampler, ref, adv, mask)
+  fn = lambda lp: rl.rl_loss(cfg, lp, sampler, ref, adv, mask, num_rollouts=1)
   (loss, metrics), grad = jax.value_and_grad(fn, has_aux=True)(sampler)
   np.testing.assert_allclose(float(loss), (1.25 * 1 + 1.5 * 2) / 4, rtol=1e-6)
   np.testing.assert_allclose(np.asarray(grad), [[-1.25 / 4, -1.5 / 4, 0.0]], rtol=1e-6)
@@ -95,7 +97,7 @@ def test_rl_loss_k3_in_loss_adds_its_gradient():
   logp = jnp.array([[-1.0, -2.0]])
   ref = jnp.array([[-1.5, -1.0]])
   mask = jnp.ones((1, 2))
-  fn = lambda lp: rl.rl_loss(cfg, lp, logp, ref, jnp.zeros(1), mask)
+  fn = lambda lp: rl.rl_loss(cfg, lp, logp, ref, jnp.zeros(1), mask, num_rollouts=1)
   (loss, metrics), grad = jax.value_and_grad(fn, has_aux=True)(logp)
   k3 = [math.exp(-0.5) - 0.5, math.exp(1.0) - 2.0]
   np.testing.assert_allclose(float(loss), 0.5 * sum(k3) / 4, rtol=1e-6)
@@ -111,7 +113,8 @@ def test_rl_loss_padding_with_extreme_logprobs_stays_finite_and_jits():
   sampler = jnp.array([[-1.0, -500.0]])  # padding: exp(500) would be inf
   mask = jnp.array([[1.0, 0.0]])
   loss_and_grad = jax.jit(jax.value_and_grad(
-      lambda lp: rl.rl_loss(cfg, lp, sampler, None, jnp.array([2.0]), mask), has_aux=True))
+      lambda lp: rl.rl_loss(cfg, lp, sampler, None, jnp.array([2.0]), mask, num_rollouts=1),
+      has_aux=True))
   (loss, metrics), grad = loss_and_grad(logp)
   assert np.isfinite(float(loss)) and np.all(np.isfinite(np.asarray(grad)))
   np.testing.assert_allclose(float(metrics["ratio_max"]), 1.0)
@@ -121,4 +124,34 @@ def test_rl_loss_padding_with_extreme_logprobs_stays_finite_and_jits():
 def test_rl_loss_needs_ref_when_kl_is_on():
   with pytest.raises(ValueError, match="ref_logprobs"):
     rl.rl_loss(_cfg(kl__coef=0.1), jnp.zeros((1, 2)), jnp.zeros((1, 2)), None,
-               jnp.zeros(1), jnp.ones((1, 2)))
+               jnp.zeros(1), jnp.ones((1, 2)), num_rollouts=1)
+
+
+def test_constant_weight_does_not_depend_on_segments():
+  # Two rollouts (one group of 2), on-policy TIS (gradient -A per token):
+  #   rollout a (A = +1): 3 generated tokens in one segment          -> row 0
+  #   rollout b (A = -1): 4 generated tokens, a self-summary cut it  -> rows 1 and 2
+  # Every token's gradient is -A / (2 rollouts x N = 4): a summary does not halve it,
+  # and on log-probs of -1 the token losses are A, so the loss is (3 - 4) / 8.
+  cfg = _cfg(kl__coef=0.0, loss__normalizer_tokens=4.0, loss__aggregation="constant")
+  mask = jnp.array([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+  adv = jnp.array([1.0, -1.0, -1.0])  # the chain's advantage on both of b's rows
+  logp = -jnp.ones((3, 3))
+  fn = lambda lp: rl.rl_loss(cfg, lp, logp, None, adv, mask, num_rollouts=2)
+  (loss, _), grad = jax.value_and_grad(fn, has_aux=True)(logp)
+  np.testing.assert_allclose(float(loss), -(3 * -1.0 + 4 * 1.0) / 8, rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(grad), -np.asarray(adv)[:, None] * mask / 8,
+                             rtol=1e-6)
+  # The same rollout b unsplit (one row of 4 tokens) gets the same per-token weight.
+  mask_one = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+  fn_one = lambda lp: rl.rl_loss(cfg, lp, -jnp.ones((2, 4)), None, jnp.array([1.0, -1.0]),
+                                 mask_one, num_rollouts=2)
+  (loss_one, _), grad_one = jax.value_and_grad(fn_one, has_aux=True)(-jnp.ones((2, 4)))
+  np.testing.assert_allclose(float(loss_one), float(loss), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(grad_one)[1], [1 / 8] * 4, rtol=1e-6)
+
+
+def test_rl_loss_needs_a_rollout_count():
+  with pytest.raises(ValueError, match="num_rollouts"):
+    rl.rl_loss(_cfg(kl__coef=0.0), jnp.zeros((1, 2)), jnp.zeros((1, 2)), None,
+               jnp.zeros(1), jnp.ones((1, 2)), num_rollouts=0)

@@ -66,6 +66,6 @@ def test_kill_actor_then_learner_and_restart(tmp_path):
   steps = q.trained_steps()
   assert sorted(steps) == list(range(1, TOTAL + 1))
   assert [ids[0] for _, ids in sorted(steps.items())] == history
-  assert q.counts() == {"ready": 0, "claimed": 0, "trained": TOTAL, "stale": 0}
+  assert q.counts() == {"ready": 0, "claimed": 0, "trained": TOTAL, "stale": 0, "ahead": 0}
   assert pool.counts() == {"pending": 0, "leased": 0, "done": TOTAL}
   assert ckpt_step >= 4  # the learner really was restarted from a checkpoint

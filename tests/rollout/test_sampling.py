@@ -30,10 +30,27 @@ def test_sample_frequencies_and_logprobs():
   scaled = np.array([0.5, 0.2, 0.15]) ** 0.5  # temperature 2 then top-3
   freq = np.bincount(np.asarray(tokens), minlength=5) / rows
   np.testing.assert_allclose(freq, np.append(scaled / scaled.sum(), [0, 0]), atol=0.03)
-  # Reported log-probs: the temperature-scaled distribution before truncation.
-  policy = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]) ** 0.5)
-  policy -= np.log(np.exp(policy).sum())
-  np.testing.assert_allclose(logprobs, policy[np.asarray(tokens)], atol=1e-5)
+  # Reported log-probs: the distribution sampled from (temperature 2, then top-3
+  # renormalised), not the untruncated one.
+  np.testing.assert_allclose(logprobs, np.log(scaled / scaled.sum())[np.asarray(tokens)],
+                             atol=1e-5)
+
+
+def test_recorded_logprobs_hand_computed():
+  # Row by row: plain; T = 0.5; top-2; top-p 0.6 at T = 1; greedy.
+  probs = np.array([0.5, 0.2, 0.15, 0.1, 0.05])
+  logits = jnp.log(jnp.asarray([probs] * 5))
+  temperature = jnp.asarray([1.0, 0.5, 1.0, 1.0, 0.0])
+  top_k = jnp.asarray([0, 0, 2, 0, 0])
+  top_p = jnp.asarray([1.0, 1.0, 1.0, 0.6, 1.0])
+  tokens = jnp.asarray([2, 1, 1, 0, 0])
+  logp = sampling.sampling_logprobs(logits, temperature, top_k, top_p)
+  got = np.asarray(sampling.recorded_logprobs(logp, logits, temperature, tokens))
+  squared = probs ** 2  # temperature 0.5 squares the probabilities
+  expected = [np.log(0.15), np.log(0.04 / squared.sum()), np.log(0.2 / 0.7),
+              np.log(0.5 / 0.7),  # 0.5 < 0.6, so 0.2 joins: the nucleus is {0, 1}
+              np.log(0.5)]  # greedy reports the model's own log-prob
+  np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
 def test_keys_depend_on_seed_and_position_only():

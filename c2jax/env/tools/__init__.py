@@ -3,7 +3,8 @@
 `Toolbox(sandbox, ToolsetConfig(...)).run_turn(text)` parses a model turn in the
 tool-call protocol (c2jax.agent.protocol), runs each call and returns one Observation
 per call. Nothing a model writes can make it raise: every problem becomes an error
-observation that says what was wrong.
+observation that says what was wrong. Only a failure of the sandbox itself
+(sandbox.SandboxError) propagates: that is infrastructure, not the model's doing.
 """
 
 import dataclasses
@@ -59,7 +60,7 @@ class Toolbox:
     return [tool.spec() for tool in self.tools.values()]
 
   def call(self, call) -> Observation:
-    """Runs one ToolCall (or reports a CallError); never raises."""
+    """Runs one ToolCall (or reports a CallError); raises only SandboxError."""
     if isinstance(call, protocol.CallError):
       return Observation(call.index, call.name, False, call.message)
     tool = self.tools.get(call.name)
@@ -74,6 +75,8 @@ class Toolbox:
     except (schema.ArgumentError, ToolError, sandbox_lib.PathOutsideWorkspaceError,
             FileNotFoundError, IsADirectoryError, NotADirectoryError) as e:
       output, ok = str(e), False
+    except sandbox_lib.SandboxError:
+      raise  # infrastructure failed: the rollout is retried, the model is not blamed
     except Exception as e:  # pylint: disable=broad-except
       # A tool bug must not end the rollout; the model sees it as an error.
       output, ok = f'{call.name} failed unexpectedly: {type(e).__name__}: {e}', False

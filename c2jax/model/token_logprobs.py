@@ -1,0 +1,163 @@
+"""Log-probabilities of given tokens under the LM head, in chunks: no [B, L, V] array.
+
+    logp_BxL = token_logprobs(hidden_BxLxD, kernel_DxV, targets_BxL, temperature)
+
+computes log softmax(hidden @ kernel / temperature)[target] per position. The plain way
+materialises the float32 logits [B, L, V] (and, under autodiff, the softmax of the same
+size): at L = 8192 and a 160k vocabulary that is ~5 GB per sequence, more than the rest of
+the step. Here the sequence is cut into chunks of `seq_chunk` positions and the vocabulary
+into chunks of `vocab_chunk` columns; the forward keeps an online logsumexp per position
+(running max and rescaled sum) and the logit of the target, so the largest live array is
+[B, seq_chunk, vocab_chunk]. The custom VJP saves only the logsumexp [B, L] and recomputes
+each chunk's logits in the backward pass:
+    d logp_t / d z_v = (onehot(target)_v - softmax(z)_v) / temperature,
+accumulating d hidden chunk by chunk and d kernel (one float32 [D, V] accumulator, the
+size of the gradient itself) over the sequence.
+
+The batch axis is never cut, so a batch sharded over data-parallel devices stays sharded.
+The matmul runs in hidden's dtype with float32 accumulation, as the model's lm_head.
+`token_logprobs_reference` is the plain computation the tests compare against.
+Legend: B batch, L length, D hidden size, V vocab, C seq_chunk, W vocab_chunk.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def token_logprobs_reference(hidden_BxLxD, kernel_DxV, targets_BxL, temperature=1.0):
+  """The plain computation: full float32 logits, log_softmax, gather."""
+  logits_BxLxV = jnp.einsum("bld,dv->blv", hidden_BxLxD, kernel_DxV.astype(hidden_BxLxD.dtype),
+                            preferred_element_type=jnp.float32) / temperature
+  logp_BxLxV = jax.nn.log_softmax(logits_BxLxV, axis=-1)
+  return jnp.take_along_axis(logp_BxLxV, targets_BxL[..., None], axis=-1)[..., 0]
+
+
+def token_logprobs(hidden_BxLxD, kernel_DxV, targets_BxL, temperature=1.0, *,
+                   seq_chunk: int = 512, vocab_chunk: int = 8192) -> jax.Array:
+  """float32 [B, L]: log softmax(hidden @ kernel / temperature) at each target token.
+
+  targets must lie in [0, V) (pad positions with any valid id and mask them later).
+  temperature: a positive scalar (traced or not); it gets no gradient.
+  """
+  if hidden_BxLxD.ndim != 3 or kernel_DxV.ndim != 2 or targets_BxL.shape != hidden_BxLxD.shape[:2]:
+    raise ValueError(f"token_logprobs wants hidden [B, L, D], kernel [D, V], targets [B, L]; "
+                     f"got {hidden_BxLxD.shape}, {kernel_DxV.shape}, {targets_BxL.shape}.")
+  if hidden_BxLxD.shape[-1] != kernel_DxV.shape[0]:
+    raise ValueError(f"hidden size {hidden_BxLxD.shape[-1]} != kernel rows {kernel_DxV.shape[0]}.")
+  if seq_chunk < 1 or vocab_chunk < 1:
+    raise ValueError(f"seq_chunk ({seq_chunk}) and vocab_chunk ({vocab_chunk}) must be >= 1.")
+  length, vocab = hidden_BxLxD.shape[1], kernel_DxV.shape[1]
+  seq_chunk, vocab_chunk = min(seq_chunk, length), min(vocab_chunk, vocab)
+  pad_l, pad_v = -length % seq_chunk, -vocab % vocab_chunk
+  if pad_l:
+    hidden_BxLxD = jnp.pad(hidden_BxLxD, ((0, 0), (0, pad_l), (0, 0)))
+    targets_BxL = jnp.pad(targets_BxL, ((0, 0), (0, pad_l)))
+  if pad_v:  # zero columns, masked to -inf inside (a copy of the kernel only in this case)
+    kernel_DxV = jnp.pad(kernel_DxV, ((0, 0), (0, pad_v)))
+  temperature = jnp.asarray(temperature, jnp.float32)
+  logp_BxL = _chunked(hidden_BxLxD, kernel_DxV, targets_BxL.astype(jnp.int32), temperature,
+                      seq_chunk, vocab_chunk, vocab)
+  return logp_BxL[:, :length]
+
+
+def _logits_chunk(h_BxCxD, kernel_DxV, j, vocab_chunk, vocab, temperature):
+  """Scaled float32 logits of vocab chunk j, padded columns at -inf."""
+  w_DxW = jax.lax.dynamic_slice_in_dim(kernel_DxV, j * vocab_chunk, vocab_chunk, axis=1)
+  z_BxCxW = jnp.einsum("bcd,dw->bcw", h_BxCxD, w_DxW.astype(h_BxCxD.dtype),
+                       preferred_element_type=jnp.float32) / temperature
+  column_W = j * vocab_chunk + jnp.arange(vocab_chunk)
+  return jnp.where(column_W < vocab, z_BxCxW, -jnp.inf), column_W
+
+
+def _seq_slice(x, i, seq_chunk):
+  return jax.lax.dynamic_slice_in_dim(x, i * seq_chunk, seq_chunk, axis=1)
+
+
+def _forward(hidden_BxLxD, kernel_DxV, targets_BxL, temperature, seq_chunk, vocab_chunk, vocab):
+  """(logp [B, L], logsumexp [B, L]) by an online logsumexp over vocab chunks."""
+  num_v = kernel_DxV.shape[1] // vocab_chunk
+
+  def seq_step(_, i):
+    h_BxCxD = _seq_slice(hidden_BxLxD, i, seq_chunk)
+    t_BxC = _seq_slice(targets_BxL, i, seq_chunk)
+
+    def vocab_step(carry, j):
+      max_BxC, sum_BxC, picked_BxC = carry
+      z_BxCxW, column_W = _logits_chunk(h_BxCxD, kernel_DxV, j, vocab_chunk, vocab, temperature)
+      new_max_BxC = jnp.maximum(max_BxC, z_BxCxW.max(-1))
+      sum_BxC = (sum_BxC * jnp.exp(max_BxC - new_max_BxC)
+                 + jnp.exp(z_BxCxW - new_max_BxC[..., None]).sum(-1))
+      hit_BxCxW = column_W == t_BxC[..., None]
+      picked_BxC = picked_BxC + jnp.where(hit_BxCxW, z_BxCxW, 0.0).sum(-1)
+      return (new_max_BxC, sum_BxC, picked_BxC), None
+
+    shape = t_BxC.shape
+    init = (jnp.full(shape, -jnp.inf), jnp.zeros(shape), jnp.zeros(shape))
+    (max_BxC, sum_BxC, picked_BxC), _ = jax.lax.scan(vocab_step, init, jnp.arange(num_v))
+    lse_BxC = max_BxC + jnp.log(sum_BxC)
+    return None, (picked_BxC - lse_BxC, lse_BxC)
+
+  num_l = hidden_BxLxD.shape[1] // seq_chunk
+  _, (logp_NxBxC, lse_NxBxC) = jax.lax.scan(seq_step, None, jnp.arange(num_l))
+  unchunk = lambda x: jnp.moveaxis(x, 0, 1).reshape(targets_BxL.shape)
+  return unchunk(logp_NxBxC), unchunk(lse_NxBxC)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _chunked(hidden_BxLxD, kernel_DxV, targets_BxL, temperature, seq_chunk, vocab_chunk, vocab):
+  return _forward(hidden_BxLxD, kernel_DxV, targets_BxL, temperature, seq_chunk, vocab_chunk,
+                  vocab)[0]
+
+
+def _chunked_fwd(hidden_BxLxD, kernel_DxV, targets_BxL, temperature, seq_chunk, vocab_chunk,
+                 vocab):
+  logp_BxL, lse_BxL = _forward(hidden_BxLxD, kernel_DxV, targets_BxL, temperature, seq_chunk,
+                               vocab_chunk, vocab)
+  return logp_BxL, (hidden_BxLxD, kernel_DxV, targets_BxL, temperature, lse_BxL)
+
+
+def _chunked_bwd(seq_chunk, vocab_chunk, vocab, residuals, g_BxL):
+  hidden_BxLxD, kernel_DxV, targets_BxL, temperature, lse_BxL = residuals
+  num_v = kernel_DxV.shape[1] // vocab_chunk
+  num_l = hidden_BxLxD.shape[1] // seq_chunk
+  g_BxL = g_BxL.astype(jnp.float32)
+
+  def seq_step(dkernel_DxV, i):
+    h_BxCxD = _seq_slice(hidden_BxLxD, i, seq_chunk)
+    t_BxC = _seq_slice(targets_BxL, i, seq_chunk)
+    lse_BxC = _seq_slice(lse_BxL, i, seq_chunk)
+    g_BxC = _seq_slice(g_BxL, i, seq_chunk)
+
+    def vocab_step(carry, j):
+      dh_BxCxD, dkernel_DxV = carry
+      z_BxCxW, column_W = _logits_chunk(h_BxCxD, kernel_DxV, j, vocab_chunk, vocab, temperature)
+      softmax_BxCxW = jnp.exp(z_BxCxW - lse_BxC[..., None])
+      onehot_BxCxW = (column_W == t_BxC[..., None]).astype(jnp.float32)
+      dz_BxCxW = (g_BxC[..., None] / temperature) * (onehot_BxCxW - softmax_BxCxW)
+      w_DxW = jax.lax.dynamic_slice_in_dim(kernel_DxV, j * vocab_chunk, vocab_chunk, axis=1)
+      dz_c = dz_BxCxW.astype(h_BxCxD.dtype)
+      dh_BxCxD = dh_BxCxD + jnp.einsum("bcw,dw->bcd", dz_c, w_DxW.astype(h_BxCxD.dtype),
+                                       preferred_element_type=jnp.float32)
+      dw_DxW = jnp.einsum("bcd,bcw->dw", h_BxCxD, dz_c, preferred_element_type=jnp.float32)
+      start = j * vocab_chunk
+      dkernel_DxV = jax.lax.dynamic_update_slice_in_dim(
+          dkernel_DxV, jax.lax.dynamic_slice_in_dim(dkernel_DxV, start, vocab_chunk, axis=1)
+          + dw_DxW, start, axis=1)
+      return (dh_BxCxD, dkernel_DxV), None
+
+    init = (jnp.zeros(h_BxCxD.shape, jnp.float32), dkernel_DxV)
+    (dh_BxCxD, dkernel_DxV), _ = jax.lax.scan(vocab_step, init, jnp.arange(num_v))
+    return dkernel_DxV, dh_BxCxD.astype(hidden_BxLxD.dtype)
+
+  dkernel_DxV, dh_NxBxCxD = jax.lax.scan(
+      seq_step, jnp.zeros(kernel_DxV.shape, jnp.float32), jnp.arange(num_l))
+  dhidden_BxLxD = jnp.moveaxis(dh_NxBxCxD, 0, 1).reshape(hidden_BxLxD.shape)
+  return (dhidden_BxLxD, dkernel_DxV.astype(kernel_DxV.dtype), None,
+          jnp.zeros_like(temperature))
+
+
+_chunked.defvjp(_chunked_fwd, _chunked_bwd)
