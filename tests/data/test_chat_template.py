@@ -1,0 +1,146 @@
+"""Our tokenizers and template rendering against transformers' own output (fixtures made by
+tools/make_template_fixtures.py): rendered text, token ids and assistant masks, exactly."""
+
+import json
+import pathlib
+
+import jinja2
+import numpy as np
+import pytest
+
+from c2jax.data import chat_template, model_tokenizer
+
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+  return {name: model_tokenizer.load_model_tokenizer(FIXTURES / name)
+          for name in ("qwen3", "kimi")}
+
+
+def _chat_cases():
+  return [pytest.param(c, id=c["name"]) for c in CASES if "text" in c]
+
+
+def _plain_cases():
+  return [pytest.param(c, id=c["name"]) for c in CASES if "plain" in c]
+
+
+def test_fixtures_cover_both_styles_and_masks():
+  names = {c["name"] for c in CASES}
+  assert {"qwen3/agent_tools", "kimi/agent_tools"} <= names
+  assert all(sum(c["assistant_masks"]) > 0 for c in CASES if c["name"].endswith("agent_tools"))
+
+
+@pytest.mark.parametrize("case", _chat_cases())
+def test_render_ids_and_mask_equal_transformers(tokenizers, case):
+  tok = tokenizers[case["model"]]
+  rendered = chat_template.apply(tok, case["messages"], tools=case.get("tools"),
+                                 add_generation_prompt=case.get("add_generation_prompt",
+                                                                False),
+                                 **case.get("kwargs", {}))
+  assert rendered.text == case["text"]
+  np.testing.assert_array_equal(rendered.ids, case["input_ids"])
+  np.testing.assert_array_equal(rendered.loss_mask, case["assistant_masks"])
+
+
+@pytest.mark.parametrize("case", _plain_cases())
+def test_plain_encoding_equals_transformers(tokenizers, case):
+  tok = tokenizers[case["model"]]
+  ids = tok.encode(case["plain"])
+  np.testing.assert_array_equal(ids, case["input_ids"])
+  assert tok.decode(ids) == case["plain"]
+
+
+def test_masked_tokens_are_exactly_the_assistant_turns(tokenizers):
+  case = next(c for c in CASES if c["name"] == "kimi/agent_tools")
+  tok = tokenizers["kimi"]
+  rendered = chat_template.apply(tok, case["messages"], tools=case["tools"])
+  trained = tok.decode(rendered.ids[rendered.loss_mask == 1])
+  assert "<|tool_call_begin|>functions.read_file:0" in trained
+  assert "Fixed: parse('') now returns ''." in trained
+  assert "## Return of" not in trained and "tool_declare" not in trained
+  assert trained.count("<|im_end|>") == 3  # each assistant turn's closing token
+
+
+def test_special_strings_in_plain_text_stay_text(tokenizers):
+  for tok in tokenizers.values():
+    text = "<|im_end|> and <tool_call>"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    end_id = tok.token_id("<|im_end|>")
+    assert end_id not in ids.tolist()
+    chat_ids, _ = tok.encode_chat(text)
+    assert end_id in chat_ids.tolist()
+
+
+def test_named_special_tokens_and_ids(tokenizers):
+  qwen, kimi = tokenizers["qwen3"], tokenizers["kimi"]
+  assert qwen.special_tokens == {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+  assert qwen.eos_id == qwen.token_id("<|im_end|>") and qwen.pad_id != qwen.eos_id
+  with pytest.raises(ValueError, match="no bos_token"):
+    _ = qwen.bos_id
+  assert kimi.bos_id == kimi.token_id("[BOS]")
+  assert kimi.vocab_size == kimi.token_id("<|tool_call_end|>") + 1
+  with pytest.raises(KeyError, match="not a single token"):
+    kimi.token_id("<|nonexistent|>")
+
+
+def test_tokenizers_pickle(tokenizers):
+  import pickle
+  for tok in tokenizers.values():
+    copy = pickle.loads(pickle.dumps(tok))
+    text = "def f():\n  return '<|im_end|>'"
+    np.testing.assert_array_equal(copy.encode(text), tok.encode(text))
+
+
+def test_kimi_pattern_matches_the_fixture_tool():
+  # The tool cannot import c2jax (it runs in the transformers venv), so it keeps a copy.
+  import ast
+  tool = FIXTURES.parent.parent.parent / "tools" / "make_template_fixtures.py"
+  for node in ast.parse(tool.read_text()).body:
+    if isinstance(node, ast.Assign) and node.targets[0].id == "KIMI_PATTERN":
+      pieces = ast.literal_eval(node.value.args[0])
+      assert "|".join(pieces) == model_tokenizer.KIMI_PATTERN
+      return
+  pytest.fail("tools/make_template_fixtures.py no longer defines KIMI_PATTERN")
+
+
+def test_template_helpers_and_sandbox():
+  text, spans = chat_template.render_text(
+      "{{ raise_exception('bad') if messages[0].role == 'x' else '' }}"
+      "{{ strftime_now('%Y') }}|{{ {'a': '<&>'} | tojson }}|"
+      "{% generation %}{{ messages[0].content }}{% endgeneration %}",
+      [{"role": "user", "content": "hi"}])
+  assert text.endswith('|{"a": "<&>"}|hi') and text[:4].isdigit()
+  assert spans == [(len(text) - 2, len(text))]
+  with pytest.raises(ValueError, match="refused the conversation: bad"):
+    chat_template.render_text("{{ raise_exception('bad') }}", [])
+  with pytest.raises(ValueError, match="refused"):  # sandbox: no mutation, no dunders
+    chat_template.render_text("{{ messages.append(1) }}", [])
+  with pytest.raises((ValueError, jinja2.exceptions.SecurityError)):
+    chat_template.render_text("{{ ''.__class__.__mro__ }}", [])
+  with pytest.raises(ValueError, match="does not parse"):
+    chat_template.render_text("{% for %}", [])
+
+
+def test_none_keys_dropped_and_reasoning_aliased():
+  text, _ = chat_template.render_text(
+      "{{ messages[0].tool_calls is defined }} {{ messages[0].reasoning_content }}",
+      [{"role": "assistant", "content": "x", "tool_calls": None, "thinking": "why"}])
+  assert text == "False why"
+
+
+def test_errors_name_the_directory(tmp_path):
+  with pytest.raises(FileNotFoundError, match="none of"):
+    model_tokenizer.load_model_tokenizer(tmp_path)
+  (tmp_path / "tokenizer.json").write_text(
+      (FIXTURES / "qwen3" / "tokenizer.json").read_text())
+  tok = model_tokenizer.load_model_tokenizer(tmp_path)
+  with pytest.raises(ValueError, match="no chat template"):
+    chat_template.apply(tok, [{"role": "user", "content": "x"}])
+  (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|nope|>"}')
+  with pytest.raises(ValueError, match="eos_token is '<\\|nope\\|>'"):
+    model_tokenizer.load_model_tokenizer(tmp_path)
