@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from c2jax import config as configlib
+from c2jax.agent import formats
 from c2jax.env import tools as tools_lib
 
 SYSTEM_PROMPT = ("You are a coding agent working in a repository at /workspace. Use the "
@@ -24,6 +25,10 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.system_prompt = SYSTEM_PROMPT
   c.tools = tuple(tools_lib.ToolsetConfig.tools)
+  # How the model writes tool calls (c2jax.agent.formats): 'c2jax' with c2jax's own
+  # tokenizer; a released model's native format ('qwen3', 'kimi_k2') with its tokenizer
+  # and chat template (data.tokenizer_dir).
+  c.tool_format = "c2jax"
   c.strict_tools = True
   c.max_turns = 8
   c.max_turn_tokens = 256
@@ -62,6 +67,7 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
   if not 0.0 < cfg.top_p <= 1.0:
     raise configlib.ConfigError(key("top_p"), f"is {cfg.top_p}; use a value in (0, 1].")
   configlib.check_choice(wrapper, key("backend"), sandbox.backends())
+  configlib.check_choice(wrapper, key("tool_format"), formats.format_names())
   unknown = sorted(set(cfg.tools) - set(tools_lib.tool_names()))
   if unknown:
     raise configlib.ConfigError(key("tools"), f"names unknown tools {unknown}; registered "
