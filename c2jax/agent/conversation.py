@@ -13,10 +13,10 @@ Two layouts, picked by the tokenizer:
   layout SFT on `c2jax.data.chat.render` trains.
 - a released model's tokenizer (data.tokenizer_dir): the model's own chat template with tools
   passed natively (`tools=`), and `agent.tool_format` naming how that model writes calls.
-  Pieces are rendered as text differences: the whole segment is rendered before and after
-  the new messages and the new suffix is tokenised, starting where the last assistant
-  `{% generation %}` block ends (the sampled turn stays exactly as sampled: token in, token
-  out). The turn-closing token is the last token of a generation block.
+  After a turn, the whole segment is rendered with the new messages and the text after the
+  last assistant `{% generation %}` block is tokenised and fed (the sampled turn stays
+  exactly as sampled: token in, token out). The turn-closing token is the last token of a
+  generation block.
 `check_tool_format` renders a probe tool call with the template and parses it back with the
 chosen format, so a mismatch fails before anything runs.
 """
@@ -135,22 +135,17 @@ class TemplateConversation:
 
   def feed(self, summary_prompt: str | None = None) -> np.ndarray:
     """Ids after the last assistant turn's closing token, to the next generation prompt."""
-    last = max(i for i, m in enumerate(self.segment) if m["role"] == "assistant")
-    before = self._render(self.segment[:last + 1], False)
-    if not before.spans:
-      raise ValueError(f"the chat template of {self.tokenizer.directory} marks no "
-                       "{% generation %} block for assistant messages; the agent needs one "
-                       "to know where a turn ends.")
-    cut = before.spans[-1][1]
     messages = self.segment + ([{"role": "user", "content": summary_prompt}]
                                if summary_prompt is not None else [])
     after = self._render(messages, True)
-    if after.text[:cut] != before.text[:cut]:
-      raise ValueError(f"the chat template of {self.tokenizer.directory} renders earlier turns "
-                       "differently once later messages follow (e.g. it drops reasoning of "
-                       "past turns), so a live sequence cannot be extended; use a template "
-                       "that keeps history unchanged.")
-    return self.tokenizer.encode_chat(after.text[cut:])[0]
+    if not after.spans:
+      raise ValueError(f"the chat template of {self.tokenizer.directory} marks no "
+                       "{% generation %} block for assistant messages; the agent needs one "
+                       "to know where a turn ends.")
+    # Only the suffix after the last assistant turn is new: the engine already holds the
+    # turn as sampled (a template may render past turns differently, e.g. Qwen3 drops the
+    # empty <think> block of a turn that is no longer the last one).
+    return self.tokenizer.encode_chat(after.text[after.spans[-1][1]:])[0]
 
   def restart(self, header: str, summary_ids: np.ndarray) -> np.ndarray:
     summary = header + self.tokenizer.decode(summary_ids)
@@ -184,21 +179,29 @@ def _probe(tokenizer: ModelTokenizer, messages, tools=None) -> tuple[np.ndarray,
   return rendered.ids, rendered.loss_mask
 
 
-def check_tool_format(tokenizer: ModelTokenizer, name: str) -> None:
-  """Raises ValueError unless format `name` reads the tool calls the template writes."""
-  fmt = formats.get_format(name)
+def _probe_written(tokenizer: ModelTokenizer, fmt: formats.ToolCallFormat) -> str:
+  """What the template writes for one assistant tool call with the format's call id."""
   call_name, arguments = _PROBE_CALL
   assistant = {"role": "assistant", "content": "Looking.", "tool_calls": [
       {"id": fmt.call_id(call_name, 0, 0, 0), "type": "function",
        "function": {"name": call_name, "arguments": json.dumps(arguments)}}]}
   ids, mask = _probe(tokenizer, [{"role": "user", "content": "x"}, assistant])
-  written = tokenizer.decode(ids[mask == 1])
+  return tokenizer.decode(ids[mask == 1])
+
+
+def _reads(tokenizer: ModelTokenizer, name: str) -> tuple[bool, str]:
+  fmt = formats.get_format(name)
+  written = _probe_written(tokenizer, fmt)
   calls = [(c.name, c.arguments) for c in fmt.parse_turn(written).calls
            if isinstance(c, protocol.ToolCall)]
-  if calls != [_PROBE_CALL]:
-    readable = [n for n in formats.format_names() if [
-        (c.name, c.arguments) for c in formats.get_format(n).parse_turn(written).calls
-        if isinstance(c, protocol.ToolCall)] == [_PROBE_CALL]]
+  return calls == [_PROBE_CALL], written
+
+
+def check_tool_format(tokenizer: ModelTokenizer, name: str) -> None:
+  """Raises ValueError unless format `name` reads the tool calls the template writes."""
+  ok, written = _reads(tokenizer, name)
+  if not ok:
+    readable = [n for n in formats.format_names() if _reads(tokenizer, n)[0]]
     raise ValueError(f"tool_format {name!r} cannot read the tool calls the chat template of "
                      f"{tokenizer.directory} writes ({written[:120]!r}); formats that can: "
                      f"{readable or 'none'}.")
@@ -207,6 +210,7 @@ def check_tool_format(tokenizer: ModelTokenizer, name: str) -> None:
 def make_conversation(tokenizer, cfg):
   """The episode's conversation for this tokenizer and agent config section."""
   if isinstance(tokenizer, ModelTokenizer):
+    check_tool_format(tokenizer, cfg.tool_format)  # a few tiny renders; fails early
     return TemplateConversation(tokenizer, formats.get_format(cfg.tool_format))
   if cfg.tool_format != "c2jax":
     raise ValueError(f"agent.tool_format is {cfg.tool_format!r} but the tokenizer is c2jax's "

@@ -1,0 +1,110 @@
+"""The agent's conversation with a released model's own chat template and tool-call format:
+the pieces fed between turns add up to exactly what the template renders."""
+
+import dataclasses
+import pathlib
+
+import numpy as np
+import pytest
+
+from c2jax.agent import config as agent_config
+from c2jax.agent import conversation, formats
+from c2jax.data import chat_template, model_tokenizer
+from c2jax.data import tokenizer as tokenizer_lib
+
+FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+TOOLS = [{"type": "function", "function": {
+    "name": name, "description": f"The {name} tool.",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                   "required": ["path"]}}} for name in ("read_file", "finish")]
+STYLES = [("qwen3", "qwen3"), ("kimi", "kimi_k2")]
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+  index: int
+  name: str
+  ok: bool
+  output: str
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+  return {d: model_tokenizer.load_model_tokenizer(FIXTURES / d) for d, _ in STYLES}
+
+
+def _config(tool_format):
+  cfg = agent_config.default_config()
+  cfg.tool_format = tool_format
+  agent_config.validate(cfg)
+  return cfg
+
+
+def _sample(tok, conv, content, calls):
+  """What a model speaking the format would emit for one turn, closing token included."""
+  text = conv.format.render_turn(content, calls)
+  return np.concatenate([tok.encode_chat(text)[0], conv.close_ids])
+
+
+@pytest.mark.parametrize("directory,fmt", STYLES)
+def test_fed_pieces_equal_the_template_render(tokenizers, directory, fmt):
+  tok = tokenizers[directory]
+  conv = conversation.make_conversation(tok, _config(fmt))
+  assert isinstance(conv, conversation.TemplateConversation)
+  assert conv.stop_tokens[0] == tok.token_id("<|im_end|>")
+  sequence = [conv.start("You fix bugs.", TOOLS, "Fix src/app.py.")]
+  sampled = _sample(tok, conv, "Looking.", [("read_file", {"path": "src/app.py"}),
+                                           ("read_file", {"path": "b.py"})])
+  sequence.append(sampled)
+  turn = conv.format.parse_turn(tok.decode(sampled[:-1]))
+  assert [c.arguments for c in turn.calls] == [{"path": "src/app.py"}, {"path": "b.py"}]
+  conv.book(turn, [Observation(0, "read_file", True, "def parse(s): ..."),
+                   Observation(1, "read_file", False, "no such file")])
+  sequence.append(conv.feed())
+  expected = chat_template.apply(tok, conv.transcript, tools=TOOLS, add_generation_prompt=True)
+  np.testing.assert_array_equal(np.concatenate(sequence), expected.ids)
+  assert conv.transcript[-1]["content"] == "ERROR: no such file"
+  if fmt == "kimi_k2":  # Kimi numbers calls across the conversation and prints the id back
+    assert "## Return of functions.read_file:1\nERROR" in expected.text
+
+  spans = conv.turn_spans(sampled)
+  text_in_calls = tok.decode(sampled[spans])
+  assert "Looking." not in text_in_calls and "src/app.py" in text_in_calls
+  close_marker = tok.token_id(conv.format.call_markers[1])
+  assert not spans[:2].any() and spans[sampled.tolist().index(close_marker)]
+
+  ask = conv.feed("Summarise.")
+  asked = chat_template.apply(tok, conv.transcript + [{"role": "user", "content": "Summarise."}],
+                              tools=TOOLS, add_generation_prompt=True)
+  np.testing.assert_array_equal(np.concatenate(sequence[:-1] + [ask]), asked.ids)
+  restart = conv.restart("Summary: ", tok.encode("I read the file."))
+  fresh = chat_template.apply(tok, [
+      {"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix src/app.py."},
+      {"role": "user", "content": "Summary: I read the file."}], tools=TOOLS,
+      add_generation_prompt=True)
+  np.testing.assert_array_equal(restart, fresh.ids)
+
+
+def test_tool_format_must_read_what_the_template_writes(tokenizers):
+  conversation.check_tool_format(tokenizers["qwen3"], "qwen3")
+  conversation.check_tool_format(tokenizers["kimi"], "kimi_k2")
+  with pytest.raises(ValueError, match=r"'qwen3' cannot read.*formats that can: \['kimi_k2'\]"):
+    conversation.check_tool_format(tokenizers["kimi"], "qwen3")
+  with pytest.raises(ValueError, match=r"'kimi_k2' cannot read.*\['c2jax', 'qwen3'\]"):
+    conversation.check_tool_format(tokenizers["qwen3"], "kimi_k2")
+
+
+def test_c2jax_tokenizer_speaks_only_the_c2jax_protocol():
+  tok = tokenizer_lib.train_bpe(["hello world"] * 4, 300)
+  assert isinstance(conversation.make_conversation(tok, _config("c2jax")),
+                    conversation.C2jaxConversation)
+  with pytest.raises(ValueError, match="tool_format is 'kimi_k2' but the tokenizer is c2jax"):
+    conversation.make_conversation(tok, _config("kimi_k2"))
+
+
+def test_unknown_tool_format_is_a_config_error():
+  cfg = agent_config.default_config()
+  cfg.tool_format = "hermes"
+  with pytest.raises(Exception, match="agent.tool_format.*hermes"):
+    agent_config.validate(cfg)
+  assert formats.format_names() == ("c2jax", "qwen3", "kimi_k2")
