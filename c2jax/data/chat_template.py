@@ -216,3 +216,29 @@ def apply(tokenizer, messages, *, tools=None, add_generation_prompt: bool = Fals
 
 def has_generation_blocks(tokenizer, template_name: str | None = None) -> bool:
   return bool(_GENERATION_RE.search(tokenizer.template(template_name)))
+
+
+def load_jsonl(path: str) -> list[dict]:
+  """Conversations for a model's own template: each line `{"messages": [...], "tools":
+  [...]}` (tools optional) or a bare message list; messages are passed to the template as
+  written (OpenAI style), after checking each has a string role."""
+  conversations = []
+  with open(path, encoding="utf-8") as f:
+    for line_number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f"{path}:{line_number}"
+      try:
+        item = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg}).") from e
+      item = item if isinstance(item, dict) else {"messages": item}
+      messages, tools = item.get("messages"), item.get("tools")
+      if not isinstance(messages, list) or not all(
+          isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
+        raise ValueError(f"{where}: expected {{\"messages\": [{{\"role\": ..., ...}}, ...]}} "
+                         "or a list of such messages.")
+      if tools is not None and not isinstance(tools, list):
+        raise ValueError(f"{where}: \"tools\" must be a list of tool schemas.")
+      conversations.append({"messages": messages, "tools": tools})
+  return conversations

@@ -204,6 +204,11 @@ class ModelTokenizer:
   def decode(self, ids) -> str:
     return self._backend.decode([int(i) for i in ids])
 
+  def encode_document(self, text: str) -> np.ndarray:
+    """A pretraining document: bos (when the model has one, Qwen does not), text, eos."""
+    bos = [self.bos_id] if "bos_token" in self.special_tokens else []
+    return np.concatenate([bos, self.encode(text), [self.eos_id]]).astype(np.int32)
+
   def template(self, name: str | None = None, *, tools: bool = False) -> str:
     """The chat template to render: `name` from several, else 'tool_use' when tools are
     given and the model has one, else 'default' (transformers' choice)."""

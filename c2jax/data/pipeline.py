@@ -22,7 +22,8 @@ import grain
 import numpy as np
 from grain import experimental as grain_experimental
 
-from c2jax.data import chat, packing, reader
+from c2jax.data import chat, chat_template, packing, reader
+from c2jax.data.model_tokenizer import ModelTokenizer
 from c2jax.data.tokenizer import Tokenizer
 
 # Document granularity for corpus pipelines: one file, or one whole repository (its
@@ -36,12 +37,11 @@ GRANULARITIES = {
 class _EncodeDocument:
   """Corpus document -> next-token example over <|bos|> text <|eos|>, all trained."""
 
-  def __init__(self, tokenizer: Tokenizer):
+  def __init__(self, tokenizer: Tokenizer | ModelTokenizer):
     self.tokenizer = tokenizer
 
   def __call__(self, document: dict[str, str]) -> dict[str, np.ndarray]:
-    ids = np.concatenate([[self.tokenizer.bos_id], self.tokenizer.encode(document["text"]),
-                          [self.tokenizer.eos_id]]).astype(np.int32)
+    ids = self.tokenizer.encode_document(document["text"])
     return packing.example(ids, np.ones_like(ids))
 
 
@@ -53,6 +53,19 @@ class _EncodeConversation:
 
   def __call__(self, messages: list[dict]) -> dict[str, np.ndarray]:
     rendered = chat.render(self.tokenizer, messages)
+    return packing.example(rendered.ids, rendered.loss_mask)
+
+
+class _EncodeTemplateConversation:
+  """{messages, tools} -> example rendered by a released model's own chat template,
+  trained where the template marks {% generation %} (transformers' assistant mask)."""
+
+  def __init__(self, tokenizer: ModelTokenizer):
+    self.tokenizer = tokenizer
+
+  def __call__(self, conversation: dict) -> dict[str, np.ndarray]:
+    rendered = chat_template.apply(self.tokenizer, conversation["messages"],
+                                   tools=conversation.get("tools"))
     return packing.example(rendered.ids, rendered.loss_mask)
 
 
@@ -111,17 +124,34 @@ def pretrain_dataset(corpus: reader.Corpus | str | os.PathLike, split: str,
   return _batched(packing.pack(ds, packer, seq_len, seed), batch_size, worker_count)
 
 
-def chat_dataset(conversations: list[list[dict]] | str | os.PathLike, tokenizer: Tokenizer,
+def chat_dataset(conversations: list[list[dict]] | str | os.PathLike,
+                 tokenizer: Tokenizer | ModelTokenizer,
                  *, seq_len: int, batch_size: int, seed: int = 0, shuffle: bool = True,
                  num_epochs: int | None = None, shard_index: int = 0, shard_count: int = 1,
                  packer: str = "first_fit", read_threads: int = 2,
                  worker_count: int = 0) -> grain.IterDataset:
-  """Batches of packed conversations (a JSONL path or message lists), loss on assistant."""
-  if not isinstance(conversations, list):
+  """Batches of packed conversations (a JSONL path or message lists), loss on assistant.
+
+  With a released model's tokenizer (ModelTokenizer) conversations are rendered by its own
+  chat template, with each JSONL line's `tools` if given; the template must mark
+  {% generation %}, or nothing would be trained.
+  """
+  templated = isinstance(tokenizer, ModelTokenizer)
+  if templated:
+    if not chat_template.has_generation_blocks(tokenizer):
+      raise ValueError(f"the chat template of {tokenizer.directory} has no {{% generation %}} "
+                       "block, so no assistant token would be trained; use a template that "
+                       "wraps assistant output in {% generation %}...{% endgeneration %}.")
+    if isinstance(conversations, list):
+      conversations = [{"messages": m} for m in conversations]
+    else:
+      conversations = chat_template.load_jsonl(os.fspath(conversations))
+  elif not isinstance(conversations, list):
     conversations = chat.load_jsonl(os.fspath(conversations))
   if not conversations:
     raise ValueError("no conversations to train on; the chat data is empty.")
   ds = _ordered(grain.MapDataset.source(conversations), seed=seed, shuffle=shuffle,
                 num_epochs=num_epochs, shard_index=shard_index, shard_count=shard_count)
-  ds = _read(ds.map(_EncodeConversation(tokenizer)), read_threads)
+  encode = (_EncodeTemplateConversation if templated else _EncodeConversation)(tokenizer)
+  ds = _read(ds.map(encode), read_threads)
   return _batched(packing.pack(ds, packer, seq_len, seed), batch_size, worker_count)

@@ -144,3 +144,46 @@ def test_errors_name_the_directory(tmp_path):
   (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<|nope|>"}')
   with pytest.raises(ValueError, match="eos_token is '<\\|nope\\|>'"):
     model_tokenizer.load_model_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize("directory", ["qwen3", "kimi"])
+def test_chat_dataset_trains_on_the_template_assistant_mask(tokenizers, tmp_path, directory):
+  from c2jax.data import pipeline
+  case = next(c for c in CASES if c["name"] == f"{directory}/agent_tools")
+  path = tmp_path / "sft.jsonl"
+  path.write_text(json.dumps({"messages": case["messages"], "tools": case["tools"]}) + "\n")
+  n = len(case["input_ids"])
+  (batch,) = list(pipeline.chat_dataset(str(path), tokenizers[directory], seq_len=n - 1,
+                                        batch_size=1, shuffle=False, num_epochs=1))
+  np.testing.assert_array_equal(batch["inputs"][0], case["input_ids"][:-1])
+  np.testing.assert_array_equal(batch["targets"][0], case["input_ids"][1:])
+  np.testing.assert_array_equal(batch["loss_mask"][0], case["assistant_masks"][1:])
+
+
+def test_chat_dataset_refuses_templates_without_generation(tmp_path):
+  from c2jax.data import pipeline
+  (tmp_path / "tokenizer.json").write_text((FIXTURES / "qwen3" / "tokenizer.json").read_text())
+  (tmp_path / "chat_template.jinja").write_text(
+      "{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}")
+  tok = model_tokenizer.load_model_tokenizer(tmp_path)
+  with pytest.raises(ValueError, match="no assistant token would be trained"):
+    pipeline.chat_dataset([[{"role": "user", "content": "x"}]], tok, seq_len=8, batch_size=1)
+
+
+def test_documents_use_bos_only_when_the_model_has_one(tokenizers):
+  qwen, kimi = tokenizers["qwen3"], tokenizers["kimi"]
+  np.testing.assert_array_equal(qwen.encode_document("ab"),
+                                [*qwen.encode("ab"), qwen.token_id("<|im_end|>")])
+  np.testing.assert_array_equal(kimi.encode_document("ab"),
+                                [kimi.bos_id, *kimi.encode("ab"), kimi.eos_id])
+
+
+def test_prepare_returns_the_model_tokenizer(tmp_path):
+  from c2jax.data import cache
+  cfg = cache.default_config()
+  cfg.tokenizer_dir = str(FIXTURES / "kimi")
+  cfg.tokenizer_file = str(FIXTURES / "qwen3" / "tokenizer.json")
+  with pytest.raises(ValueError, match="both set"):
+    cache.prepare_from_config(cfg, progress=False)
+  prepared = cache.Prepared(tmp_path, FIXTURES / "kimi")
+  assert isinstance(prepared.tokenizer(), model_tokenizer.ModelTokenizer)
