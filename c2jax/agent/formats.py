@@ -41,7 +41,8 @@ _KIMI_ID_RE = re.compile(r"\s*(?:functions\.)?(.+?)(?::(\d+))?\s*")
 class ToolCallFormat:
   name: str
   parse_turn: Callable[[object], protocol.Turn]  # never raises
-  render_turn: Callable[[str, list[tuple[str, dict]]], str]
+  # (content, [(name, arguments)], first_call=calls earlier in the conversation) -> text
+  render_turn: Callable[..., str]
   # (name, turn number, index in the turn, calls before it in the conversation) -> id
   call_id: Callable[[str, int, int, int], str]
   call_markers: tuple[str, str]  # the strings that open and close a call, for token spans
@@ -54,7 +55,13 @@ def _c2jax_call_id(name: str, turn: int, index: int, counter: int) -> str:
 
 # ---- Qwen3 ----------------------------------------------------------------------------------
 
-def _qwen3_render(content: str, calls: list[tuple[str, dict]]) -> str:
+def _c2jax_render(content: str, calls: list[tuple[str, dict]], first_call: int = 0) -> str:
+  del first_call
+  return protocol.render_turn(content, calls)
+
+
+def _qwen3_render(content: str, calls: list[tuple[str, dict]], first_call: int = 0) -> str:
+  del first_call
   blocks = []
   for name, arguments in calls:
     body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
@@ -148,19 +155,19 @@ def _kimi_call_id(name: str, turn: int, index: int, counter: int) -> str:
   return f"functions.{name}:{counter}"  # Kimi numbers calls across the conversation
 
 
-def _kimi_render(content: str, calls: list[tuple[str, dict]], first_number: int = 0) -> str:
+def _kimi_render(content: str, calls: list[tuple[str, dict]], first_call: int = 0) -> str:
   if not calls:
     return content
   # '<|' can only occur inside JSON strings; written with the JSON escape for '|', no
   # marker can appear in the arguments, and json.loads gives the same string back.
-  blocks = [f"{KIMI_CALL_BEGIN}functions.{name}:{first_number + k}{KIMI_ARGUMENT_BEGIN}"
+  blocks = [f"{KIMI_CALL_BEGIN}functions.{name}:{first_call + k}{KIMI_ARGUMENT_BEGIN}"
             + json.dumps(arguments, ensure_ascii=False).replace("<|", "<\\u007c")
             + KIMI_CALL_END for k, (name, arguments) in enumerate(calls)]
   return content + KIMI_SECTION_BEGIN + "".join(blocks) + KIMI_SECTION_END
 
 
 _FORMATS = {
-    "c2jax": ToolCallFormat("c2jax", protocol.parse_turn, protocol.render_turn,
+    "c2jax": ToolCallFormat("c2jax", protocol.parse_turn, _c2jax_render,
                             _c2jax_call_id, (protocol.TOOL_CALL_START, protocol.TOOL_CALL_END)),
     "qwen3": ToolCallFormat("qwen3", protocol.parse_turn, _qwen3_render, _c2jax_call_id,
                             (protocol.TOOL_CALL_START, protocol.TOOL_CALL_END)),

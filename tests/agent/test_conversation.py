@@ -79,7 +79,8 @@ def test_fed_pieces_equal_the_template_render(tokenizers, directory, fmt):
   np.testing.assert_array_equal(np.concatenate(sequence[:-1] + [ask]), asked.ids)
   restart = conv.restart("Summary: ", tok.encode("I read the file."))
   fresh = chat_template.apply(tok, [
-      {"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix src/app.py."},
+      {"role": "system", "content": "You fix bugs."},
+      {"role": "user", "content": "Fix src/app.py."},
       {"role": "user", "content": "Summary: I read the file."}], tools=TOOLS,
       add_generation_prompt=True)
   np.testing.assert_array_equal(restart, fresh.ids)

@@ -107,3 +107,10 @@ def test_render_then_parse_round_trips(name, content, calls):
   assert turn.content == content
   assert [(c.name, c.arguments) for c in turn.calls] == calls
   assert all(isinstance(c, protocol.ToolCall) for c in turn.calls)
+
+
+def test_kimi_numbers_calls_across_the_conversation():
+  kimi = formats.get_format("kimi_k2")
+  text = kimi.render_turn("", [("grep", {"pattern": "<|x"}), ("finish", {})], first_call=5)
+  assert "functions.grep:5" in text and "functions.finish:6" in text
+  assert kimi.parse_turn(text).calls[0].arguments == {"pattern": "<|x"}
