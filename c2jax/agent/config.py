@@ -81,5 +81,31 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
         f"agent.max_turn_tokens = {cfg.max_turn_tokens} (a segment needs room for a turn).")
 
 
+def check_tokenizer(cfg: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,
+                    model_vocab_size: int) -> None:
+  """agent.tool_format against the tokenizer the data section names: c2jax's protocol with
+  c2jax's tokenizer; with a released model's (data.tokenizer_dir) a format that reads the
+  tool calls its chat template writes, and a vocabulary the model's embedding covers."""
+  from c2jax.agent import conversation  # pylint: disable=import-outside-toplevel
+  from c2jax.data import model_tokenizer  # pylint: disable=import-outside-toplevel
+
+  if data_cfg.tokenizer_dir is None:
+    if cfg.tool_format != "c2jax":
+      raise configlib.ConfigError("agent.tool_format", f"is {cfg.tool_format!r} but "
+                                  "data.tokenizer_dir is unset, so the model speaks c2jax's "
+                                  "template and protocol; set agent.tool_format='c2jax' or "
+                                  "data.tokenizer_dir to the released model's directory.")
+    return
+  try:
+    tokenizer = model_tokenizer.load_model_tokenizer(data_cfg.tokenizer_dir)
+    conversation.check_tool_format(tokenizer, cfg.tool_format)
+  except (OSError, ValueError) as e:
+    raise configlib.ConfigError("agent.tool_format", str(e)) from e
+  if tokenizer.vocab_size > model_vocab_size:
+    raise configlib.ConfigError("data.tokenizer_dir", f"holds a tokenizer of "
+                                f"{tokenizer.vocab_size} tokens but model.vocab_size is "
+                                f"{model_vocab_size}; use the model the tokenizer belongs to.")
+
+
 def toolset(cfg) -> tools_lib.ToolsetConfig:
   return tools_lib.ToolsetConfig(tools=tuple(cfg.tools), strict=cfg.strict_tools)

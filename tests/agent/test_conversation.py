@@ -109,3 +109,19 @@ def test_unknown_tool_format_is_a_config_error():
   with pytest.raises(Exception, match="agent.tool_format.*hermes"):
     agent_config.validate(cfg)
   assert formats.format_names() == ("c2jax", "qwen3", "kimi_k2")
+
+
+def test_config_check_pairs_tool_format_with_the_data_tokenizer():
+  data_cfg = __import__("c2jax.data", fromlist=["default_config"]).default_config()
+  cfg = _config("c2jax")
+  agent_config.check_tokenizer(cfg, data_cfg, 512)
+  cfg.tool_format = "qwen3"
+  with pytest.raises(Exception, match="agent.tool_format: is 'qwen3' but data.tokenizer_dir"):
+    agent_config.check_tokenizer(cfg, data_cfg, 512)
+  data_cfg.tokenizer_dir = str(FIXTURES / "kimi")
+  with pytest.raises(Exception, match=r"agent.tool_format: .*formats that can: \['kimi_k2'\]"):
+    agent_config.check_tokenizer(cfg, data_cfg, 512)
+  cfg.tool_format = "kimi_k2"
+  agent_config.check_tokenizer(cfg, data_cfg, 512)
+  with pytest.raises(Exception, match="data.tokenizer_dir: holds a tokenizer of 343 tokens"):
+    agent_config.check_tokenizer(cfg, data_cfg, 256)
