@@ -3,7 +3,7 @@
 Run with the Python 3.11 venv that has transformers, tokenizers and tiktoken (not the
 project's 3.12 venv; this tool must not import c2jax):
 
-  /work/venv311/bin/python tools/make_template_fixtures.py
+  /work/venv311/bin/python tools/make_template_fixtures.py [--out DIR]
 
 Two tiny model tokenizer directories, each with a template written for c2jax in that model
 family's style (tools/templates/*.jinja; real templates cannot be downloaded here):
@@ -21,6 +21,7 @@ plus plain-text encodings (no special tokens) that pin down the base tokenizers.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import pathlib
@@ -188,14 +189,17 @@ PLAIN = [
 
 
 def main():
-  if OUT.exists():
-    shutil.rmtree(OUT)
-  OUT.mkdir(parents=True)
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=str(OUT), help="where to write (default: the fixtures)")
+  out = pathlib.Path(parser.parse_args().out)
+  if out.exists():
+    shutil.rmtree(out)
+  out.mkdir(parents=True)
   cases = []
   for style, build in (("qwen3", _qwen3), ("kimi", _kimi)):
-    tok = build(OUT / style)
+    tok = build(out / style)
     for case in _conversations(style):
-      out = tok.apply_chat_template(
+      encoded = tok.apply_chat_template(
           case["messages"], tools=case.get("tools"), tokenize=True, return_dict=True,
           add_generation_prompt=case.get("add_generation_prompt", False),
           return_assistant_tokens_mask=True, **case.get("kwargs", {}))
@@ -204,15 +208,15 @@ def main():
           add_generation_prompt=case.get("add_generation_prompt", False),
           **case.get("kwargs", {}))
       cases.append({**case, "model": style, "name": f"{style}/{case['name']}", "text": text,
-                    "input_ids": list(out["input_ids"]),
-                    "assistant_masks": list(out["assistant_masks"])})
+                    "input_ids": list(encoded["input_ids"]),
+                    "assistant_masks": list(encoded["assistant_masks"])})
     for i, text in enumerate(PLAIN):
       cases.append({"model": style, "name": f"{style}/plain_{i}", "plain": text,
                     "input_ids": tok.encode(text, add_special_tokens=False)})
   lines = ",\n".join(json.dumps(case, ensure_ascii=False) for case in cases)
-  (OUT / "cases.json").write_text(
+  (out / "cases.json").write_text(
       f'{{"transformers": "{transformers.__version__}", "cases": [\n{lines}\n]}}\n')
-  print(f"wrote {len(cases)} cases to {OUT}")
+  print(f"wrote {len(cases)} cases to {out}")
 
 
 if __name__ == "__main__":

@@ -34,24 +34,49 @@ def test_fixtures_cover_both_styles_and_masks():
   assert all(sum(c["assistant_masks"]) > 0 for c in CASES if c["name"].endswith("agent_tools"))
 
 
-@pytest.mark.parametrize("case", _chat_cases())
-def test_render_ids_and_mask_equal_transformers(tokenizers, case):
-  tok = tokenizers[case["model"]]
+def _check_case(tok, case):
+  """Our render / ids / mask (or plain encoding) equal transformers' for one case."""
+  if "plain" in case:
+    ids = tok.encode(case["plain"])
+    np.testing.assert_array_equal(ids, case["input_ids"])
+    assert tok.decode(ids) == case["plain"]
+    return
   rendered = chat_template.apply(tok, case["messages"], tools=case.get("tools"),
                                  add_generation_prompt=case.get("add_generation_prompt",
                                                                 False),
                                  **case.get("kwargs", {}))
-  assert rendered.text == case["text"]
-  np.testing.assert_array_equal(rendered.ids, case["input_ids"])
-  np.testing.assert_array_equal(rendered.loss_mask, case["assistant_masks"])
+  assert rendered.text == case["text"], case["name"]
+  np.testing.assert_array_equal(rendered.ids, case["input_ids"], err_msg=case["name"])
+  np.testing.assert_array_equal(rendered.loss_mask, case["assistant_masks"],
+                                err_msg=case["name"])
+
+
+@pytest.mark.parametrize("case", _chat_cases())
+def test_render_ids_and_mask_equal_transformers(tokenizers, case):
+  _check_case(tokenizers[case["model"]], case)
 
 
 @pytest.mark.parametrize("case", _plain_cases())
 def test_plain_encoding_equals_transformers(tokenizers, case):
-  tok = tokenizers[case["model"]]
-  ids = tok.encode(case["plain"])
-  np.testing.assert_array_equal(ids, case["input_ids"])
-  assert tok.decode(ids) == case["plain"]
+  _check_case(tokenizers[case["model"]], case)
+
+
+def test_live_against_transformers(tmp_path):
+  """Regenerates the fixtures with transformers ($C2JAX_TORCH_PYTHON) and checks every case
+  live, so a transformers upgrade that changes apply_chat_template shows up here."""
+  import os
+  import subprocess
+  python = os.environ.get("C2JAX_TORCH_PYTHON")
+  if not python or not os.path.exists(python):
+    pytest.skip("set C2JAX_TORCH_PYTHON to a Python with transformers and tiktoken")
+  tool = FIXTURES.parent.parent.parent / "tools" / "make_template_fixtures.py"
+  subprocess.run([python, str(tool), "--out", str(tmp_path)], check=True,
+                 capture_output=True, timeout=300)
+  cases = json.loads((tmp_path / "cases.json").read_text())["cases"]
+  live = {name: model_tokenizer.load_model_tokenizer(tmp_path / name)
+          for name in ("qwen3", "kimi")}
+  for case in cases:
+    _check_case(live[case["model"]], case)
 
 
 def test_masked_tokens_are_exactly_the_assistant_turns(tokenizers):
