@@ -176,6 +176,30 @@ _FORMATS = {
 }
 
 
+def with_call_ids(messages: list[dict], fmt: ToolCallFormat) -> list[dict]:
+  """A copy of OpenAI-style messages whose tool-call ids (and the tool messages answering
+  them) follow the format's convention, e.g. Kimi's functions.NAME:IDX, which its template
+  prints and its model learns to write; other messages are unchanged."""
+  result, renamed, turn, counter = [], {}, 0, 0
+  for message in messages:
+    if message.get("role") == "assistant" and message.get("tool_calls"):
+      calls = []
+      for k, call in enumerate(message["tool_calls"]):
+        name = (call.get("function") or {}).get("name", "")
+        new_id = fmt.call_id(name, turn, k, counter)
+        counter += 1
+        if call.get("id") is not None:
+          renamed[call["id"]] = new_id
+        calls.append({**call, "id": new_id})
+      message = {**message, "tool_calls": calls}
+    elif message.get("role") == "tool" and message.get("tool_call_id") in renamed:
+      message = {**message, "tool_call_id": renamed[message["tool_call_id"]]}
+    if message.get("role") == "assistant":
+      turn += 1
+    result.append(message)
+  return result
+
+
 def format_names() -> tuple[str, ...]:
   return tuple(_FORMATS)
 

@@ -22,6 +22,7 @@ import grain
 import numpy as np
 from grain import experimental as grain_experimental
 
+from c2jax.agent import formats
 from c2jax.data import chat, chat_template, packing, reader
 from c2jax.data.model_tokenizer import ModelTokenizer
 from c2jax.data.tokenizer import Tokenizer
@@ -60,12 +61,15 @@ class _EncodeTemplateConversation:
   """{messages, tools} -> example rendered by a released model's own chat template,
   trained where the template marks {% generation %} (transformers' assistant mask)."""
 
-  def __init__(self, tokenizer: ModelTokenizer):
+  def __init__(self, tokenizer: ModelTokenizer, tool_format: str | None):
     self.tokenizer = tokenizer
+    self.format = formats.get_format(tool_format) if tool_format else None
 
   def __call__(self, conversation: dict) -> dict[str, np.ndarray]:
-    rendered = chat_template.apply(self.tokenizer, conversation["messages"],
-                                   tools=conversation.get("tools"))
+    messages = conversation["messages"]
+    if self.format is not None:
+      messages = formats.with_call_ids(messages, self.format)
+    rendered = chat_template.apply(self.tokenizer, messages, tools=conversation.get("tools"))
     return packing.example(rendered.ids, rendered.loss_mask)
 
 
@@ -129,12 +133,13 @@ def chat_dataset(conversations: list[list[dict]] | str | os.PathLike,
                  *, seq_len: int, batch_size: int, seed: int = 0, shuffle: bool = True,
                  num_epochs: int | None = None, shard_index: int = 0, shard_count: int = 1,
                  packer: str = "first_fit", read_threads: int = 2,
-                 worker_count: int = 0) -> grain.IterDataset:
+                 worker_count: int = 0, tool_format: str | None = None) -> grain.IterDataset:
   """Batches of packed conversations (a JSONL path or message lists), loss on assistant.
 
   With a released model's tokenizer (ModelTokenizer) conversations are rendered by its own
   chat template, with each JSONL line's `tools` if given; the template must mark
-  {% generation %}, or nothing would be trained.
+  {% generation %}, or nothing would be trained. `tool_format` (the agent's) rewrites
+  tool-call ids to that format's convention, so SFT teaches the ids the agent parses.
   """
   templated = isinstance(tokenizer, ModelTokenizer)
   if templated:
@@ -146,12 +151,18 @@ def chat_dataset(conversations: list[list[dict]] | str | os.PathLike,
       conversations = [{"messages": m} for m in conversations]
     else:
       conversations = chat_template.load_jsonl(os.fspath(conversations))
-  elif not isinstance(conversations, list):
-    conversations = chat.load_jsonl(os.fspath(conversations))
+  else:
+    if tool_format not in (None, "c2jax"):
+      raise ValueError(f"tool_format {tool_format!r} needs a released model's tokenizer and "
+                       "chat template (data.tokenizer_dir); c2jax's own template writes the "
+                       "c2jax protocol.")
+    if not isinstance(conversations, list):
+      conversations = chat.load_jsonl(os.fspath(conversations))
   if not conversations:
     raise ValueError("no conversations to train on; the chat data is empty.")
   ds = _ordered(grain.MapDataset.source(conversations), seed=seed, shuffle=shuffle,
                 num_epochs=num_epochs, shard_index=shard_index, shard_count=shard_count)
-  encode = (_EncodeTemplateConversation if templated else _EncodeConversation)(tokenizer)
+  encode = (_EncodeTemplateConversation(tokenizer, tool_format) if templated
+            else _EncodeConversation(tokenizer))
   ds = _read(ds.map(encode), read_threads)
   return _batched(packing.pack(ds, packer, seq_len, seed), batch_size, worker_count)

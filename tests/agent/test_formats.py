@@ -114,3 +114,24 @@ def test_kimi_numbers_calls_across_the_conversation():
   text = kimi.render_turn("", [("grep", {"pattern": "<|x"}), ("finish", {})], first_call=5)
   assert "functions.grep:5" in text and "functions.finish:6" in text
   assert kimi.parse_turn(text).calls[0].arguments == {"pattern": "<|x"}
+
+
+def test_with_call_ids_follows_the_format_and_keeps_answers_linked():
+  messages = [
+      {"role": "user", "content": "x"},
+      {"role": "assistant", "content": "", "tool_calls": [
+          {"id": "a", "type": "function", "function": {"name": "grep", "arguments": "{}"}},
+          {"id": "b", "type": "function", "function": {"name": "read", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "a", "content": "1"},
+      {"role": "tool", "tool_call_id": "b", "content": "2"},
+      {"role": "assistant", "content": "", "tool_calls": [
+          {"id": "c", "type": "function", "function": {"name": "grep", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c", "content": "3"}]
+  kimi = formats.with_call_ids(messages, formats.get_format("kimi_k2"))
+  assert [c["id"] for c in kimi[1]["tool_calls"]] == ["functions.grep:0", "functions.read:1"]
+  assert [m["tool_call_id"] for m in kimi if m["role"] == "tool"] == [
+      "functions.grep:0", "functions.read:1", "functions.grep:2"]
+  c2jax = formats.with_call_ids(messages, formats.get_format("c2jax"))
+  assert [m["tool_call_id"] for m in c2jax if m["role"] == "tool"] == [
+      "call_0_0", "call_0_1", "call_1_0"]
+  assert messages[2]["tool_call_id"] == "a"  # the input is not modified

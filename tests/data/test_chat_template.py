@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from c2jax.data import chat_template, model_tokenizer
+from c2jax.data import tokenizer as tokenizer_lib
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "templates"
 CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
@@ -212,3 +213,21 @@ def test_prepare_returns_the_model_tokenizer(tmp_path):
     cache.prepare_from_config(cfg, progress=False)
   prepared = cache.Prepared(tmp_path, FIXTURES / "kimi")
   assert isinstance(prepared.tokenizer(), model_tokenizer.ModelTokenizer)
+
+
+def test_chat_dataset_rewrites_trace_call_ids_to_the_format(tokenizers):
+  from c2jax.agent import formats
+  from c2jax.data import pipeline
+  case = next(c for c in CASES if c["name"] == "kimi/agent_tools")
+  c2jax_ids = formats.with_call_ids(case["messages"], formats.get_format("c2jax"))
+  assert "call_0_0" in json.dumps(c2jax_ids)
+  n = len(case["input_ids"])
+  kwargs = dict(seq_len=n - 1, batch_size=1, shuffle=False, num_epochs=1)
+  (batch,) = list(pipeline.chat_dataset([c2jax_ids], tokenizers["kimi"], tool_format="kimi_k2",
+                                        **kwargs))
+  # A message list carries no tools, so compare with the render without them.
+  expected = chat_template.apply(tokenizers["kimi"], case["messages"]).ids
+  np.testing.assert_array_equal(batch["inputs"][0][:len(expected) - 1], expected[:-1])
+  with pytest.raises(ValueError, match="needs a released model's tokenizer"):
+    pipeline.chat_dataset([c2jax_ids], tokenizer_lib.train_bpe(["ab"] * 4, 300),
+                          tool_format="kimi_k2", **kwargs)
