@@ -231,3 +231,11 @@ def test_chat_dataset_rewrites_trace_call_ids_to_the_format(tokenizers):
   with pytest.raises(ValueError, match="needs a released model's tokenizer"):
     pipeline.chat_dataset([c2jax_ids], tokenizer_lib.train_bpe(["ab"] * 4, 300),
                           tool_format="kimi_k2", **kwargs)
+
+
+def test_chat_render_uses_the_model_template(tokenizers):
+  from c2jax.data import chat
+  case = next(c for c in CASES if c["name"] == "qwen3/plain_chat")
+  rendered = chat.render(tokenizers["qwen3"], case["messages"])
+  np.testing.assert_array_equal(rendered.ids, case["input_ids"])
+  np.testing.assert_array_equal(rendered.loss_mask, case["assistant_masks"])
