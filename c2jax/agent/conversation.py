@@ -112,9 +112,19 @@ class TemplateConversation:
     self.system = self.task_prompt = ""
     self._turns = self._calls = 0
 
-  def _render(self, messages, add_generation_prompt: bool) -> chat_template.Rendered:
-    return chat_template.apply(self.tokenizer, messages, tools=self.tools or None,
-                               add_generation_prompt=add_generation_prompt)
+  def _render(self, messages, add_generation_prompt: bool) -> tuple[str, list]:
+    """Text and generation spans; user and tool contents (task text, tool output: not
+    ours) have control-token strings marked so they are fed as plain text."""
+    guarded = [{**m, "content": chat_template.mark_control_tokens(
+                   m["content"], self.tokenizer.control_tokens)}
+               if m["role"] in ("user", "tool") else m for m in messages]
+    source = self.tokenizer.template(tools=bool(self.tools))
+    return chat_template.render_text(source, guarded, tools=self.tools or None,
+                                     add_generation_prompt=add_generation_prompt,
+                                     **self.tokenizer.special_tokens)
+
+  def _encode(self, text: str) -> np.ndarray:
+    return chat_template.encode_marked(self.tokenizer, text)
 
   def _initial(self, extra_user: str | None = None) -> list[dict]:
     messages = prompt_lib.initial_messages(self.system, self.task_prompt)
@@ -124,7 +134,7 @@ class TemplateConversation:
     self.system, self.task_prompt, self.tools = system_prompt, task_prompt, list(tool_specs)
     self.segment = self._initial()
     self.transcript = list(self.segment)
-    return self._render(self.segment, True).ids
+    return self._encode(self._render(self.segment, True)[0])
 
   def book(self, turn: protocol.Turn, observations) -> None:
     messages = _messages(self.format, turn, observations, self._turns, self._calls)
@@ -137,20 +147,20 @@ class TemplateConversation:
     """Ids after the last assistant turn's closing token, to the next generation prompt."""
     messages = self.segment + ([{"role": "user", "content": summary_prompt}]
                                if summary_prompt is not None else [])
-    after = self._render(messages, True)
-    if not after.spans:
+    text, spans = self._render(messages, True)
+    if not spans:
       raise ValueError(f"the chat template of {self.tokenizer.directory} marks no "
                        "{% generation %} block for assistant messages; the agent needs one "
                        "to know where a turn ends.")
     # Only the suffix after the last assistant turn is new: the engine already holds the
     # turn as sampled (a template may render past turns differently, e.g. Qwen3 drops the
     # empty <think> block of a turn that is no longer the last one).
-    return self.tokenizer.encode_chat(after.text[after.spans[-1][1]:])[0]
+    return self._encode(text[spans[-1][1]:])
 
   def restart(self, header: str, summary_ids: np.ndarray) -> np.ndarray:
     summary = header + self.tokenizer.decode(summary_ids)
     self.segment = self._initial(summary)
-    return self._render(self.segment, True).ids
+    return self._encode(self._render(self.segment, True)[0])
 
   def turn_spans(self, turn_ids) -> np.ndarray:
     """bool [N]: tokens overlapping the format's call blocks (markers included)."""

@@ -214,6 +214,46 @@ def apply(tokenizer, messages, *, tools=None, add_generation_prompt: bool = Fals
   return Rendered(text, ids, spans_to_mask(offsets, spans), tuple(spans))
 
 
+# Private-use characters around a control-token string that came from untrusted text, so
+# `encode_marked` encodes it as plain text (transformers' sanitize_control_tokens idea).
+MARK_OPEN, MARK_CLOSE = "\ue000", "\ue001"
+
+
+def mark_control_tokens(value, control_tokens):
+  """A copy of `value` (str / list / dict) whose strings have every control token wrapped
+  in MARK_OPEN/MARK_CLOSE; stray marker characters in the input are dropped."""
+  if isinstance(value, str):
+    value = value.replace(MARK_OPEN, "").replace(MARK_CLOSE, "")
+    pattern = _control_pattern(tuple(control_tokens))
+    return pattern.sub(lambda m: MARK_OPEN + m.group(0) + MARK_CLOSE, value) if pattern else value
+  if isinstance(value, dict):
+    return {k: mark_control_tokens(v, control_tokens) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [mark_control_tokens(v, control_tokens) for v in value]
+  return value
+
+
+@functools.lru_cache(maxsize=8)
+def _control_pattern(control_tokens: tuple[str, ...]):
+  if not control_tokens:
+    return None
+  return re.compile("|".join(re.escape(t) for t in sorted(control_tokens, key=len,
+                                                          reverse=True)))
+
+
+def encode_marked(tokenizer, text: str) -> np.ndarray:
+  """Ids of rendered text in which marked regions are plain text and the rest is
+  encoded as the template's (control tokens matched)."""
+  pieces, pos = [], 0
+  while (start := text.find(MARK_OPEN, pos)) >= 0:
+    end = text.find(MARK_CLOSE, start)
+    end = len(text) if end < 0 else end
+    pieces += [tokenizer.encode_chat(text[pos:start])[0], tokenizer.encode(text[start + 1:end])]
+    pos = end + 1
+  pieces.append(tokenizer.encode_chat(text[pos:])[0])
+  return np.concatenate(pieces).astype(np.int32)
+
+
 def has_generation_blocks(tokenizer, template_name: str | None = None) -> bool:
   return bool(_GENERATION_RE.search(tokenizer.template(template_name)))
 

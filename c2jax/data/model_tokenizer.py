@@ -53,13 +53,17 @@ def _token_text(value) -> str | None:
 
 class _HFBackend:
   """tokenizer.json through HF `tokenizers`; two copies differ only in whether added
-  tokens written in the text are matched."""
+  tokens (special or not, e.g. Qwen's <tool_call>) written in the text are matched."""
 
   def __init__(self, path: str):
     self.path = path
     self._chat = tokenizers.Tokenizer.from_file(path)
-    self._plain = tokenizers.Tokenizer.from_file(path)
-    self._plain.encode_special_tokens = True
+    with open(path, encoding="utf-8") as f:
+      spec = json.load(f)
+    spec["added_tokens"] = []  # nothing but the base model's merges
+    self._plain = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    self.control_tokens = tuple(
+        t.content for t in self._chat.get_added_tokens_decoder().values())
 
   def __reduce__(self):
     return _HFBackend, (self.path,)
@@ -103,7 +107,7 @@ class _TiktokenBackend:
         named[f"<|reserved_token_{i}|>"] = i
     self._encoding = tiktoken.Encoding(name=os.path.basename(path), pat_str=pattern,
                                        mergeable_ranks=ranks, special_tokens=named)
-    self._special_ids = {i: t for t, i in named.items()}
+    self.control_tokens = tuple(named)
     self._vocab_size = top + 1
 
   def __reduce__(self):
@@ -164,6 +168,11 @@ class ModelTokenizer:
   def vocab_size(self) -> int:
     return self._backend.vocab_size
 
+  @property
+  def control_tokens(self) -> tuple[str, ...]:
+    """The added tokens `encode_chat` matches in text and `encode` never does."""
+    return self._backend.control_tokens
+
   def _named_id(self, name: str) -> int:
     token = self.special_tokens.get(name)
     if token is None:
@@ -191,7 +200,7 @@ class ModelTokenizer:
     return token_id
 
   def encode(self, text: str) -> np.ndarray:
-    """Ids of `text` read as plain characters (special-token strings included)."""
+    """Ids of `text` read as plain characters (added-token strings included)."""
     return np.asarray(self._backend.encode(text), np.int32)
 
   def encode_chat(self, text: str) -> tuple[np.ndarray, np.ndarray]:

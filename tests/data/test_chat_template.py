@@ -100,6 +100,9 @@ def test_special_strings_in_plain_text_stay_text(tokenizers):
     assert end_id not in ids.tolist()
     chat_ids, _ = tok.encode_chat(text)
     assert end_id in chat_ids.tolist()
+    assert "<|im_end|>" in tok.control_tokens
+  qwen = tokenizers["qwen3"]  # a non-special added token stays text too
+  assert qwen.token_id("<tool_call>") not in qwen.encode("<tool_call>").tolist()
 
 
 def test_named_special_tokens_and_ids(tokenizers):
