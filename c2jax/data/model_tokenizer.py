@@ -249,13 +249,26 @@ def _read_config(directory: str) -> dict:
 
 
 def _chat_template(directory: str, config: dict):
+  """chat_template.jinja (plus named ones in additional_chat_templates/NAME.jinja), as
+  transformers saves them; else tokenizer_config.json's string or [{name, template}]."""
   jinja_path = os.path.join(directory, "chat_template.jinja")
+  extra_dir = os.path.join(directory, "additional_chat_templates")
+  extra = {}
+  if os.path.isdir(extra_dir):
+    for name in sorted(os.listdir(extra_dir)):
+      if name.endswith(".jinja"):
+        with open(os.path.join(extra_dir, name), encoding="utf-8") as f:
+          extra[name.removesuffix(".jinja")] = f.read()
   if os.path.isfile(jinja_path):
     with open(jinja_path, encoding="utf-8") as f:
-      return f.read()
-  template = config.get("chat_template")
+      template = f.read()
+  else:
+    template = config.get("chat_template")
   if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]
-    return {item["name"]: item["template"] for item in template}
+    template = {item["name"]: item["template"] for item in template}
+  if extra:
+    template = {**extra, **({"default": template} if isinstance(template, str)
+                            else template or {})}
   return template
 
 

@@ -86,6 +86,12 @@ def validate(cfg, num_devices: int | None = None) -> None:
   for key in ("train.eval_every", "train.mtp_kl_weight", "train.mtp_ce_weight"):
     configlib.check_positive(cfg, key, allow_zero=True)
   configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
+  if cfg.data.tokenizer_dir is not None:  # a released model's tokenizer sets the vocabulary
+    vocab = data.load_model_tokenizer(cfg.data.tokenizer_dir).vocab_size
+    if vocab > cfg.model.vocab_size:
+      raise configlib.ConfigError("data.tokenizer_dir", f"holds a tokenizer of {vocab} tokens "
+                                  f"but model.vocab_size is {cfg.model.vocab_size}; use the "
+                                  "model the tokenizer belongs to.")
   configlib.check_at_most(cfg, "train.seq_len", "model.max_position")
   parallel.validate_parallel(cfg.parallel, num_devices)
   if cfg.task == "sft":

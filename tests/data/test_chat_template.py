@@ -242,3 +242,19 @@ def test_chat_render_uses_the_model_template(tokenizers):
   rendered = chat.render(tokenizers["qwen3"], case["messages"])
   np.testing.assert_array_equal(rendered.ids, case["input_ids"])
   np.testing.assert_array_equal(rendered.loss_mask, case["assistant_masks"])
+
+
+def test_named_templates_and_the_tool_use_choice(tmp_path):
+  (tmp_path / "tokenizer.json").write_text((FIXTURES / "qwen3" / "tokenizer.json").read_text())
+  (tmp_path / "chat_template.jinja").write_text("default:{{ messages[0].content }}")
+  (tmp_path / "additional_chat_templates").mkdir()
+  (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text(
+      "tools:{{ tools | length }}")
+  tok = model_tokenizer.load_model_tokenizer(tmp_path)
+  message = [{"role": "user", "content": "hi"}]
+  assert chat_template.apply(tok, message).text == "default:hi"
+  assert chat_template.apply(tok, message, tools=[{"a": 1}]).text == "tools:1"
+  assert chat_template.apply(tok, message, template_name="default", tools=[{}]).text == (
+      "default:hi")
+  with pytest.raises(ValueError, match=r"chat templates \['default', 'tool_use'\]"):
+    chat_template.apply(tok, message, template_name="rag")
