@@ -14,9 +14,11 @@ Two layouts, picked by the tokenizer:
 - a released model's tokenizer (data.tokenizer_dir): the model's own chat template with tools
   passed natively (`tools=`), and `agent.tool_format` naming how that model writes calls.
   After a turn, the whole segment is rendered with the new messages and the text after the
-  last assistant `{% generation %}` block is tokenised and fed (the sampled turn stays
-  exactly as sampled: token in, token out). The turn-closing token is the last token of a
-  generation block.
+  last assistant turn is tokenised and fed (the sampled turn stays exactly as sampled:
+  token in, token out). The turn ends where its `{% generation %}` block ends; in templates
+  without one (most released ones) at the first closing token after the generation prompt.
+  The closing token (e.g. <|im_end|>) is the first control token after an assistant's text.
+  Task text and tool output are untrusted: control-token strings in them are fed as text.
 `check_tool_format` renders a probe tool call with the template and parses it back with the
 chosen format, so a mismatch fails before anything runs.
 """
@@ -99,9 +101,8 @@ class TemplateConversation:
 
   def __init__(self, tokenizer: ModelTokenizer, fmt: formats.ToolCallFormat):
     self.tokenizer, self.format = tokenizer, fmt
-    ids, mask = _probe(tokenizer, [{"role": "user", "content": "x"},
-                                   {"role": "assistant", "content": "y"}])
-    close = int(ids[np.flatnonzero(mask)[-1]])
+    self.close_text = _close_token(tokenizer)
+    close = tokenizer.token_id(self.close_text)
     self.close_ids = np.asarray([close], np.int32)
     eos = tokenizer.special_tokens.get("eos_token")
     self.stop_tokens = tuple(dict.fromkeys(
@@ -148,14 +149,22 @@ class TemplateConversation:
     messages = self.segment + ([{"role": "user", "content": summary_prompt}]
                                if summary_prompt is not None else [])
     text, spans = self._render(messages, True)
-    if not spans:
-      raise ValueError(f"the chat template of {self.tokenizer.directory} marks no "
-                       "{% generation %} block for assistant messages; the agent needs one "
-                       "to know where a turn ends.")
     # Only the suffix after the last assistant turn is new: the engine already holds the
     # turn as sampled (a template may render past turns differently, e.g. Qwen3 drops the
     # empty <think> block of a turn that is no longer the last one).
-    return self._encode(text[spans[-1][1]:])
+    if spans:
+      return self._encode(text[spans[-1][1]:])
+    # No {% generation %} blocks (most released templates): the turn starts where the
+    # generation prompt ends and runs to the first closing token outside untrusted text.
+    last = max(i for i, m in enumerate(self.segment) if m["role"] == "assistant")
+    prompt = self._render(self.segment[:last], True)[0]
+    cut = _find_unmarked(text, self.close_text, len(prompt))
+    if not text.startswith(prompt) or cut < 0:
+      raise ValueError(f"the chat template of {self.tokenizer.directory} does not render an "
+                       "assistant turn as generation prompt + turn + closing token, so the "
+                       "agent cannot tell where a turn ends; wrap assistant output in "
+                       "{% generation %}...{% endgeneration %}.")
+    return self._encode(text[cut + len(self.close_text):])
 
   def restart(self, header: str, summary_ids: np.ndarray) -> np.ndarray:
     summary = header + self.tokenizer.decode(summary_ids)
@@ -180,13 +189,52 @@ class TemplateConversation:
                        for i in range(len(ids))], bool)
 
 
-def _probe(tokenizer: ModelTokenizer, messages, tools=None) -> tuple[np.ndarray, np.ndarray]:
-  rendered = chat_template.apply(tokenizer, messages, tools=tools)
-  if not rendered.loss_mask.any():
+def _find_unmarked(text: str, token: str, start: int) -> int:
+  """Index of the first `token` at or after `start` outside marked (untrusted) text."""
+  pos = start
+  while (found := text.find(token, pos)) >= 0:
+    opened = text.rfind(chat_template.MARK_OPEN, start, found)
+    if opened < 0 or text.rfind(chat_template.MARK_CLOSE, opened, found) >= 0:
+      return found
+    pos = found + 1
+  return -1
+
+
+def _render(tokenizer: ModelTokenizer, messages, add_generation_prompt=False):
+  return chat_template.render_text(tokenizer.template(), messages,
+                                   add_generation_prompt=add_generation_prompt,
+                                   **tokenizer.special_tokens)
+
+
+def _assistant_text(tokenizer: ModelTokenizer, assistant: dict, close: str | None) -> str:
+  """What the template writes for `assistant` after a user message: its {% generation %}
+  span, else the text between the generation prompt and the closing token `close` (or,
+  while `close` is being found, everything after the generation prompt)."""
+  history = [{"role": "user", "content": "x"}]
+  text, spans = _render(tokenizer, history + [assistant])
+  if spans:
+    return text[spans[-1][0]:spans[-1][1]]
+  prompt = _render(tokenizer, history, True)[0]
+  if not text.startswith(prompt):
     raise ValueError(f"the chat template of {tokenizer.directory} has no {{% generation %}} "
-                     "block around assistant messages; the agent and SFT need one (wrap what "
-                     "the assistant writes, closing token included).")
-  return rendered.ids, rendered.loss_mask
+                     "block and its generation prompt does not begin the assistant's turn, "
+                     "so the agent cannot tell where a turn is; wrap assistant output in "
+                     "{% generation %}...{% endgeneration %}.")
+  rest = text[len(prompt):]
+  return rest if close is None or close not in rest else rest[:rest.index(close) + len(close)]
+
+
+def _close_token(tokenizer: ModelTokenizer) -> str:
+  """The control token that ends an assistant turn (e.g. <|im_end|>): the last token of a
+  generation block, else the first control token after the assistant's text."""
+  probe = "c2jax probe reply"
+  written = _assistant_text(tokenizer, {"role": "assistant", "content": probe}, None)
+  tail = written[written.find(probe) + len(probe):]
+  found = [(tail.find(t), -len(t), t) for t in tokenizer.control_tokens if t in tail]
+  if not found:
+    raise ValueError(f"the chat template of {tokenizer.directory} ends an assistant turn with "
+                     f"no control token ({tail[:40]!r}); the agent needs one to stop on.")
+  return min(found)[2]
 
 
 def _probe_written(tokenizer: ModelTokenizer, fmt: formats.ToolCallFormat) -> str:
@@ -195,8 +243,7 @@ def _probe_written(tokenizer: ModelTokenizer, fmt: formats.ToolCallFormat) -> st
   assistant = {"role": "assistant", "content": "Looking.", "tool_calls": [
       {"id": fmt.call_id(call_name, 0, 0, 0), "type": "function",
        "function": {"name": call_name, "arguments": json.dumps(arguments)}}]}
-  ids, mask = _probe(tokenizer, [{"role": "user", "content": "x"}, assistant])
-  return tokenizer.decode(ids[mask == 1])
+  return _assistant_text(tokenizer, assistant, _close_token(tokenizer))
 
 
 def _reads(tokenizer: ModelTokenizer, name: str) -> tuple[bool, str]:

@@ -3,6 +3,7 @@ the pieces fed between turns add up to exactly what the template renders."""
 
 import dataclasses
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -29,8 +30,21 @@ class Observation:
 
 
 @pytest.fixture(scope="module")
-def tokenizers():
-  return {d: model_tokenizer.load_model_tokenizer(FIXTURES / d) for d, _ in STYLES}
+def tokenizers(tmp_path_factory):
+  """The fixture tokenizers, and ("plain_" + name) copies whose templates have no
+  {% generation %} blocks, as most released templates."""
+  result = {d: model_tokenizer.load_model_tokenizer(FIXTURES / d) for d, _ in STYLES}
+  for directory, _ in STYLES:
+    copy = tmp_path_factory.mktemp(f"plain_{directory}")
+    for f in (FIXTURES / directory).iterdir():
+      # Same whitespace control, no generation tag.
+      text = re.sub(r"(\{%-?\s*)generation(\s*-?%\})", r"\1if true\2", f.read_text())
+      text = re.sub(r"(\{%-?\s*)endgeneration(\s*-?%\})", r"\1endif\2", text)
+      (copy / f.name).write_text(text)
+    tok = model_tokenizer.load_model_tokenizer(copy)
+    assert not chat_template.has_generation_blocks(tok)
+    result[f"plain_{directory}"] = tok
+  return result
 
 
 def _config(tool_format):
@@ -46,7 +60,7 @@ def _sample(tok, conv, content, calls):
   return np.concatenate([tok.encode_chat(text)[0], conv.close_ids])
 
 
-@pytest.mark.parametrize("directory,fmt", STYLES)
+@pytest.mark.parametrize("directory,fmt", STYLES + [("plain_" + d, f) for d, f in STYLES])
 def test_fed_pieces_equal_the_template_render(tokenizers, directory, fmt):
   tok = tokenizers[directory]
   conv = conversation.make_conversation(tok, _config(fmt))
@@ -62,6 +76,7 @@ def test_fed_pieces_equal_the_template_render(tokenizers, directory, fmt):
                    Observation(1, "read_file", False, "no such file")])
   sequence.append(conv.feed())
   expected = chat_template.apply(tok, conv.transcript, tools=TOOLS, add_generation_prompt=True)
+  assert directory.startswith("plain_") != bool(expected.spans)
   np.testing.assert_array_equal(np.concatenate(sequence), expected.ids)
   assert conv.transcript[-1]["content"] == "ERROR: no such file"
   if fmt == "kimi_k2":  # Kimi numbers calls across the conversation and prints the id back
@@ -87,8 +102,11 @@ def test_fed_pieces_equal_the_template_render(tokenizers, directory, fmt):
 
 
 def test_tool_format_must_read_what_the_template_writes(tokenizers):
-  conversation.check_tool_format(tokenizers["qwen3"], "qwen3")
-  conversation.check_tool_format(tokenizers["kimi"], "kimi_k2")
+  for prefix in ("", "plain_"):  # with and without {% generation %} blocks
+    conversation.check_tool_format(tokenizers[prefix + "qwen3"], "qwen3")
+    conversation.check_tool_format(tokenizers[prefix + "kimi"], "kimi_k2")
+    with pytest.raises(ValueError, match="'qwen3' cannot read"):
+      conversation.check_tool_format(tokenizers[prefix + "kimi"], "qwen3")
   with pytest.raises(ValueError, match=r"'qwen3' cannot read.*formats that can: \['kimi_k2'\]"):
     conversation.check_tool_format(tokenizers["kimi"], "qwen3")
   with pytest.raises(ValueError, match=r"'kimi_k2' cannot read.*\['c2jax', 'qwen3'\]"):
@@ -127,7 +145,7 @@ def test_config_check_pairs_tool_format_with_the_data_tokenizer():
     agent_config.check_tokenizer(cfg, data_cfg, 256)
 
 
-@pytest.mark.parametrize("directory,fmt", STYLES)
+@pytest.mark.parametrize("directory,fmt", STYLES + [("plain_" + d, f) for d, f in STYLES])
 def test_control_tokens_in_tool_output_and_task_are_fed_as_text(tokenizers, directory, fmt):
   """Task text and tool output are not ours: a control-token string in them must reach the
   model as text, never as a role switch (the template's own markers are unchanged)."""
