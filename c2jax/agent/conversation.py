@@ -32,7 +32,7 @@ import numpy as np
 from c2jax.agent import formats
 from c2jax.agent import prompt as prompt_lib
 from c2jax.agent import protocol
-from c2jax.data import chat_template
+from c2jax.data import chat_template, template_turns
 from c2jax.data.model_tokenizer import ModelTokenizer
 
 _PROBE_CALL = ("read_file", {"path": "src/app.py"})
@@ -101,7 +101,7 @@ class TemplateConversation:
 
   def __init__(self, tokenizer: ModelTokenizer, fmt: formats.ToolCallFormat):
     self.tokenizer, self.format = tokenizer, fmt
-    self.close_text = _close_token(tokenizer)
+    self.close_text = template_turns.closing_token(tokenizer)
     close = tokenizer.token_id(self.close_text)
     self.close_ids = np.asarray([close], np.int32)
     eos = tokenizer.special_tokens.get("eos_token")
@@ -158,7 +158,7 @@ class TemplateConversation:
     # generation prompt ends and runs to the first closing token outside untrusted text.
     last = max(i for i, m in enumerate(self.segment) if m["role"] == "assistant")
     prompt = self._render(self.segment[:last], True)[0]
-    cut = _find_unmarked(text, self.close_text, len(prompt))
+    cut = template_turns.find_unmarked(text, self.close_text, len(prompt))
     if not text.startswith(prompt) or cut < 0:
       raise ValueError(f"the chat template of {self.tokenizer.directory} does not render an "
                        "assistant turn as generation prompt + turn + closing token, so the "
@@ -189,61 +189,14 @@ class TemplateConversation:
                        for i in range(len(ids))], bool)
 
 
-def _find_unmarked(text: str, token: str, start: int) -> int:
-  """Index of the first `token` at or after `start` outside marked (untrusted) text."""
-  pos = start
-  while (found := text.find(token, pos)) >= 0:
-    opened = text.rfind(chat_template.MARK_OPEN, start, found)
-    if opened < 0 or text.rfind(chat_template.MARK_CLOSE, opened, found) >= 0:
-      return found
-    pos = found + 1
-  return -1
-
-
-def _render(tokenizer: ModelTokenizer, messages, add_generation_prompt=False):
-  return chat_template.render_text(tokenizer.template(), messages,
-                                   add_generation_prompt=add_generation_prompt,
-                                   **tokenizer.special_tokens)
-
-
-def _assistant_text(tokenizer: ModelTokenizer, assistant: dict, close: str | None) -> str:
-  """What the template writes for `assistant` after a user message: its {% generation %}
-  span, else the text between the generation prompt and the closing token `close` (or,
-  while `close` is being found, everything after the generation prompt)."""
-  history = [{"role": "user", "content": "x"}]
-  text, spans = _render(tokenizer, history + [assistant])
-  if spans:
-    return text[spans[-1][0]:spans[-1][1]]
-  prompt = _render(tokenizer, history, True)[0]
-  if not text.startswith(prompt):
-    raise ValueError(f"the chat template of {tokenizer.directory} has no {{% generation %}} "
-                     "block and its generation prompt does not begin the assistant's turn, "
-                     "so the agent cannot tell where a turn is; wrap assistant output in "
-                     "{% generation %}...{% endgeneration %}.")
-  rest = text[len(prompt):]
-  return rest if close is None or close not in rest else rest[:rest.index(close) + len(close)]
-
-
-def _close_token(tokenizer: ModelTokenizer) -> str:
-  """The control token that ends an assistant turn (e.g. <|im_end|>): the last token of a
-  generation block, else the first control token after the assistant's text."""
-  probe = "c2jax probe reply"
-  written = _assistant_text(tokenizer, {"role": "assistant", "content": probe}, None)
-  tail = written[written.find(probe) + len(probe):]
-  found = [(tail.find(t), -len(t), t) for t in tokenizer.control_tokens if t in tail]
-  if not found:
-    raise ValueError(f"the chat template of {tokenizer.directory} ends an assistant turn with "
-                     f"no control token ({tail[:40]!r}); the agent needs one to stop on.")
-  return min(found)[2]
-
-
 def _probe_written(tokenizer: ModelTokenizer, fmt: formats.ToolCallFormat) -> str:
   """What the template writes for one assistant tool call with the format's call id."""
   call_name, arguments = _PROBE_CALL
   assistant = {"role": "assistant", "content": "Looking.", "tool_calls": [
       {"id": fmt.call_id(call_name, 0, 0, 0), "type": "function",
        "function": {"name": call_name, "arguments": json.dumps(arguments)}}]}
-  return _assistant_text(tokenizer, assistant, _close_token(tokenizer))
+  return template_turns.assistant_text(tokenizer, assistant,
+                                       template_turns.closing_token(tokenizer))
 
 
 def _reads(tokenizer: ModelTokenizer, name: str) -> tuple[bool, str]:

@@ -210,6 +210,11 @@ def apply(tokenizer, messages, *, tools=None, add_generation_prompt: bool = Fals
   variables = {**tokenizer.special_tokens, **kwargs}
   text, spans = render_text(source, messages, tools=tools,
                             add_generation_prompt=add_generation_prompt, **variables)
+  return tokenize(tokenizer, text, spans)
+
+
+def tokenize(tokenizer, text: str, spans) -> Rendered:
+  """Rendered text -> ids and the mask of tokens overlapping `spans`."""
   ids, offsets = tokenizer.encode_chat(text)
   return Rendered(text, ids, spans_to_mask(offsets, spans), tuple(spans))
 

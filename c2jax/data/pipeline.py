@@ -20,10 +20,11 @@ import os
 
 import grain
 import numpy as np
+from absl import logging
 from grain import experimental as grain_experimental
 
 from c2jax.agent import formats
-from c2jax.data import chat, chat_template, packing, reader
+from c2jax.data import chat, chat_template, packing, reader, template_turns
 from c2jax.data.model_tokenizer import ModelTokenizer
 from c2jax.data.tokenizer import Tokenizer
 
@@ -64,12 +65,18 @@ class _EncodeTemplateConversation:
   def __init__(self, tokenizer: ModelTokenizer, tool_format: str | None):
     self.tokenizer = tokenizer
     self.format = formats.get_format(tool_format) if tool_format else None
+    self.by_turns = not chat_template.has_generation_blocks(tokenizer)
 
   def __call__(self, conversation: dict) -> dict[str, np.ndarray]:
     messages = conversation["messages"]
     if self.format is not None:
       messages = formats.with_call_ids(messages, self.format)
-    rendered = chat_template.apply(self.tokenizer, messages, tools=conversation.get("tools"))
+    tools = conversation.get("tools")
+    if self.by_turns:  # no {% generation %}: train on each assistant turn (template_turns)
+      rendered = chat_template.tokenize(
+          self.tokenizer, *template_turns.turn_spans(self.tokenizer, messages, tools))
+    else:
+      rendered = chat_template.apply(self.tokenizer, messages, tools=tools)
     return packing.example(rendered.ids, rendered.loss_mask)
 
 
@@ -137,16 +144,19 @@ def chat_dataset(conversations: list[list[dict]] | str | os.PathLike,
   """Batches of packed conversations (a JSONL path or message lists), loss on assistant.
 
   With a released model's tokenizer (ModelTokenizer) conversations are rendered by its own
-  chat template, with each JSONL line's `tools` if given; the template must mark
-  {% generation %}, or nothing would be trained. `tool_format` (the agent's) rewrites
-  tool-call ids to that format's convention, so SFT teaches the ids the agent parses.
+  chat template, with each JSONL line's `tools` if given, and trained on its
+  {% generation %} spans (transformers' assistant mask); a template without them (most
+  released ones) trains on each assistant turn from the generation prompt to the closing
+  token (template_turns.py), what the model emits when prompted. `tool_format` (the
+  agent's) rewrites tool-call ids to that format's convention, so SFT teaches the ids the
+  agent parses.
   """
   templated = isinstance(tokenizer, ModelTokenizer)
   if templated:
     if not chat_template.has_generation_blocks(tokenizer):
-      raise ValueError(f"the chat template of {tokenizer.directory} has no {{% generation %}} "
-                       "block, so no assistant token would be trained; use a template that "
-                       "wraps assistant output in {% generation %}...{% endgeneration %}.")
+      logging.info("the chat template of %s has no {%% generation %%} blocks: training on "
+                   "assistant turns from the generation prompt to %r.", tokenizer.directory,
+                   template_turns.closing_token(tokenizer))
     if isinstance(conversations, list):
       conversations = [{"messages": m} for m in conversations]
     else:

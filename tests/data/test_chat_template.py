@@ -189,14 +189,29 @@ def test_chat_dataset_trains_on_the_template_assistant_mask(tokenizers, tmp_path
   np.testing.assert_array_equal(batch["loss_mask"][0], case["assistant_masks"][1:])
 
 
-def test_chat_dataset_refuses_templates_without_generation(tmp_path):
+@pytest.mark.parametrize("directory", ["qwen3", "kimi"])
+def test_templates_without_generation_train_on_assistant_turns(tokenizers, tmp_path,
+                                                               directory):
+  """Released templates rarely mark {% generation %}; SFT then trains on each assistant turn
+  from the generation prompt to the closing token, which for these templates is exactly
+  what their generation blocks cover."""
+  import re
   from c2jax.data import pipeline
-  (tmp_path / "tokenizer.json").write_text((FIXTURES / "qwen3" / "tokenizer.json").read_text())
-  (tmp_path / "chat_template.jinja").write_text(
-      "{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}")
+  for f in (FIXTURES / directory).iterdir():  # same whitespace control, no generation tag
+    text = re.sub(r"(\{%-?\s*)generation(\s*-?%\})", r"\1if true\2", f.read_text())
+    (tmp_path / f.name).write_text(re.sub(r"(\{%-?\s*)endgeneration(\s*-?%\})",
+                                          r"\1endif\2", text))
   tok = model_tokenizer.load_model_tokenizer(tmp_path)
-  with pytest.raises(ValueError, match="no assistant token would be trained"):
-    pipeline.chat_dataset([[{"role": "user", "content": "x"}]], tok, seq_len=8, batch_size=1)
+  assert not chat_template.has_generation_blocks(tok)
+  case = next(c for c in CASES if c["name"] == f"{directory}/agent_tools")
+  n = len(case["input_ids"])
+  (batch,) = list(pipeline.chat_dataset(
+      [case["messages"]], tok, seq_len=n - 1, batch_size=1, shuffle=False, num_epochs=1))
+  without_tools = chat_template.apply(tokenizers[directory], case["messages"])
+  m = len(without_tools.ids) - 1
+  np.testing.assert_array_equal(batch["inputs"][0][:m], without_tools.ids[:-1])
+  np.testing.assert_array_equal(batch["loss_mask"][0][:m], without_tools.loss_mask[1:])
+  assert without_tools.loss_mask.sum() > 100
 
 
 def test_documents_use_bos_only_when_the_model_has_one(tokenizers):
@@ -258,3 +273,20 @@ def test_named_templates_and_the_tool_use_choice(tmp_path):
       "default:hi")
   with pytest.raises(ValueError, match=r"chat templates \['default', 'tool_use'\]"):
     chat_template.apply(tok, message, template_name="rag")
+
+
+def test_unreadable_turns_are_explained(tmp_path):
+  from c2jax.data import template_turns
+  (tmp_path / "tokenizer.json").write_text((FIXTURES / "qwen3" / "tokenizer.json").read_text())
+  (tmp_path / "chat_template.jinja").write_text(
+      "{% for m in messages %}{{ 'A:' if m.role == 'assistant' else 'U:' }}{{ m.content }}"
+      "<|im_end|>{% endfor %}{% if add_generation_prompt %}B:{% endif %}")
+  tok = model_tokenizer.load_model_tokenizer(tmp_path)
+  with pytest.raises(ValueError, match="generation prompt does not begin the assistant's turn"):
+    template_turns.turn_spans(tok, [{"role": "user", "content": "x"},
+                                    {"role": "assistant", "content": "y"}])
+  (tmp_path / "chat_template.jinja").write_text(
+      "{% for m in messages %}{{ m.content }}\n{% endfor %}")
+  tok = model_tokenizer.load_model_tokenizer(tmp_path)
+  with pytest.raises(ValueError, match="no control token"):
+    template_turns.closing_token(tok)
