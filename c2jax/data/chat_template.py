@@ -14,7 +14,7 @@ with transformers' settings (trim_blocks, lstrip_blocks, loop controls) and help
 1 on every token whose character span overlaps a generation block, which is exactly
 transformers' `return_assistant_tokens_mask=True` (tests compare against fixtures made by
 transformers). A template without generation blocks gets an all-zero mask and a warning,
-as in transformers; such a template cannot train SFT (chat_dataset refuses it).
+as in transformers; SFT and the agent then find assistant turns by template_turns.py.
 """
 
 from __future__ import annotations
