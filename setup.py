@@ -21,6 +21,8 @@ setup(
         "numpy>=2.0",
         "safetensors>=0.4",
         "tokenizers>=0.21",
+        "tiktoken>=0.7",
+        "jinja2>=3.1.6",  # sandbox fixes; chat templates from the Hub are untrusted code
         "tensorstore>=0.1.70",
         "tqdm>=4.66",
         "docker>=7.1",

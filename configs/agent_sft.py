@@ -59,9 +59,11 @@ def get_config(variant: str = "tiny"):
   c.sft.sft.train_path = f"runs/{variant}_agent/traces/train.jsonl"
   c.sft.sft.heldout_path = f"runs/{variant}_agent/traces/heldout.jsonl"
   c.data = c.sft.data.copy_and_resolve_references()
+  rl_agent = configlib.load_config_file(HERE / "rl.py", variant).agent
   c.traces = ml_collections.ConfigDict(
       {"count": run["traces"] + run["heldout"], "heldout": run["heldout"], "seed": 0,
        "backend": "bubblewrap", "difficulties": (0,),
        # The RL agent's tools: the traces show the system message RL rollouts start from.
-       "tools": configlib.load_config_file(HERE / "rl.py", variant).agent.tools})
+       "tools": rl_agent.tools})
+  c.sft.sft.tool_format = rl_agent.tool_format  # trace call ids as the agent parses them
   return c

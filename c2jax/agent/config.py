@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from c2jax import config as configlib
+from c2jax.agent import formats
 from c2jax.env import tools as tools_lib
 
 SYSTEM_PROMPT = ("You are a coding agent working in a repository at /workspace. Use the "
@@ -24,6 +25,10 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.system_prompt = SYSTEM_PROMPT
   c.tools = tuple(tools_lib.ToolsetConfig.tools)
+  # How the model writes tool calls (c2jax.agent.formats): 'c2jax' with c2jax's own
+  # tokenizer; a released model's native format ('qwen3', 'kimi_k2') with its tokenizer
+  # and chat template (data.tokenizer_dir).
+  c.tool_format = "c2jax"
   c.strict_tools = True
   c.max_turns = 8
   c.max_turn_tokens = 256
@@ -62,6 +67,7 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
   if not 0.0 < cfg.top_p <= 1.0:
     raise configlib.ConfigError(key("top_p"), f"is {cfg.top_p}; use a value in (0, 1].")
   configlib.check_choice(wrapper, key("backend"), sandbox.backends())
+  configlib.check_choice(wrapper, key("tool_format"), formats.format_names())
   unknown = sorted(set(cfg.tools) - set(tools_lib.tool_names()))
   if unknown:
     raise configlib.ConfigError(key("tools"), f"names unknown tools {unknown}; registered "
@@ -73,6 +79,32 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
     raise configlib.ConfigError(
         key("summary_trigger_tokens"), f"= {cfg.summary_trigger_tokens} must exceed "
         f"agent.max_turn_tokens = {cfg.max_turn_tokens} (a segment needs room for a turn).")
+
+
+def check_tokenizer(cfg: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,
+                    model_vocab_size: int) -> None:
+  """agent.tool_format against the tokenizer the data section names: c2jax's protocol with
+  c2jax's tokenizer; with a released model's (data.tokenizer_dir) a format that reads the
+  tool calls its chat template writes, and a vocabulary the model's embedding covers."""
+  from c2jax.agent import conversation  # pylint: disable=import-outside-toplevel
+  from c2jax.data import model_tokenizer  # pylint: disable=import-outside-toplevel
+
+  if data_cfg.tokenizer_dir is None:
+    if cfg.tool_format != "c2jax":
+      raise configlib.ConfigError("agent.tool_format", f"is {cfg.tool_format!r} but "
+                                  "data.tokenizer_dir is unset, so the model speaks c2jax's "
+                                  "template and protocol; set agent.tool_format='c2jax' or "
+                                  "data.tokenizer_dir to the released model's directory.")
+    return
+  try:
+    tokenizer = model_tokenizer.load_model_tokenizer(data_cfg.tokenizer_dir)
+    conversation.check_tool_format(tokenizer, cfg.tool_format)
+  except (OSError, ValueError) as e:
+    raise configlib.ConfigError("agent.tool_format", str(e)) from e
+  if tokenizer.vocab_size > model_vocab_size:
+    raise configlib.ConfigError("data.tokenizer_dir", f"holds a tokenizer of "
+                                f"{tokenizer.vocab_size} tokens but model.vocab_size is "
+                                f"{model_vocab_size}; use the model the tokenizer belongs to.")
 
 
 def toolset(cfg) -> tools_lib.ToolsetConfig:

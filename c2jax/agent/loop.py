@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from c2jax.agent import config as agent_config
-from c2jax.agent import prompt as prompt_lib
+from c2jax.agent import conversation as conversation_lib
 from c2jax.agent import protocol
 from c2jax.env import reward as reward_lib
 from c2jax.env import sandbox as sandbox_lib
@@ -144,10 +144,10 @@ class _Episode:
     self.sandbox_factory = sandbox_factory
     self.attempt = attempt  # 0 for the first try; +1 per infrastructure retry
     self.sandbox = self.toolbox = None
-    self.system = ""
     self.segments: list[Segment] = []
     self.current = _SegmentBuilder()
-    self.messages: list[dict] = []
+    # The chat template and tool-call format the model speaks (c2jax's or its own).
+    self.conv = conversation_lib.make_conversation(tokenizer, cfg)
     self.turns = self.summaries = self.total_tokens = 0
     self.seq_id: int | None = None
     self.summarising = False
@@ -155,9 +155,11 @@ class _Episode:
     self.failed = False
     self.passed: dict[str, bool] = {}
     self.started = time.monotonic()
-    specials = tokenizer.specials
-    self.end_id = tokenizer.token_id(specials.end)
-    self.stop_tokens = (self.end_id, tokenizer.token_id(specials.eos))
+    self.stop_tokens = self.conv.stop_tokens
+
+  @property
+  def messages(self) -> list[dict]:
+    return self.conv.transcript
 
   def retry(self) -> _Episode:
     """The same task and seed from scratch, for a fresh sandbox (call after close)."""
@@ -169,12 +171,10 @@ class _Episode:
     self.sandbox = self.sandbox_factory(self.task)
     reward_lib.prepare(self.sandbox, self.task)
     self.toolbox = tools_lib.Toolbox(self.sandbox, agent_config.toolset(self.cfg))
-    self.system = prompt_lib.system_message(self.cfg.system_prompt, self.toolbox.specs())
-    self.messages = prompt_lib.initial_messages(self.system, self.task.prompt)
-    return prompt_lib.prompt_ids(self.tokenizer, self.system, self.task.prompt)
+    return self.conv.start(self.cfg.system_prompt, self.toolbox.specs(), self.task.prompt)
 
   def tools_work(self, text: str):
-    return self.toolbox.run_turn(text)
+    return self.toolbox.run_turn(text, self.conv.format.parse_turn)
 
   def grade_work(self) -> None:
     try:
@@ -199,7 +199,7 @@ class _Episode:
     return min(self.cfg.max_turn_tokens, self.cfg.max_total_tokens - self.total_tokens, room)
 
   def record_turn(self, generation) -> str:
-    """Books a model turn's tokens; returns its text (without the closing <|end|>)."""
+    """Books a model turn's tokens; returns its text (without the closing token)."""
     self.current.add(generation)
     self.total_tokens += len(generation.tokens)
     ids = generation.tokens
@@ -210,7 +210,7 @@ class _Episode:
     self.turns += 1
     counts = self.current.counts
     counts["turns"] += 1
-    in_call = prompt_lib.turn_spans(self.tokenizer, generation.tokens)
+    in_call = self.conv.turn_spans(generation.tokens)
     final = self.toolbox.finished or not turn.calls
     counts["tool_call_tokens"] += int(in_call.sum())
     counts["final_message_tokens" if final else "thinking_tokens"] += int((~in_call).sum())
@@ -218,7 +218,7 @@ class _Episode:
       name = observation.name
       self.current.tool_call_counts[name] = self.current.tool_call_counts.get(name, 0) + 1
       counts["tool_call_errors"] += int(not observation.ok)
-    self.messages += protocol.to_openai_messages(turn, observations, self.turns - 1)
+    self.conv.book(turn, observations)
 
   def close_segment(self) -> None:
     self.segments.append(self.current.build())
@@ -301,17 +301,16 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
       if episode.total_tokens >= cfg.max_total_tokens:
         return end(index, "budget")
       closed = len(generation.tokens) and generation.tokens[-1] in episode.stop_tokens
-      feed = prompt_lib.observation_ids(tokenizer, observations)
-      if not closed:  # cut at max_tokens: close the turn so the layout stays valid
-        feed = np.concatenate([[episode.end_id], feed]).astype(np.int32)
+      # Cut at max_tokens: close the turn so the layout stays valid.
+      close = episode.conv.close_ids[:0] if closed else episode.conv.close_ids
+      feed = np.concatenate([close, episode.conv.feed()]).astype(np.int32)
       episode.current.counts["tool_output_tokens"] += len(feed)
       episode.total_tokens += len(feed)
       budget = episode.turn_budget(engine, len(feed))
       trigger = cfg.summary_trigger_tokens
       if trigger and episode.summaries < cfg.max_summaries and (
           budget < 1 or len(episode.current) + len(feed) >= trigger):
-        ask = np.concatenate([feed, prompt_lib.summary_request_ids(
-            tokenizer, cfg.summary_prompt)]).astype(np.int32)
+        ask = np.concatenate([close, episode.conv.feed(cfg.summary_prompt)]).astype(np.int32)
         room = engine.max_length - len(episode.current) - len(ask) - 1
         if room >= 1:
           episode.summarising = True
@@ -333,11 +332,10 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
       episode.summarising = False
       ids = generation.tokens
       summary = ids[:-1] if len(ids) and ids[-1] in episode.stop_tokens else ids
-      episode.messages += [
+      episode.conv.transcript += [
           {"role": "assistant", "content": tokenizer.decode(summary)},
           {"role": "user", "content": cfg.summary_header + tokenizer.decode(summary)}]
-      extra = np.concatenate([tokenizer.encode(cfg.summary_header), summary])
-      tokens = prompt_lib.prompt_ids(tokenizer, episode.system, episode.task.prompt, extra)
+      tokens = episode.conv.restart(cfg.summary_header, summary)
       budget = episode.turn_budget(engine, len(tokens))
       if budget < 1:
         episode.finish_reason = "context"

@@ -36,6 +36,7 @@ INVALID_NAME = 'invalid'
 MAX_CALL_CHARS = 256 * 1024
 MAX_CALLS_PER_TURN = 64
 _NAME_RE = re.compile(r'[A-Za-z_][A-Za-z0-9_.-]{0,63}')
+NAME_RE = _NAME_RE  # what a tool name may be (other tool-call formats check it too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +68,9 @@ def _decode(raw) -> tuple[str, str | None]:
     return bytes(raw).decode('utf-8', errors='replace'), (
         f'The turn was not valid UTF-8 (byte {e.start}); undecodable bytes were '
         'replaced with U+FFFD. Send plain UTF-8 text.')
+
+
+decode_turn = _decode  # (str | bytes) -> (text, error message or None); formats.py reuses it
 
 
 def _parse_block(index: int, body: str) -> ToolCall | CallError:

@@ -4,19 +4,22 @@
   Corpus(dir)                            a built corpus: file / repository documents
   Tokenizer.load(path), train_bpe(...)   byte-level BPE or any HF tokenizer.json
   chat.render / chat.parse               conversations <-> ids + assistant loss mask
+  load_model_tokenizer(dir)              a released model's tokenizer.json / tiktoken.model
+  chat_template.apply(tok, messages)     its own chat template, transformers' masks
   pretrain_dataset / chat_dataset        grain pipelines of [B, L] train-step batches
 """
 
-from c2jax.data import chat
+from c2jax.data import chat, chat_template
 from c2jax.data.corpus import BuildOptions, build
 from c2jax.data.pipeline import chat_dataset, pretrain_dataset
 from c2jax.data.cache import Prepared, default_config, prepare, prepare_from_config
 from c2jax.data.reader import Corpus
 from c2jax.data.records import repository_text
+from c2jax.data.model_tokenizer import ModelTokenizer, load_model_tokenizer
 from c2jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer, train_bpe
 
 __all__ = [
-    "BuildOptions", "Corpus", "Prepared", "SPECIAL_TOKENS", "Tokenizer", "build", "chat",
-    "chat_dataset", "default_config", "prepare", "prepare_from_config", "pretrain_dataset",
-    "repository_text", "train_bpe",
+    "BuildOptions", "Corpus", "ModelTokenizer", "Prepared", "SPECIAL_TOKENS", "Tokenizer",
+    "build", "chat", "chat_dataset", "chat_template", "default_config", "load_model_tokenizer",
+    "prepare", "prepare_from_config", "pretrain_dataset", "repository_text", "train_bpe",
 ]

@@ -25,6 +25,7 @@ import ml_collections
 
 from c2jax.data import corpus, reader
 from c2jax.data.sources import DEFAULT_SOURCES, NAMED_SOURCES
+from c2jax.data.model_tokenizer import ModelTokenizer, load_model_tokenizer
 from c2jax.data.tokenizer import Tokenizer, train_bpe
 
 
@@ -36,7 +37,10 @@ class Prepared:
   def corpus(self) -> reader.Corpus:
     return reader.Corpus(self.corpus_dir)
 
-  def tokenizer(self) -> Tokenizer:
+  def tokenizer(self) -> Tokenizer | ModelTokenizer:
+    """c2jax's tokenizer, or a released model's (tokenizer_path is then its directory)."""
+    if self.tokenizer_path.is_dir():
+      return load_model_tokenizer(self.tokenizer_path)
     return Tokenizer.load(self.tokenizer_path)
 
 
@@ -52,11 +56,18 @@ def prepare(cache_dir: str | os.PathLike, *, vocab_size: int,
             max_file_bytes: int = 256 * 1024, max_total_bytes: int | None = 64 * 2**20,
             heldout_fraction: float = 0.05, heldout_repositories: tuple[str, ...] = (),
             tokenizer_train_bytes: int = 8 * 2**20, tokenizer_file: str | None = None,
-            progress: bool = True) -> Prepared:
+            tokenizer_dir: str | None = None, progress: bool = True) -> Prepared:
   """Corpus + tokenizer under `cache_dir`, built on first use (see the module docstring).
 
   tokenizer_file: an existing HF tokenizer.json to use instead of training a BPE.
+  tokenizer_dir: a released model's directory (tokenizer.json or tiktoken.model,
+    tokenizer_config.json, chat template): its tokenizer, template and tool-call format.
   """
+  if tokenizer_file is not None and tokenizer_dir is not None:
+    raise ValueError("data.tokenizer_file and data.tokenizer_dir are both set; set one "
+                     "(tokenizer_dir for a released model with its chat template).")
+  if tokenizer_dir is not None:
+    load_model_tokenizer(tokenizer_dir)  # a bad directory fails before the corpus builds
   options = corpus.BuildOptions(
       sources=tuple(_resolved(s) for s in sources), heldout_fraction=heldout_fraction,
       heldout_repositories=tuple(heldout_repositories), max_file_bytes=max_file_bytes,
@@ -77,8 +88,8 @@ def prepare(cache_dir: str | os.PathLike, *, vocab_size: int,
         raise ValueError(f"the corpus in {corpus_dir} has no {split} documents; raise "
                          "max_total_bytes, add sources, or change heldout_fraction / "
                          "heldout_repositories.")
-    if tokenizer_file is not None:
-      return Prepared(corpus_dir, pathlib.Path(tokenizer_file))
+    if tokenizer_file is not None or tokenizer_dir is not None:
+      return Prepared(corpus_dir, pathlib.Path(tokenizer_file or tokenizer_dir).expanduser())
     tokenizer_path = corpus_dir / f"tokenizer-bpe{vocab_size}-{tokenizer_train_bytes}.json"
     if not tokenizer_path.exists():
       tokenizer = train_bpe(built.texts("train", tokenizer_train_bytes), vocab_size)
@@ -98,6 +109,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.heldout_repositories = []
   c.tokenizer_train_bytes = 8 * 2**20
   c.tokenizer_file = ml_collections.FieldReference(None, field_type=str)
+  # A released model's directory: its tokenizer (tokenizer.json or tiktoken.model) and chat
+  # template render SFT data and agent prompts (set agent.tool_format to its format).
+  c.tokenizer_dir = ml_collections.FieldReference(None, field_type=str)
   return c
 
 
@@ -107,4 +121,5 @@ def prepare_from_config(cfg: ml_collections.ConfigDict, *, progress: bool = True
                  heldout_fraction=cfg.heldout_fraction,
                  heldout_repositories=tuple(cfg.heldout_repositories),
                  tokenizer_train_bytes=cfg.tokenizer_train_bytes,
-                 tokenizer_file=cfg.tokenizer_file, progress=progress)
+                 tokenizer_file=cfg.tokenizer_file, tokenizer_dir=cfg.tokenizer_dir,
+                 progress=progress)

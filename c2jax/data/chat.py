@@ -29,6 +29,8 @@ import re
 import numpy as np
 
 from c2jax.agent import protocol
+from c2jax.data import chat_template
+from c2jax.data.model_tokenizer import ModelTokenizer
 from c2jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -148,10 +150,18 @@ def _pieces(message: dict) -> list[tuple[str, bool]]:
   return [(message["content"], False)]
 
 
-def render(tokenizer: Tokenizer, messages: list[dict], *,
+def render(tokenizer: Tokenizer | ModelTokenizer, messages: list[dict], *,
            add_generation_prompt: bool = False) -> Rendered:
   """Token ids and loss mask of a conversation; with `add_generation_prompt` it ends in
-  the assistant marker (a prompt for the next turn) instead of <|eos|>."""
+  the assistant marker (a prompt for the next turn) instead of <|eos|>.
+
+  A released model's tokenizer renders with its own chat template instead (messages as
+  given, mask from its {% generation %} blocks; see chat_template.py).
+  """
+  if isinstance(tokenizer, ModelTokenizer):
+    rendered = chat_template.apply(tokenizer, messages,
+                                   add_generation_prompt=add_generation_prompt)
+    return Rendered(rendered.ids, rendered.loss_mask)
   specials = tokenizer.specials
   ids, mask = [np.asarray([tokenizer.bos_id], np.int32)], [np.zeros(1, np.int32)]
 

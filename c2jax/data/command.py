@@ -5,9 +5,14 @@
                    [--max-file-bytes N] [--max-total-bytes N] [--shard-bytes N]
   c2jax data tokenizer --corpus DIR --out FILE [--vocab-size N] [--train-bytes N]
   c2jax data prepare --cache-dir DIR [--vocab-size N] [--sources ...] [byte budgets]
+  c2jax data template --tokenizer-dir MODEL_DIR --messages FILE.jsonl [--line N]
+                      [--generation-prompt]
 
 `build` resumes when rerun with the same --out and options, and writes DIR/summary.json;
 `prepare` is what `c2jax pretrain` runs on first use (build + tokenizer, cached).
+`template` shows how a released model's own chat template renders one conversation of an
+SFT JSONL: the text with the trained ({% generation %}) spans between ⟦ and ⟧, and
+the token counts, i.e. exactly what SFT with data.tokenizer_dir trains on.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import pathlib
 
 from absl import flags
 
-from c2jax.data import cache, corpus, reader, sources, tokenizer
+from c2jax.data import (cache, chat_template, corpus, model_tokenizer, reader, sources,
+                        tokenizer)
 
 _OUT = flags.DEFINE_string("out", None, "build: corpus directory; tokenizer: output file.")
 _SOURCES = flags.DEFINE_list(
@@ -39,6 +45,12 @@ _TRAIN_BYTES = flags.DEFINE_integer("train-bytes", 8 * 2**20,
                                     "Bytes of training text used to train the tokenizer.")
 _CACHE_DIR = flags.DEFINE_string("cache-dir", None, "prepare: the cache directory.")
 _PROGRESS = flags.DEFINE_bool("progress", True, "Show a progress bar.")
+_TOKENIZER_DIR = flags.DEFINE_string("tokenizer-dir", None,
+                                     "template: a released model's tokenizer directory.")
+_MESSAGES = flags.DEFINE_string("messages", None, "template: an SFT JSONL of conversations.")
+_LINE = flags.DEFINE_integer("line", 1, "template: which conversation (1 = the first).")
+_GENERATION_PROMPT = flags.DEFINE_bool("generation-prompt", False,
+                                       "template: end with the next turn's prompt.")
 
 
 def _require(holder: flags.FlagHolder, sub_verb: str) -> str:
@@ -84,10 +96,30 @@ def _prepare() -> int:
   return 0
 
 
+def _template() -> int:
+  tok = model_tokenizer.load_model_tokenizer(_require(_TOKENIZER_DIR, "template"))
+  conversations = chat_template.load_jsonl(_require(_MESSAGES, "template"))
+  if not 1 <= _LINE.value <= len(conversations):
+    raise ValueError(f"--line={_LINE.value} but {_MESSAGES.value} holds "
+                     f"{len(conversations)} conversations.")
+  conversation = conversations[_LINE.value - 1]
+  rendered = chat_template.apply(tok, conversation["messages"], tools=conversation["tools"],
+                                 add_generation_prompt=_GENERATION_PROMPT.value)
+  shown, pos = [], 0
+  for start, end in rendered.spans:
+    shown += [rendered.text[pos:start], "\u27e6", rendered.text[start:end], "\u27e7"]
+    pos = end
+  print("".join(shown) + rendered.text[pos:])
+  print(f"--- {len(rendered.ids)} tokens, {int(rendered.loss_mask.sum())} trained, "
+        f"{len(rendered.spans)} generation spans")
+  return 0
+
+
 SUB_VERBS = {
     "build": (_build, "build (or resume) a corpus of ArrayRecord shards"),
     "tokenizer": (_tokenizer, "train a byte-level BPE on a built corpus"),
     "prepare": (_prepare, "build and cache corpus + tokenizer (what pretrain runs)"),
+    "template": (_template, "show a model's chat template render and trained spans"),
 }
 
 

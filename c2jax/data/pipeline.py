@@ -20,9 +20,12 @@ import os
 
 import grain
 import numpy as np
+from absl import logging
 from grain import experimental as grain_experimental
 
-from c2jax.data import chat, packing, reader
+from c2jax.agent import formats
+from c2jax.data import chat, chat_template, packing, reader, template_turns
+from c2jax.data.model_tokenizer import ModelTokenizer
 from c2jax.data.tokenizer import Tokenizer
 
 # Document granularity for corpus pipelines: one file, or one whole repository (its
@@ -36,12 +39,11 @@ GRANULARITIES = {
 class _EncodeDocument:
   """Corpus document -> next-token example over <|bos|> text <|eos|>, all trained."""
 
-  def __init__(self, tokenizer: Tokenizer):
+  def __init__(self, tokenizer: Tokenizer | ModelTokenizer):
     self.tokenizer = tokenizer
 
   def __call__(self, document: dict[str, str]) -> dict[str, np.ndarray]:
-    ids = np.concatenate([[self.tokenizer.bos_id], self.tokenizer.encode(document["text"]),
-                          [self.tokenizer.eos_id]]).astype(np.int32)
+    ids = self.tokenizer.encode_document(document["text"])
     return packing.example(ids, np.ones_like(ids))
 
 
@@ -53,6 +55,28 @@ class _EncodeConversation:
 
   def __call__(self, messages: list[dict]) -> dict[str, np.ndarray]:
     rendered = chat.render(self.tokenizer, messages)
+    return packing.example(rendered.ids, rendered.loss_mask)
+
+
+class _EncodeTemplateConversation:
+  """{messages, tools} -> example rendered by a released model's own chat template,
+  trained where the template marks {% generation %} (transformers' assistant mask)."""
+
+  def __init__(self, tokenizer: ModelTokenizer, tool_format: str | None):
+    self.tokenizer = tokenizer
+    self.format = formats.get_format(tool_format) if tool_format else None
+    self.by_turns = not chat_template.has_generation_blocks(tokenizer)
+
+  def __call__(self, conversation: dict) -> dict[str, np.ndarray]:
+    messages = conversation["messages"]
+    if self.format is not None:
+      messages = formats.with_call_ids(messages, self.format)
+    tools = conversation.get("tools")
+    if self.by_turns:  # no {% generation %}: train on each assistant turn (template_turns)
+      rendered = chat_template.tokenize(
+          self.tokenizer, *template_turns.turn_spans(self.tokenizer, messages, tools))
+    else:
+      rendered = chat_template.apply(self.tokenizer, messages, tools=tools)
     return packing.example(rendered.ids, rendered.loss_mask)
 
 
@@ -111,17 +135,44 @@ def pretrain_dataset(corpus: reader.Corpus | str | os.PathLike, split: str,
   return _batched(packing.pack(ds, packer, seq_len, seed), batch_size, worker_count)
 
 
-def chat_dataset(conversations: list[list[dict]] | str | os.PathLike, tokenizer: Tokenizer,
+def chat_dataset(conversations: list[list[dict]] | str | os.PathLike,
+                 tokenizer: Tokenizer | ModelTokenizer,
                  *, seq_len: int, batch_size: int, seed: int = 0, shuffle: bool = True,
                  num_epochs: int | None = None, shard_index: int = 0, shard_count: int = 1,
                  packer: str = "first_fit", read_threads: int = 2,
-                 worker_count: int = 0) -> grain.IterDataset:
-  """Batches of packed conversations (a JSONL path or message lists), loss on assistant."""
-  if not isinstance(conversations, list):
-    conversations = chat.load_jsonl(os.fspath(conversations))
+                 worker_count: int = 0, tool_format: str | None = None) -> grain.IterDataset:
+  """Batches of packed conversations (a JSONL path or message lists), loss on assistant.
+
+  With a released model's tokenizer (ModelTokenizer) conversations are rendered by its own
+  chat template, with each JSONL line's `tools` if given, and trained on its
+  {% generation %} spans (transformers' assistant mask); a template without them (most
+  released ones) trains on each assistant turn from the generation prompt to the closing
+  token (template_turns.py), what the model emits when prompted. `tool_format` (the
+  agent's) rewrites tool-call ids to that format's convention, so SFT teaches the ids the
+  agent parses.
+  """
+  templated = isinstance(tokenizer, ModelTokenizer)
+  if templated:
+    if not chat_template.has_generation_blocks(tokenizer):
+      logging.info("the chat template of %s has no {%% generation %%} blocks: training on "
+                   "assistant turns from the generation prompt to %r.", tokenizer.directory,
+                   template_turns.closing_token(tokenizer))
+    if isinstance(conversations, list):
+      conversations = [{"messages": m} for m in conversations]
+    else:
+      conversations = chat_template.load_jsonl(os.fspath(conversations))
+  else:
+    if tool_format not in (None, "c2jax"):
+      raise ValueError(f"tool_format {tool_format!r} needs a released model's tokenizer and "
+                       "chat template (data.tokenizer_dir); c2jax's own template writes the "
+                       "c2jax protocol.")
+    if not isinstance(conversations, list):
+      conversations = chat.load_jsonl(os.fspath(conversations))
   if not conversations:
     raise ValueError("no conversations to train on; the chat data is empty.")
   ds = _ordered(grain.MapDataset.source(conversations), seed=seed, shuffle=shuffle,
                 num_epochs=num_epochs, shard_index=shard_index, shard_count=shard_count)
-  ds = _read(ds.map(_EncodeConversation(tokenizer)), read_threads)
+  encode = (_EncodeTemplateConversation(tokenizer, tool_format) if templated
+            else _EncodeConversation(tokenizer))
+  ds = _read(ds.map(encode), read_threads)
   return _batched(packing.pack(ds, packer, seq_len, seed), batch_size, worker_count)

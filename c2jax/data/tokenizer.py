@@ -102,6 +102,10 @@ class Tokenizer:
   def decode(self, ids) -> str:
     return self._hf.decode([int(i) for i in ids], skip_special_tokens=False)
 
+  def encode_document(self, text: str) -> np.ndarray:
+    """A pretraining document: <|bos|> text <|eos|>."""
+    return np.concatenate([[self.bos_id], self.encode(text), [self.eos_id]]).astype(np.int32)
+
   def save(self, path: str | os.PathLike) -> None:
     tmp = f"{path}.tmp"
     self._hf.save(tmp)

@@ -55,6 +55,7 @@ def validate(cfg) -> None:
   model_config.validate(cfg.model)
   rl_config.validate(cfg.rl)
   agent_config.validate(cfg.agent)
+  agent_config.check_tokenizer(cfg.agent, cfg.data, cfg.model.vocab_size)
   for key in ("learner.steps", "learner.learning_rate", "learner.groups_per_step",
               "learner.checkpoint_every", "learner.keep_checkpoints", "learner.log_every",
               "learner.clip_norm", "learner.wait_s", "actors.count", "actors.slots",

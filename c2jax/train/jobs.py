@@ -61,7 +61,10 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.train = train_defaults()
   c.parallel = parallel.default_parallel_config()
   c.init_from = ""
-  c.sft = ml_collections.ConfigDict({"train_path": "", "heldout_path": ""})
+  # tool_format: the agent's (agent.tool_format); with data.tokenizer_dir, trace tool-call
+  # ids are rewritten to its convention (Kimi prints functions.NAME:IDX back to the model).
+  c.sft = ml_collections.ConfigDict({"train_path": "", "heldout_path": "",
+                                     "tool_format": "c2jax"})
   return c
 
 
@@ -83,8 +86,17 @@ def validate(cfg, num_devices: int | None = None) -> None:
   for key in ("train.eval_every", "train.mtp_kl_weight", "train.mtp_ce_weight"):
     configlib.check_positive(cfg, key, allow_zero=True)
   configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
+  if cfg.data.tokenizer_dir is not None:  # a released model's tokenizer sets the vocabulary
+    vocab = data.load_model_tokenizer(cfg.data.tokenizer_dir).vocab_size
+    if vocab > cfg.model.vocab_size:
+      raise configlib.ConfigError("data.tokenizer_dir", f"holds a tokenizer of {vocab} tokens "
+                                  f"but model.vocab_size is {cfg.model.vocab_size}; use the "
+                                  "model the tokenizer belongs to.")
   configlib.check_at_most(cfg, "train.seq_len", "model.max_position")
   parallel.validate_parallel(cfg.parallel, num_devices)
+  if cfg.task == "sft":
+    from c2jax.agent import formats  # pylint: disable=g-import-not-at-top
+    configlib.check_choice(cfg, "sft.tool_format", formats.format_names())
   if cfg.task == "sft" and not cfg.sft.train_path:
     raise configlib.ConfigError("sft.train_path", "is empty; give a JSONL of conversations.")
   if num_devices is None:
@@ -132,6 +144,7 @@ def datasets(cfg) -> Datasets:
   shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
   common = dict(seq_len=t.seq_len, batch_size=t.batch_size // jax.process_count())
   if cfg.task == "sft":
+    common = dict(common, tool_format=cfg.sft.tool_format)
     train = data.chat_dataset(cfg.sft.train_path, tokenizer, seed=t.seed, **common, **shard)
     evals = {}
     if cfg.sft.heldout_path:

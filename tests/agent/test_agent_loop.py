@@ -317,3 +317,40 @@ def test_an_engine_failure_is_an_engine_error(tmp_path, tokenizer):
   with pytest.raises(loop.EngineError, match="device lost"):
     loop.run_episodes(_BrokenEngine([[_fix_turn(tokenizer)]]), tokenizer, _config(),
                       [task], sandbox_factory=factory, infra_retries=2)
+
+
+@pytest.mark.parametrize("directory,tool_format", [("qwen3", "qwen3"), ("kimi", "kimi_k2")])
+def test_released_model_template_and_native_tool_calls_solve(solved_task, directory,
+                                                              tool_format):
+  """The same replay with a released model's tokenizer, chat template and native tool-call
+  format: the segment is exactly the template's render of the transcript."""
+  import pathlib
+  from c2jax.agent import formats
+  from c2jax.data import chat_template, model_tokenizer
+  from c2jax.env import tools as tools_lib
+  fixtures = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+  tok = model_tokenizer.load_model_tokenizer(fixtures / directory)
+  fmt = formats.get_format(tool_format)
+  close = tok.token_id("<|im_end|>")
+  task, messages = solved_task
+  turns, turns_calls = [], []
+  for message in messages:
+    if message["role"] == "assistant":
+      calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+               for c in message.get("tool_calls", [])]
+      text = fmt.render_turn(message["content"], calls, first_call=sum(map(len, turns_calls)))
+      turns_calls.append(calls)
+      turns.append(tok.encode_chat(text)[0].tolist() + [close])
+  engine = ScriptedEngine([turns], max_length=16384)  # a tiny vocabulary: long prompts
+  cfg = _config(tool_format=tool_format, max_turn_tokens=2048, max_total_tokens=65536)
+  [trajectory] = loop.run_episodes(engine, tok, cfg, [task])
+
+  assert trajectory.finish_reason == "finish" and trajectory.solved
+  [segment] = trajectory.segments
+  specs = tools_lib.Toolbox(None, agent_config.toolset(cfg)).specs()
+  rendered = chat_template.apply(tok, trajectory.messages, tools=specs)
+  end = int(np.flatnonzero(rendered.loss_mask)[-1]) + 1  # the finish result is not fed
+  np.testing.assert_array_equal(segment.tokens, rendered.ids[:end])
+  np.testing.assert_array_equal(segment.loss_mask, rendered.loss_mask[:end])
+  assert trajectory.stats.turns == len(turns) and trajectory.stats.tool_call_errors == 0
+  assert trajectory.stats.tool_call_tokens > 0

@@ -43,3 +43,19 @@ def test_unknown_sub_verb_lists_the_sub_verbs():
   with pytest.raises(SystemExit, match="expected one sub-verb, got frobnicate") as e:
     command.main(["c2jax data", "frobnicate"])
   assert "tokenizer" in str(e.value)
+
+
+def test_template_shows_the_trained_spans(tmp_path):
+  fixtures = ROOT / "tests" / "fixtures" / "templates"
+  case = next(c for c in json.loads((fixtures / "cases.json").read_text())["cases"]
+              if c["name"] == "kimi/plain_chat")
+  path = tmp_path / "sft.jsonl"
+  path.write_text(json.dumps({"messages": case["messages"]}) + "\n")
+  result = _run("template", f"--tokenizer-dir={fixtures / 'kimi'}", f"--messages={path}")
+  assert result.returncode == 0, result.stderr
+  assert "<|im_middle|>\u27e6Four.<|im_end|>\u27e7" in result.stdout
+  assert f"--- {len(case['input_ids'])} tokens, {sum(case['assistant_masks'])} trained" in (
+      result.stdout)
+  result = _run("template", f"--tokenizer-dir={fixtures / 'kimi'}", f"--messages={path}",
+                "--line=3")
+  assert "--line=3 but" in result.stderr

@@ -83,9 +83,10 @@ class Toolbox:
     return Observation(call.index, call.name, ok,
                        truncate_middle(output, self.config.max_output_chars))
 
-  def run_turn(self, text) -> tuple[protocol.Turn, list[Observation]]:
-    """Parses a model turn and runs its calls in order, stopping after `finish`."""
-    turn = protocol.parse_turn(text)
+  def run_turn(self, text, parse=protocol.parse_turn) -> tuple[protocol.Turn, list[Observation]]:
+    """Parses a model turn (with `parse`, a tool-call format's parser; c2jax's protocol
+    by default) and runs its calls in order, stopping after `finish`."""
+    turn = parse(text)
     observations = []
     for call in turn.calls:
       if self.finished:
