@@ -1,0 +1,192 @@
+"""The arithmetic of released quantised weight formats, in numpy, one tensor at a time.
+
+Two formats, each a pair of pure functions `dequantize(stored..., dtype) -> array` and
+`quantize(array, ...) -> stored...`, bit-compatible with the code that wrote the released
+checkpoints (tests/hf/test_quantized.py compares against fixtures made by the reference
+libraries; tools/make_quant_fixtures.py):
+
+  FP8 blocks (DeepSeek-V3/V3.1, Kimi-K2): `weight` float8_e4m3fn [out, in] and
+    `weight_scale_inv` float32 [ceil(out/bo), ceil(in/bi)], one scale per bo x bi block
+    (the last row/column of blocks is ragged when a dim is not a multiple of the block).
+    w = float32(q) * s, then cast. Quantising takes s = max(amax, 1e-4) / 448 per block
+    (rounded up to a power of two for `scale_fmt: ue8m0`, DeepSeek-V3.1) and
+    q = e4m3(clamp(w / s, +-448)), as DeepSeek's kernels do.
+  Packed ints (compressed-tensors `pack-quantized`, Kimi-K2-Thinking/K2.5 experts):
+    signed b-bit values q in [-2^(b-1), 2^(b-1)) per group of g input columns, stored
+    offset by 2^(b-1) as unsigned fields packed densely little-endian into int32 words
+    along the input dim (element j of a row occupies bits [j*b, j*b + b) of the row's bit
+    stream; 4-bit: eight nibbles per word, low nibble first), zero-padded to whole words;
+    `weight_scale` [out, ceil(in/g)] in the model dtype; `weight_shape` int [2].
+    w = q * s computed in the scale's dtype. Quantising mirrors compressed-tensors'
+    symmetric min-max observer: s = amax / ((2^b - 1) / 2) in the weight dtype (zero
+    groups get the dtype's eps), q = clamp(round_half_even(w / s)).
+
+Round trips: quantize(dequantize(t)) reproduces t's bytes when the dequantized values
+determine the scales. For FP8 that holds when the scales are powers of two (ue8m0) and,
+in float32, when each block's largest |q| is 448. For packed ints `quantize` first looks
+for a scale whose dequantization reproduces the group exactly (the group came from this
+format) and uses the min-max formula only for groups that have none, so a released
+checkpoint loaded in its own dtype and exported again is byte-identical.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
+FP8_MAX = 448.0
+FP8_MIN_AMAX = 1e-4  # DeepSeek's kernels clamp a block's amax so all-zero blocks get s > 0
+
+
+def _blocks(n: int, block: int) -> int:
+  return -(-n // block)
+
+
+def _expand(scale: np.ndarray, shape: tuple[int, int], block: tuple[int, int]
+            ) -> np.ndarray:
+  """Per-block scales [ceil(r/br), ceil(c/bc)] -> per-element [r, c] (ragged edges cut)."""
+  return np.repeat(np.repeat(scale, block[0], axis=0), block[1], axis=1)[:shape[0], :shape[1]]
+
+
+def fp8_scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
+  return (_blocks(shape[0], block[0]), _blocks(shape[1], block[1]))
+
+
+def fp8_dequantize(q: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int],
+                   dtype) -> np.ndarray:
+  """float32(q) * s per block, cast to dtype (round to nearest even), as DeepSeek does."""
+  out = q.astype(np.float32)
+  out *= _expand(scale_inv.astype(np.float32), q.shape, block)
+  return out.astype(dtype)
+
+
+def fp8_quantize(w: np.ndarray, block: tuple[int, int], power_of_two: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """(q float8_e4m3fn [out, in], scale_inv float32 per block) of a 2-D weight."""
+  rows, cols = w.shape
+  br, bc = block
+  pr, pc = _blocks(rows, br) * br, _blocks(cols, bc) * bc
+  w32 = w.astype(np.float32)
+  padded = np.zeros((pr, pc), np.float32)  # zeros never raise a block's amax
+  padded[:rows, :cols] = np.abs(w32)
+  amax = padded.reshape(pr // br, br, pc // bc, bc).max(axis=(1, 3))
+  scale = np.maximum(amax, np.float32(FP8_MIN_AMAX)) / np.float32(FP8_MAX)
+  if power_of_two:  # ue8m0: round the scale up so every |w / s| stays <= 448
+    scale = np.exp2(np.ceil(np.log2(scale))).astype(np.float32)
+  scaled = np.clip(w32 / _expand(scale, w.shape, block), -FP8_MAX, FP8_MAX)
+  return scaled.astype(FP8), scale.astype(np.float32)
+
+
+def int_qrange(bits: int) -> tuple[int, int]:
+  return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+def packed_words(cols: int, bits: int) -> int:
+  return _blocks(cols * bits, 32)
+
+
+def pack_int32(q: np.ndarray, bits: int) -> np.ndarray:
+  """Signed b-bit ints [rows, cols] -> int32 [rows, ceil(cols*b/32)], dense little-endian."""
+  rows, cols = q.shape
+  fields = (q.astype(np.int16) + (1 << (bits - 1))).astype(np.uint8)
+  words = packed_words(cols, bits)
+  if bits == 4:  # two nibbles per byte, low nibble first; four bytes per little-endian word
+    nibbles = np.zeros((rows, words * 8), np.uint8)
+    nibbles[:, :cols] = fields
+    packed = nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)
+    return packed.view("<i4").reshape(rows, words).astype(np.int32)
+  field_bits = np.unpackbits(fields[..., None], axis=-1, count=bits, bitorder="little")
+  stream = np.zeros((rows, words * 32), np.uint8)
+  stream[:, :cols * bits] = field_bits.reshape(rows, cols * bits)
+  packed = np.packbits(stream, axis=-1, bitorder="little")
+  return packed.view("<i4").reshape(rows, words).astype(np.int32)
+
+
+def unpack_int32(packed: np.ndarray, bits: int, cols: int) -> np.ndarray:
+  """Inverse of pack_int32: int32 [rows, words] -> int8 [rows, cols] in the signed range."""
+  rows = packed.shape[0]
+  raw = np.ascontiguousarray(packed.astype("<i4")).view(np.uint8).reshape(rows, -1)
+  if bits == 4:
+    fields = np.empty((rows, raw.shape[1] * 2), np.uint8)
+    fields[:, 0::2] = raw & 0xF
+    fields[:, 1::2] = raw >> 4
+    fields = fields[:, :cols]
+  else:
+    stream = np.unpackbits(raw, axis=-1, bitorder="little")[:, :cols * bits]
+    weights = (1 << np.arange(bits, dtype=np.uint16)).astype(np.uint16)
+    fields = (stream.reshape(rows, cols, bits) * weights).sum(-1).astype(np.uint8)
+  return (fields.astype(np.int16) - (1 << (bits - 1))).astype(np.int8)
+
+
+def _group_expand(scale: np.ndarray, cols: int, group: int) -> np.ndarray:
+  return np.repeat(scale, group, axis=1)[:, :cols]
+
+
+def int_dequantize(q: np.ndarray, scale: np.ndarray, group: int, dtype) -> np.ndarray:
+  """q * s in the scale's dtype (exact in float32, then rounded once), cast to dtype."""
+  product = q.astype(np.float32) * _group_expand(scale.astype(np.float32), q.shape[1], group)
+  return product.astype(scale.dtype).astype(dtype)
+
+
+def _eps(dtype: np.dtype) -> np.floating:
+  return ml_dtypes.finfo(dtype).eps if dtype == ml_dtypes.bfloat16 else np.finfo(dtype).eps
+
+
+def _grouped(w32: np.ndarray, group: int) -> np.ndarray:
+  """[rows, cols] -> [rows, ceil(cols/g), g], a ragged last group padded with zeros
+  (zeros change neither a group's amax, which always includes 0, nor its exactness)."""
+  rows, cols = w32.shape
+  padded = np.zeros((rows, _blocks(cols, group) * group), np.float32)
+  padded[:, :cols] = w32
+  return padded.reshape(rows, -1, group)
+
+
+def _quantize_groups(wg32: np.ndarray, scale: np.ndarray, dtype: np.dtype, bits: int
+                     ) -> np.ndarray:
+  """round_half_even(clamp(w / s)), the division rounded to `dtype` as torch does."""
+  lo, hi = int_qrange(bits)
+  ratio = (wg32 / scale.astype(np.float32)[..., None]).astype(dtype).astype(np.float32)
+  return np.rint(np.clip(ratio, lo, hi)).astype(np.int8)
+
+
+def int_quantize(w: np.ndarray, bits: int, group: int, dtype
+                 ) -> tuple[np.ndarray, np.ndarray]:
+  """(q int8 [rows, cols], scale [rows, cols/g] in dtype) of a 2-D weight held in dtype."""
+  dtype = np.dtype(dtype)
+  wg32 = _grouped(w.astype(dtype).astype(np.float32), group)
+  lo, hi = int_qrange(bits)
+  amax = np.maximum(np.abs(wg32.min(-1)), np.abs(wg32.max(-1)))
+  formula = (amax / np.float32((hi - lo) / 2)).astype(dtype)
+  formula = np.where(formula == 0, _eps(dtype), formula).astype(dtype)
+  # Candidates that reproduce a group written by this format: its extreme value is
+  # q = hi or q = lo times the scale (up to one rounding of the product), so try
+  # amax / hi and amax / -lo and their neighbours in the scale dtype.
+  candidates = [formula]
+  for divisor in (hi, -lo):
+    centre = (amax / np.float32(divisor)).astype(dtype)
+    candidates += [centre, _step(centre, +1), _step(centre, -1)]
+  target = wg32.astype(dtype)
+  best_scale, best_q = formula, _quantize_groups(wg32, formula, dtype, bits)
+  settled = np.all(_requant_values(best_q, formula, dtype) == target, axis=-1)
+  for scale in candidates[1:]:
+    scale = np.where(scale > 0, scale, formula).astype(dtype)
+    q = _quantize_groups(wg32, scale, dtype, bits)
+    exact = np.all(_requant_values(q, scale, dtype) == target, axis=-1) & ~settled
+    best_scale = np.where(exact, scale, best_scale).astype(dtype)
+    best_q = np.where(exact[..., None], q, best_q)
+    settled |= exact
+  return best_q.reshape(w.shape[0], -1)[:, :w.shape[1]], best_scale
+
+
+def _requant_values(q: np.ndarray, scale: np.ndarray, dtype: np.dtype) -> np.ndarray:
+  return (q.astype(np.float32) * scale.astype(np.float32)[..., None]).astype(dtype)
+
+
+def _step(values: np.ndarray, direction: int) -> np.ndarray:
+  """The adjacent representable value of non-negative floats: up (+1) or down (-1)."""
+  if values.dtype == np.float32:
+    return np.nextafter(values, np.float32(np.inf if direction > 0 else 0)).astype(np.float32)
+  top = {np.dtype(np.float16): 0x7BFF}.get(values.dtype, 0x7F7F)  # largest finite bits
+  bits = np.clip(values.view(np.uint16).astype(np.int32) + direction, 0, top)
+  return bits.astype(np.uint16).view(values.dtype)
