@@ -134,12 +134,10 @@ def _eps(dtype: np.dtype) -> np.floating:
 
 
 def _grouped(w32: np.ndarray, group: int) -> np.ndarray:
-  """[rows, cols] -> [rows, ceil(cols/g), g], a ragged last group padded with zeros
-  (zeros change neither a group's amax, which always includes 0, nor its exactness)."""
   rows, cols = w32.shape
-  padded = np.zeros((rows, _blocks(cols, group) * group), np.float32)
-  padded[:, :cols] = w32
-  return padded.reshape(rows, -1, group)
+  if cols % group:  # compressed-tensors refuses these too: no reader could load them
+    raise ValueError(f"{cols} input columns are not a multiple of the group size {group}.")
+  return w32.reshape(rows, cols // group, group)
 
 
 def _quantize_groups(wg32: np.ndarray, scale: np.ndarray, dtype: np.dtype, bits: int
@@ -176,7 +174,7 @@ def int_quantize(w: np.ndarray, bits: int, group: int, dtype
     best_scale = np.where(exact, scale, best_scale).astype(dtype)
     best_q = np.where(exact[..., None], q, best_q)
     settled |= exact
-  return best_q.reshape(w.shape[0], -1)[:, :w.shape[1]], best_scale
+  return best_q.reshape(w.shape), best_scale
 
 
 def _requant_values(q: np.ndarray, scale: np.ndarray, dtype: np.dtype) -> np.ndarray:

@@ -52,7 +52,7 @@ class Scheme(Protocol):
 
 def _check_shape(module: str, suffix: str, got: tuple, want: tuple, why: str) -> None:
   if tuple(got) != tuple(want):
-    raise ValueError(f"tensor {module}.{suffix!s} has shape {list(got)}, expected "
+    raise ValueError(f"tensor '{module}.{suffix}' has shape {list(got)}, expected "
                      f"{list(want)} ({why}); the checkpoint is corrupt or not in this format.")
 
 
@@ -104,13 +104,13 @@ class Fp8Block:
   def logical_shape(self, module, parts, read_small):
     weight, scale = parts["weight"], parts["weight_scale_inv"]
     if len(weight.shape) != 2:
-      raise ValueError(f"tensor {module}.weight is float8 with shape {list(weight.shape)}; "
+      raise ValueError(f"tensor '{module}.weight' is float8 with shape {list(weight.shape)}; "
                        "block-scaled fp8 weights are 2-D.")
     _check_shape(module, "weight_scale_inv", scale.shape,
                  qf.fp8_scale_shape(weight.shape, self.block),
                  f"one scale per {self.block[0]}x{self.block[1]} block of the weight")
     if scale.dtype not in (np.float32, ml_dtypes.bfloat16):
-      raise ValueError(f"tensor {module}.weight_scale_inv is {scale.dtype}; expected float32.")
+      raise ValueError(f"tensor '{module}.weight_scale_inv' is {scale.dtype}; expected float32.")
     return weight.shape
 
   def dequantize(self, module, parts, dtype):
@@ -224,7 +224,7 @@ class PackedInt:
   def _group(self, module: str) -> IntGroup:
     group = self.group_of(module) or (self.groups[0] if len(self.groups) == 1 else None)
     if group is None:
-      raise ValueError(f"tensor {module}.weight_packed matches no config group of "
+      raise ValueError(f"tensor '{module}.weight_packed' matches no config group of "
                        f"config.json's {FIELD}; its bit width is unknown.")
     return group
 
@@ -232,9 +232,9 @@ class PackedInt:
     packed, scale, shape_info = (parts[s] for s in self.suffixes)
     group = self._group(module)
     if packed.dtype != np.int32:
-      raise ValueError(f"tensor {module}.weight_packed is {packed.dtype}; expected int32.")
+      raise ValueError(f"tensor '{module}.weight_packed' is {packed.dtype}; expected int32.")
     if shape_info.shape != (2,) or shape_info.dtype.kind not in "iu":
-      raise ValueError(f"tensor {module}.weight_shape is {shape_info.dtype}"
+      raise ValueError(f"tensor '{module}.weight_shape' is {shape_info.dtype}"
                        f"{list(shape_info.shape)}; expected the 2 ints [out, in].")
     rows, cols = (int(v) for v in read_small(f"{module}.weight_shape"))
     _check_shape(module, "weight_packed", packed.shape,
@@ -244,7 +244,7 @@ class PackedInt:
     _check_shape(module, "weight_scale", scale.shape, (rows, per_row),
                  f"one scale per {group.group_size or cols} inputs of each output row")
     if scale.dtype.kind != "f" and scale.dtype != ml_dtypes.bfloat16:
-      raise ValueError(f"tensor {module}.weight_scale is {scale.dtype}; expected a float.")
+      raise ValueError(f"tensor '{module}.weight_scale' is {scale.dtype}; expected a float.")
     return (rows, cols)
 
   def dequantize(self, module, parts, dtype):
@@ -255,6 +255,11 @@ class PackedInt:
 
   def quantize(self, module, array):
     group = self._group(module)
+    if group.group_size and array.shape[1] % group.group_size:
+      raise ValueError(f"cannot quantise '{module}.weight' {list(array.shape)} to groups of "
+                       f"{group.group_size} inputs: {array.shape[1]} is not a multiple (nor "
+                       "does compressed-tensors accept it). Add the module to the scheme's "
+                       "ignore list or export unquantised.")
     q, scale = qf.int_quantize(array, group.bits, group.group_size or array.shape[1],
                                self.scale_dtype)
     return {"weight_packed": qf.pack_int32(q, group.bits), "weight_scale": scale,

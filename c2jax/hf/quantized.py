@@ -126,12 +126,12 @@ class DequantizingReader:
     for module, found in parts.items():
       missing = [s for s in scheme.suffixes if s not in found]
       if main in missing:
-        raise ValueError(f"{self.dir}: tensor {module}.{sorted(found)[0]!r} has no quantised "
-                         f"{module}.{main} beside it; the checkpoint is incomplete or its "
+        raise ValueError(f"{self.dir}: tensor '{module}.{sorted(found)[0]}' has no quantised "
+                         f"'{module}.{main}' beside it; the checkpoint is incomplete or its "
                          f"config.json {FIELD} is wrong.")
       if missing:
-        raise ValueError(f"{self.dir}: tensor {module}.{main} is quantised but "
-                         f"{module}.{missing[0]} is missing; the checkpoint is incomplete.")
+        raise ValueError(f"{self.dir}: tensor '{module}.{main}' is quantised but "
+                         f"'{module}.{missing[0]}' is missing; the checkpoint is incomplete.")
     small = _read_many([found[s] for found in parts.values() for s in companions
                         if int(np.prod(found[s].shape)) <= 8])
     self._modules: dict[str, str] = {}  # logical name -> module
