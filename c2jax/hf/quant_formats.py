@@ -22,11 +22,15 @@ libraries; tools/make_quant_fixtures.py):
     groups get the dtype's eps), q = clamp(round_half_even(w / s)).
 
 Round trips: quantize(dequantize(t)) reproduces t's bytes when the dequantized values
-determine the scales. For FP8 that holds when the scales are powers of two (ue8m0) and,
-in float32, when each block's largest |q| is 448. For packed ints `quantize` first looks
-for a scale whose dequantization reproduces the group exactly (the group came from this
-format) and uses the min-max formula only for groups that have none, so a released
-checkpoint loaded in its own dtype and exported again is byte-identical.
+determine the scales. FP8 with float32 scales: a block's largest |q| is 448, so its
+amax gives s back whenever the dequantised amax is exact (checkpoints quantised from
+bf16 weights and loaded in bf16 or float32). FP8 ue8m0: the dequantised values are
+fixed points (re-export decodes to the same weights), but q = 448 at scale s and q = 224
+at 2s decode alike, so those blocks may come back in the other form. Packed ints:
+`quantize` first looks for a scale whose dequantisation reproduces the group exactly
+(the group came from this format) and uses the min-max formula only for groups that
+have none, so a released checkpoint loaded in its own dtype and exported again is
+byte-identical.
 """
 
 from __future__ import annotations

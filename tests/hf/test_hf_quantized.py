@@ -1,0 +1,307 @@
+"""Released quantised formats: dequantisation and re-quantisation against the reference
+libraries' own outputs (tests/fixtures/quant, made by tools/make_quant_fixtures.py), the
+exact on-disk layout, bad checkpoints and configs, and the load/export hooks end to end."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from c2jax import hf
+from c2jax.hf import quant_formats as qf
+from c2jax.hf import quant_schemes, quantized, safetensors_io
+from c2jax.hf.config import HFConfigError
+from tests.hf.conftest import FIXTURES as HF_FIXTURES
+
+QUANT = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "quant"
+CASES = ["deepseek_fp8", "deepseek_fp8_ue8m0", "kimi_int4"]
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _config(case: str) -> dict:
+  return json.loads((QUANT / case / "config.json").read_text())
+
+
+def _all(reader) -> dict[str, np.ndarray]:
+  return {name: reader.read(name) for name in reader.names()}
+
+
+@pytest.fixture(scope="module")
+def fixture():
+  """case -> (logical reader, stored tensors, reference tensors), read once."""
+  cache = {}
+
+  def get(case: str):
+    if case not in cache:
+      _, reader = quantized.open_hf(QUANT / case, _config(case))
+      stored = _all(safetensors_io.SafetensorsReader(QUANT / case))
+      ref_file = safetensors_io.SafetensorsReader.__new__(safetensors_io.SafetensorsReader)
+      ref_file.dir = QUANT / "reference"
+      ref_file.tensors = {i.name: i for i in safetensors_io._read_header(
+          QUANT / "reference" / f"{case}.safetensors")}
+      cache[case] = reader, stored, _all(ref_file)
+    return cache[case]
+
+  return get
+
+
+def _bytes_equal(a: np.ndarray, b: np.ndarray) -> bool:
+  return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_dequantize_equals_reference_library(case, fixture):
+  reader, stored, reference = fixture(case)
+  quantised = sorted(n for n in reference if not n.endswith(".source"))
+  plain = sorted(n for n in stored if n.endswith(".weight") and n not in quantised)
+  # Stored scale / packing tensors are hidden behind the logical weight names.
+  assert sorted(reader.names()) == sorted(quantised + plain)
+  for name in quantised:
+    assert reader.is_quantized(name)
+    assert reader.tensors[name].dtype == BF16 and reader.tensors[name].shape == (
+        reference[name].shape)
+    assert _bytes_equal(reader.read(name), reference[name]), name
+  for name in plain:  # router, norms, ignored modules pass through untouched
+    assert not reader.is_quantized(name) and _bytes_equal(reader.read(name), stored[name])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_quantize_for_export_writes_the_reference_bytes(case, fixture):
+  """From the same source weights our quantiser writes exactly what the library wrote;
+  from our own dequantisation (bf16) it writes the original tensors back."""
+  reader, stored, reference = fixture(case)
+  scheme = quantized.scheme_from_config(_config(case))
+  for name in (n for n in reference if not n.endswith(".source")):
+    for source in (reference[name + ".source"], reader.read(name)):
+      out = quantized.quantize_for_export(name, source, scheme)
+      assert sorted(out) == sorted(k for k in stored if k.rsplit(".", 1)[0] ==
+                                   name.removesuffix(".weight"))
+      for key, value in out.items():
+        assert _bytes_equal(value, stored[key]), key
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_unquantised_modules_stay_plain_on_export(case, fixture):
+  reader, stored, _ = fixture(case)
+  scheme = quantized.scheme_from_config(_config(case))
+  for name in reader.names():
+    if not reader.is_quantized(name):
+      array = reader.read(name)
+      assert quantized.quantize_for_export(name, array, scheme) == {name: array}
+
+
+def test_dequantize_into_float32(fixture):
+  _, reference_fp8 = fixture("deepseek_fp8")[0], fixture("deepseek_fp8")[2]
+  _, reader = quantized.open_hf(QUANT / "deepseek_fp8", _config("deepseek_fp8"),
+                                dtype=np.float32)
+  name = "model.layers.3.self_attn.kv_b_proj.weight"
+  values = reader.read(name)
+  assert values.dtype == np.float32 and reader.tensors[name].dtype == np.float32
+  assert _bytes_equal(values.astype(BF16), reference_fp8[name])  # bf16 is one rounding of it
+  assert not _bytes_equal(values, reference_fp8[name].astype(np.float32))
+  # INT4 products pass through the scale dtype (bf16) as compressed-tensors computes them.
+  _, reader = quantized.open_hf(QUANT / "kimi_int4", _config("kimi_int4"), dtype=np.float32)
+  name = "model.layers.1.mlp.experts.0.gate_proj.weight"
+  assert _bytes_equal(reader.read(name), fixture("kimi_int4")[2][name].astype(np.float32))
+
+
+def test_int4_packing_layout():
+  """Eight 4-bit fields per int32, element 0 in the lowest nibble, stored as q + 8."""
+  q = np.arange(-8, 8, dtype=np.int8).reshape(2, 8)
+  packed = qf.pack_int32(q, 4)
+  assert packed.dtype == np.int32 and packed.shape == (2, 1)
+  assert packed.view(np.uint32)[:, 0].tolist() == [0x76543210, 0xFEDCBA98]
+  ragged = qf.pack_int32(np.full((1, 9), 7, np.int8), 4)  # 9 values: 2 words, zero-padded
+  assert ragged.view(np.uint32).tolist() == [[0xFFFFFFFF, 0x0000000F]]
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_pack_unpack_all_widths(bits):
+  rng = np.random.default_rng(bits)
+  lo, hi = qf.int_qrange(bits)
+  q = rng.integers(lo, hi, endpoint=True, size=(3, 45)).astype(np.int8)
+  packed = qf.pack_int32(q, bits)
+  assert packed.shape == (3, -(-45 * bits // 32))
+  np.testing.assert_array_equal(qf.unpack_int32(packed, bits, 45), q)
+  # Dense packing: the bit stream of a row is the fields back to back, low bit first.
+  stream = np.unpackbits(packed.view(np.uint8), axis=-1, bitorder="little")
+  first = sum(int(b) << i for i, b in enumerate(stream[0, bits:2 * bits]))
+  assert first == q[0, 1] - lo
+
+
+def test_fp8_power_of_two_scales_and_value_round_trip():
+  rng = np.random.default_rng(0)
+  w = (rng.normal(size=(200, 70)) * np.logspace(-4, 1, 70)).astype(BF16)
+  q, scale = qf.fp8_quantize(w, (128, 128), power_of_two=True)
+  assert scale.shape == (2, 1) and np.all(np.log2(scale) == np.round(np.log2(scale)))
+  once = qf.fp8_dequantize(q, scale, (128, 128), BF16)
+  again = qf.fp8_dequantize(*qf.fp8_quantize(once, (128, 128), True), (128, 128), BF16)
+  assert _bytes_equal(once, again)  # dequantised values are fixed points
+  assert np.abs(once.astype(np.float32) - w.astype(np.float32)).max() <= (
+      np.abs(w.astype(np.float32)).max() / 8)
+
+
+def _leaves(tree, prefix=()):
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from _leaves(value, prefix + (key,))
+    else:
+      yield prefix + (key,), value
+
+
+def _get(tree, path):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _rewrite(case: str, tmp_path, drop=(), replace=None) -> pathlib.Path:
+  """A copy of a fixture case with stored tensors dropped or replaced."""
+  out = tmp_path / case
+  out.mkdir()
+  shutil.copy(QUANT / case / "config.json", out / "config.json")
+  reader = safetensors_io.SafetensorsReader(QUANT / case)
+  tensors = {n: reader.read(n) for n in reader.names() if n not in drop}
+  tensors.update(replace or {})
+  plan = [safetensors_io.PlannedTensor(n, t.dtype, t.shape, lambda t=t: t)
+          for n, t in tensors.items()]
+  safetensors_io.write_sharded(out, plan, 2**30)
+  return out
+
+
+KV_B = "model.layers.3.self_attn.kv_b_proj"
+EXPERT = "model.layers.1.mlp.experts.0.gate_proj"
+
+
+@pytest.mark.parametrize("case,drop,replace,words", [
+    ("deepseek_fp8", [KV_B + ".weight_scale_inv"], None,
+     [f"'{KV_B}.weight'", f"'{KV_B}.weight_scale_inv' is missing"]),
+    ("deepseek_fp8", [], {KV_B + ".weight_scale_inv": np.ones((1, 1), np.float32)},
+     [f"'{KV_B}.weight_scale_inv' has shape [1, 1], expected [2, 2]", "128x128"]),
+    ("deepseek_fp8", [KV_B + ".weight"], None, [f"'{KV_B}.weight_scale_inv' has no"]),
+    ("kimi_int4", [EXPERT + ".weight_shape"], None, [f"'{EXPERT}.weight_shape' is missing"]),
+    ("kimi_int4", [], {EXPERT + ".weight_packed": np.zeros((48, 11), np.int32)},
+     [f"'{EXPERT}.weight_packed' has shape [48, 11], expected [48, 12]"]),
+    ("kimi_int4", [], {EXPERT + ".weight_shape": np.array([48, 64], np.int64)},
+     [f"'{EXPERT}.weight_packed' has shape [48, 12], expected [48, 8]"]),
+    ("kimi_int4", [], {EXPERT + ".weight_scale": np.ones((48, 2), BF16)},
+     [f"'{EXPERT}.weight_scale' has shape [48, 2], expected [48, 3]"]),
+    ("kimi_int4", [], {EXPERT + ".weight_zero_point": np.zeros((6, 3), np.int32)},
+     [f"'{EXPERT}.weight_zero_point'", "symmetric"]),
+])
+def test_bad_checkpoints_name_the_tensor(case, drop, replace, words, tmp_path):
+  path = _rewrite(case, tmp_path, drop, replace)
+  with pytest.raises(ValueError) as error:
+    quantized.open_hf(path, _config(case))
+  for word in words:
+    assert word in str(error.value)
+
+
+def _with(case: str, **changes) -> dict:
+  config = _config(case)
+  config["quantization_config"].update(changes)
+  return config
+
+
+def _weights(case: str, **changes) -> dict:
+  config = _config(case)
+  config["quantization_config"]["config_groups"]["group_0"]["weights"].update(changes)
+  return config
+
+
+@pytest.mark.parametrize("config,field", [
+    (_with("deepseek_fp8", quant_method="gptq"), "quantization_config.quant_method"),
+    (_with("deepseek_fp8", fmt="e5m2"), "quantization_config.fmt"),
+    (_with("deepseek_fp8", activation_scheme="static"),
+     "quantization_config.activation_scheme"),
+    (_with("deepseek_fp8", weight_block_size=None), "quantization_config.weight_block_size"),
+    (_with("deepseek_fp8", scale_fmt="e4m3"), "quantization_config.scale_fmt"),
+    (_with("deepseek_fp8", dequantize=True), "quantization_config.dequantize"),
+    (_with("kimi_int4", format="int-quantized"), "quantization_config.format"),
+    (_with("kimi_int4", quantization_status="frozen"),
+     "quantization_config.quantization_status"),
+    (_weights("kimi_int4", symmetric=False),
+     "quantization_config.config_groups.group_0.weights.symmetric"),
+    (_weights("kimi_int4", type="float"),
+     "quantization_config.config_groups.group_0.weights.type"),
+    (_weights("kimi_int4", strategy="tensor"),
+     "quantization_config.config_groups.group_0.weights.strategy"),
+    (_weights("kimi_int4", actorder="group"),
+     "quantization_config.config_groups.group_0.weights.actorder"),
+])
+def test_unsupported_schemes_are_refused(config, field):
+  with pytest.raises(HFConfigError) as error:
+    quantized.scheme_from_config(config)
+  assert error.value.field == field
+
+
+def test_config_round_trips_through_export():
+  for case in CASES:
+    scheme = quantized.scheme_from_config(_config(case))
+    again = quantized.scheme_from_config({"quantization_config": scheme.hf_config()})
+    assert again == scheme
+  # The INT4 export config is what compressed-tensors wrote for Kimi (fixture), key for key.
+  written = quantized.export_scheme("int4").hf_config()
+  assert set(written) <= set(_config("kimi_int4")["quantization_config"])
+
+
+def test_export_refuses_groups_that_do_not_divide(tmp_path):
+  with pytest.raises(ValueError, match=r"'model\.layers\.1\.mlp\.experts\.0\.down_proj"
+                     r"\.weight' \[32, 16\] to groups of 32"):
+    quantized.quantize_for_export("model.layers.1.mlp.experts.0.down_proj.weight",
+                                  np.ones((32, 16), BF16), "int4")
+  with pytest.raises(ValueError, match="unknown quantisation 'int3'"):
+    quantized.export_scheme("int3")
+
+
+INT4_G16 = quant_schemes.PackedInt(groups=(quant_schemes.IntGroup(("Linear",), 4, 16),))
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "fp8-ue8m0", INT4_G16], ids=str)
+def test_save_quantized_then_load_and_convert(scheme, tmp_path, loaded):
+  """hf.save(quantize=) writes the released layout; hf.load / convert_from_hf read it
+  back dequantised; saving the loaded params again reproduces the files byte for byte."""
+  cfg, params = loaded("deepseek_v3_grouped_yarn")
+  hf.save(cfg, params, tmp_path / "q", quantize=scheme)
+  config = json.loads((tmp_path / "q" / "config.json").read_text())
+  assert quantized.scheme_from_config(config) == quantized.export_scheme(scheme)
+  stored = _all(safetensors_io.SafetensorsReader(tmp_path / "q"))
+  expert = "model.layers.1.mlp.experts.0.up_proj."
+  if isinstance(scheme, str):  # fp8: the weight keeps its name, with a block scale beside
+    assert stored[expert + "weight"].dtype == qf.FP8 and expert + "weight_scale_inv" in stored
+  else:
+    assert expert + "weight_packed" in stored and expert + "weight" not in stored
+  assert "model.layers.1.mlp.gate.weight" in stored  # the router stays plain
+  cfg2, params2 = hf.load(tmp_path / "q")
+  assert cfg2 == cfg
+  up, up2 = (p["moe_layers"]["moe"]["experts"]["up_proj"] for p in (params, params2))
+  assert up2.dtype == np.float32 and not np.array_equal(up, up2)
+  assert np.abs(up2 - up).max() <= np.abs(up).max() / 8  # a quantisation's error, no more
+  np.testing.assert_array_equal(params2["final_norm"]["scale"], params["final_norm"]["scale"])
+  hf.save(cfg2, params2, tmp_path / "again", quantize=scheme)
+  again = _all(safetensors_io.SafetensorsReader(tmp_path / "again"))
+  assert sorted(again) == sorted(stored)
+  if scheme == "fp8-ue8m0":  # q = 448 at scale s and q = 224 at 2s decode alike: values
+    for path, value in _leaves(hf.load(tmp_path / "again")[1]):
+      np.testing.assert_array_equal(value, _get(params2, path), err_msg="/".join(path))
+  else:
+    for name in stored:
+      assert _bytes_equal(again[name], stored[name]), name
+  summary = hf.convert_from_hf(tmp_path / "q", tmp_path / "ckpt")
+  assert summary["skipped"] == 0
+  cfg3, params3 = hf.load_checkpoint(tmp_path / "ckpt")
+  assert cfg3 == cfg
+  np.testing.assert_array_equal(params3["moe_layers"]["moe"]["experts"]["up_proj"], up2)
+  source = json.loads((tmp_path / "ckpt" / "hf_source_config.json").read_text())
+  assert "quantization_config" not in source  # the checkpoint holds dequantised weights
+
+
+def test_unquantised_checkpoints_are_untouched():
+  config = json.loads((HF_FIXTURES / "qwen3_moe_norm" / "config.json").read_text())
+  same, reader = quantized.open_hf(HF_FIXTURES / "qwen3_moe_norm", config)
+  assert same is config and isinstance(reader, safetensors_io.SafetensorsReader)
