@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import ml_dtypes
 import numpy as np
@@ -262,7 +264,8 @@ def test_export_refuses_groups_that_do_not_divide(tmp_path):
 INT4_G16 = quant_schemes.PackedInt(groups=(quant_schemes.IntGroup(("Linear",), 4, 16),))
 
 
-@pytest.mark.parametrize("scheme", ["fp8", "fp8-ue8m0", INT4_G16], ids=str)
+@pytest.mark.parametrize("scheme", ["fp8", "fp8-ue8m0", INT4_G16],
+                         ids=["fp8", "fp8-ue8m0", "int4-g16"])
 def test_save_quantized_then_load_and_convert(scheme, tmp_path, loaded):
   """hf.save(quantize=) writes the released layout; hf.load / convert_from_hf read it
   back dequantised; saving the loaded params again reproduces the files byte for byte."""
@@ -305,3 +308,47 @@ def test_unquantised_checkpoints_are_untouched():
   config = json.loads((HF_FIXTURES / "qwen3_moe_norm" / "config.json").read_text())
   same, reader = quantized.open_hf(HF_FIXTURES / "qwen3_moe_norm", config)
   assert same is config and isinstance(reader, safetensors_io.SafetensorsReader)
+
+
+class _CountingReader(safetensors_io.SafetensorsReader):
+  """Records which stored tensors are read, to prove reads happen one weight at a time."""
+
+  def __init__(self, path):
+    super().__init__(path)
+    self.reads: list[str] = []
+
+  def read(self, name):
+    self.reads.append(name)
+    return super().read(name)
+
+
+def test_reading_streams_one_weight_at_a_time():
+  base = _CountingReader(QUANT / "kimi_int4")
+  _, reader = quantized.open_hf(QUANT / "kimi_int4", _config("kimi_int4"), base)
+  assert base.reads == []  # headers (and tiny weight_shape tensors, in bulk) only
+  reader.read(EXPERT + ".weight")
+  assert sorted(base.reads) == sorted(f"{EXPERT}.{s}" for s in (
+      "weight_packed", "weight_scale", "weight_shape"))
+  # Logical tensors keep the on-disk order of their stored weights (sequential reads).
+  starts = [info.start for info in reader.tensors.values()]
+  assert starts == sorted(starts)
+
+
+def test_cli_dequantises_in_and_quantises_out(tmp_path, loaded):
+  cfg, params = loaded("deepseek_v3_qproj_plain")
+  hf.save(cfg, params, tmp_path / "fp8", quantize="fp8")
+
+  def run(*args):
+    return subprocess.run([sys.executable, "-m", "c2jax.cli", "convert", *map(str, args)],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=QUANT.parents[2])
+
+  first = run("--from-hf", tmp_path / "fp8", "--out", tmp_path / "ckpt")
+  assert first.returncode == 0, first.stderr
+  second = run("--from", tmp_path / "ckpt", "--to-hf", tmp_path / "back", "--quantize", "fp8")
+  assert second.returncode == 0, second.stderr
+  original = _all(safetensors_io.SafetensorsReader(tmp_path / "fp8"))
+  back = _all(safetensors_io.SafetensorsReader(tmp_path / "back"))
+  assert sorted(back) == sorted(original)
+  for name in original:
+    assert _bytes_equal(back[name], original[name]), name
