@@ -30,6 +30,13 @@ def _is_linear(module: str) -> bool:
   return last.endswith("_proj") or last in ("lm_head", "head")
 
 
+def _skips(pattern: str, module: str) -> bool:
+  """transformers' modules_to_not_convert rule: a regex matching from the start up to a
+  module boundary ('mlp.gate' skips 'x.mlp.gate', not 'x.mlp.gate_proj'), or a suffix."""
+  boundary = r"(?:(?<=\.)|(?=\.|$))"
+  return bool(re.match(f"(?:{pattern}){boundary}", module)) or module.endswith(pattern)
+
+
 def _matches(module: str, pattern: str) -> bool:
   """compressed-tensors' rule: 're:<regex>' matches from the start, else the exact name."""
   if pattern.startswith("re:"):
@@ -66,8 +73,14 @@ class Fp8Block:
 
   @classmethod
   def from_hf(cls, qc: dict) -> Fp8Block:
+    # Keys of DeepSeek's configs and of transformers' FineGrainedFP8Config. Stored fp8
+    # tensors are found by dtype, so `modules_to_convert` and `dequantize` change nothing.
     _only(qc, {"quant_method", "fmt", "activation_scheme", "weight_block_size", "scale_fmt",
-               "modules_to_not_convert"})
+               "modules_to_not_convert", "ignored_layers", "modules_to_convert",
+               "dequantize", "expert_dtype"})
+    if qc.get("expert_dtype", "fp8") != "fp8":
+      raise HFConfigError(f"{FIELD}.expert_dtype", f"= {qc['expert_dtype']!r}; only fp8 "
+                          "experts are read (not DeepSeek-V4's packed fp4).")
     if qc.get("fmt", "e4m3") != "e4m3":
       raise HFConfigError(f"{FIELD}.fmt", f"= {qc['fmt']!r}; only e4m3 weights are read.")
     if qc.get("activation_scheme", "dynamic") != "dynamic":
@@ -78,11 +91,11 @@ class Fp8Block:
             and all(isinstance(b, int) and b > 0 for b in block)):
       raise HFConfigError(f"{FIELD}.weight_block_size", f"= {block!r}; c2jax reads "
                           "block-scaled fp8, e.g. [128, 128].")
-    if qc.get("scale_fmt") not in (None, "ue8m0"):
-      raise HFConfigError(f"{FIELD}.scale_fmt", f"= {qc['scale_fmt']!r}; expected absent "
-                          "or 'ue8m0'.")
-    return cls(tuple(block), qc.get("scale_fmt") == "ue8m0",
-               tuple(qc.get("modules_to_not_convert") or ()))
+    if qc.get("scale_fmt") not in (None, "float", "ue8m0"):
+      raise HFConfigError(f"{FIELD}.scale_fmt", f"= {qc['scale_fmt']!r}; expected absent, "
+                          "'float' or 'ue8m0'.")
+    ignore = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
+    return cls(tuple(block), qc.get("scale_fmt") == "ue8m0", tuple(ignore))
 
   def hf_config(self) -> dict:
     out = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
@@ -94,9 +107,8 @@ class Fp8Block:
     return out
 
   def quantizes(self, module):
-    # transformers' modules_to_not_convert rule: a substring of the module name.
-    return (module.rsplit(".", 1)[-1].endswith("_proj")
-            and not any(m in module for m in self.ignore))
+    return module.rsplit(".", 1)[-1].endswith("_proj") and not any(
+        _skips(pattern, module) for pattern in self.ignore)
 
   def is_stored(self, info):
     return info.dtype == qf.FP8

@@ -48,12 +48,12 @@ def _configs(hf: dict) -> list[dict]:
 
 def scheme_from_config(hf: dict) -> Scheme | None:
   """The scheme config.json declares, None for an unquantised checkpoint."""
+  # The top level's wins: its module names are the stored tensor names (Kimi-K2.5's text
+  # model sits under `language_model.`), a nested copy may be relative to the text model.
   found = [c[FIELD] for c in _configs(hf) if c.get(FIELD)]
   if not found:
     return None
   qc = found[0]
-  if any(other != qc for other in found[1:]):
-    raise HFConfigError(FIELD, "differs between the top level and text_config; keep one.")
   method = qc.get("quant_method")
   if method not in SCHEMES:
     raise HFConfigError(f"{FIELD}.quant_method", f"= {method!r}; c2jax dequantises "

@@ -223,7 +223,8 @@ def _weights(case: str, **changes) -> dict:
      "quantization_config.activation_scheme"),
     (_with("deepseek_fp8", weight_block_size=None), "quantization_config.weight_block_size"),
     (_with("deepseek_fp8", scale_fmt="e4m3"), "quantization_config.scale_fmt"),
-    (_with("deepseek_fp8", dequantize=True), "quantization_config.dequantize"),
+    (_with("deepseek_fp8", group_size=32), "quantization_config.group_size"),
+    (_with("deepseek_fp8", expert_dtype="fp4"), "quantization_config.expert_dtype"),
     (_with("kimi_int4", format="int-quantized"), "quantization_config.format"),
     (_with("kimi_int4", quantization_status="frozen"),
      "quantization_config.quantization_status"),
@@ -352,3 +353,23 @@ def test_cli_dequantises_in_and_quantises_out(tmp_path, loaded):
   assert sorted(back) == sorted(original)
   for name in original:
     assert _bytes_equal(back[name], original[name]), name
+
+
+def test_transformers_fp8_config_keys_and_kimi_k25_nesting():
+  """FineGrainedFP8Config.to_dict() keys load; Kimi-K2.5 keeps its config at the top."""
+  config = _with("deepseek_fp8", dequantize=False, modules_to_convert=None, scale_fmt="float",
+                 expert_dtype="fp8", modules_to_not_convert=["mlp.gate"])
+  scheme = quantized.scheme_from_config(config)
+  assert scheme == quant_schemes.Fp8Block(ignore=("mlp.gate",))
+  assert not scheme.quantizes("model.layers.1.mlp.gate") and scheme.quantizes(
+      "model.layers.1.mlp.gate_proj")
+  k25 = {"model_type": "kimi_k25", "quantization_config": _config("kimi_int4")[
+      "quantization_config"], "text_config": {"model_type": "kimi_k2", "dtype": "bfloat16"}}
+  scheme = quantized.scheme_from_config(k25)
+  assert scheme.quantizes("language_model.model.layers.1.mlp.experts.3.down_proj")
+  assert not scheme.quantizes("language_model.model.layers.1.self_attn.q_a_proj")
+  assert not scheme.quantizes("language_model.model.layers.0.mlp.down_proj")  # dense MLP
+  stripped = quantized.without_quantization(k25)
+  assert "quantization_config" not in stripped and stripped["text_config"] == k25[
+      "text_config"]
+  assert quantized.declared_dtype(k25) == BF16
