@@ -18,6 +18,7 @@ own dequantisation (`X.weight`) and the unquantised source it was made from
   kimi_int4           Kimi-K2-Thinking/K2.5: compressed-tensors pack-quantized int4,
                       group 32, for the routed experts; attention / shared experts in
                       bfloat16 (the config's ignore list).
+  reference/packing   compressed-tensors' int32 packing of 1..8-bit values.
 
 FP8 weights are quantised by torch's float8_e4m3fn cast with DeepSeek's block-scale rule
 (s = max(amax, 1e-4) / 448, power of two for ue8m0); the reference dequantisation is
@@ -34,6 +35,7 @@ import pathlib
 
 import torch
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
+from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfig,
                                              QuantizationScheme)
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
@@ -152,11 +154,27 @@ def make_int4(case: str, seed: int) -> None:
   _write(case, config, stored, reference)
 
 
+def make_packing(seed: int) -> None:
+  """compressed-tensors' int32 packing of every width 1..8 (dense, fields may straddle
+  words), rows of 45 values so the last word is partial."""
+  gen = torch.Generator().manual_seed(seed)
+  tables = {}
+  for bits in range(1, 9):
+    lo = -(1 << (bits - 1))
+    q = torch.randint(lo, -lo, (3, 45), generator=gen, dtype=torch.int8)
+    tables[f"q.{bits}"], tables[f"packed.{bits}"] = q, pack_to_int32(q, bits)
+  path = OUT / "reference" / "packing.safetensors"
+  save_file(tables, path, metadata={"format": "pt"})
+  print(f"packing: {path.stat().st_size / 1024:.1f} KiB")
+
+
 def main() -> None:
   check_transformers_agrees(torch.Generator().manual_seed(3))
+  OUT.mkdir(parents=True, exist_ok=True)
   make_fp8("deepseek_fp8", ue8m0=False, seed=0)
   make_fp8("deepseek_fp8_ue8m0", ue8m0=True, seed=1)
   make_int4("kimi_int4", seed=2)
+  make_packing(seed=4)
 
 
 if __name__ == "__main__":

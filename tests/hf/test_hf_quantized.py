@@ -98,7 +98,7 @@ def test_unquantised_modules_stay_plain_on_export(case, fixture):
 
 
 def test_dequantize_into_float32(fixture):
-  _, reference_fp8 = fixture("deepseek_fp8")[0], fixture("deepseek_fp8")[2]
+  reference_fp8 = fixture("deepseek_fp8")[2]
   _, reader = quantized.open_hf(QUANT / "deepseek_fp8", _config("deepseek_fp8"),
                                 dtype=np.float32)
   name = "model.layers.3.self_attn.kv_b_proj.weight"
@@ -120,6 +120,16 @@ def test_int4_packing_layout():
   assert packed.view(np.uint32)[:, 0].tolist() == [0x76543210, 0xFEDCBA98]
   ragged = qf.pack_int32(np.full((1, 9), 7, np.int8), 4)  # 9 values: 2 words, zero-padded
   assert ragged.view(np.uint32).tolist() == [[0xFFFFFFFF, 0x0000000F]]
+
+
+@pytest.mark.parametrize("bits", range(1, 9))
+def test_packing_equals_compressed_tensors(bits):
+  infos = {i.name: i for i in safetensors_io._read_header(
+      QUANT / "reference" / "packing.safetensors")}
+  tables = quantized._read_many(list(infos.values()))
+  q, packed = tables[f"q.{bits}"], tables[f"packed.{bits}"]
+  assert _bytes_equal(qf.pack_int32(q, bits), packed)
+  assert _bytes_equal(qf.unpack_int32(packed, bits, q.shape[1]), q)
 
 
 @pytest.mark.parametrize("bits", range(1, 9))
