@@ -57,20 +57,27 @@ def fp8_scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int
   return (_blocks(shape[0], block[0]), _blocks(shape[1], block[1]))
 
 
-# float8_e4m3fn bytes -> float32: a table lookup is ~3x faster than ml_dtypes' cast.
+# float8_e4m3fn byte -> float32 value.
 _FP8_TO_F32 = np.arange(256, dtype=np.uint8).view(FP8).astype(np.float32)
 
 
 def fp8_dequantize(q: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int],
                    dtype) -> np.ndarray:
-  """float32(q) * s per block, cast to dtype (round to nearest even), as DeepSeek does."""
-  out = np.take(_FP8_TO_F32, q.view(np.uint8))
-  scale = scale_inv.astype(np.float32)
-  cols = q.shape[1]
-  for i in range(scale.shape[0]):  # one row of blocks at a time: no full-size scale array
-    rows = out[i * block[0]:(i + 1) * block[0]]
-    rows *= np.repeat(scale[i], block[1])[:cols]
-  return out.astype(dtype)
+  """float32(q) * s per block, cast to dtype (round to nearest even), as DeepSeek does.
+
+  A block has one scale and q has 256 codes, so each row of blocks builds the table of
+  all dtype(code * s) and looks its bytes up: the same values as multiplying element by
+  element, ~4x faster and without float32 temporaries.
+  """
+  rows, cols = q.shape
+  out = np.empty(q.shape, dtype)
+  codes = q.view(np.uint8)
+  table_base = (np.arange(cols, dtype=np.int32) // block[1]) * 256  # column block's table
+  for i, scales in enumerate(scale_inv.astype(np.float32)):
+    table = (scales[:, None] * _FP8_TO_F32[None, :]).astype(dtype).reshape(-1)
+    band = slice(i * block[0], (i + 1) * block[0])
+    np.take(table, codes[band] + table_base, out=out[band])
+  return out
 
 
 def fp8_quantize(w: np.ndarray, block: tuple[int, int], power_of_two: bool = False
@@ -135,9 +142,12 @@ def int_dequantize(q: np.ndarray, scale: np.ndarray, group: int, dtype) -> np.nd
   """q * s in the scale's dtype (exact in float32, then rounded once), cast to dtype."""
   rows, cols = q.shape
   groups = scale.shape[1]
-  product = np.zeros((rows, groups * group), np.float32)  # a ragged last group is padded
-  product[:, :cols] = q
-  product = product.reshape(rows, groups, group)
+  if cols == groups * group:
+    product = q.astype(np.float32).reshape(rows, groups, group)
+  else:  # a ragged last group: pad it
+    product = np.zeros((rows, groups * group), np.float32)
+    product[:, :cols] = q
+    product = product.reshape(rows, groups, group)
   product *= scale.astype(np.float32)[..., None]
   product = product.reshape(rows, -1)[:, :cols].astype(scale.dtype)
   return product.astype(dtype, copy=False)
