@@ -2,7 +2,11 @@
 
 Run with the py311 venv (torch, transformers, compressed-tensors; not the project's venv):
 
-  /work/venv311/bin/python tools/make_quant_fixtures.py
+  /work/venv311/bin/python tools/make_quant_fixtures.py [--out DIR]
+
+With --out the same fixtures (same seeds) go to DIR instead; tests/hf/test_hf_quantized.py
+does that live (when $C2JAX_TORCH_PYTHON names this venv) and checks the installed
+reference libraries still write the committed bytes.
 
 Each case directory holds what a released checkpoint holds for a few modules -- a
 `config.json` whose `quantization_config` is the real one of that family, and
@@ -30,6 +34,7 @@ compressed-tensors itself (its min-max qparams, `PackedQuantizationCompressor`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 
@@ -84,21 +89,23 @@ def check_transformers_agrees(gen: torch.Generator) -> None:
     assert torch.equal(hf.view(torch.int16), _fp8_reference(q, scale).view(torch.int16))
 
 
-def _write(case: str, config: dict, stored: dict, reference: dict) -> None:
-  path = OUT / case
+def _write(out: pathlib.Path, case: str, config: dict, stored: dict, reference: dict
+           ) -> None:
+  path = out / case
   path.mkdir(parents=True, exist_ok=True)
   (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
   save_file({k: v.contiguous() for k, v in stored.items()}, path / "model.safetensors",
             metadata={"format": "pt"})
   # Beside, not inside, the case: a reader takes every *.safetensors of a directory.
-  (OUT / "reference").mkdir(exist_ok=True)
-  save_file({k: v.contiguous() for k, v in reference.items()},
-            OUT / "reference" / f"{case}.safetensors", metadata={"format": "pt"})
-  size = sum(p.stat().st_size for p in [*path.iterdir(), OUT / "reference" / f"{case}.safetensors"])
+  (out / "reference").mkdir(exist_ok=True)
+  ref_path = out / "reference" / f"{case}.safetensors"
+  save_file({k: v.contiguous() for k, v in reference.items()}, ref_path,
+            metadata={"format": "pt"})
+  size = sum(p.stat().st_size for p in [*path.iterdir(), ref_path])
   print(f"{case}: {len(stored)} stored tensors, {size / 1024:.1f} KiB")
 
 
-def make_fp8(case: str, ue8m0: bool, seed: int) -> None:
+def make_fp8(out: pathlib.Path, case: str, ue8m0: bool, seed: int) -> None:
   gen = torch.Generator().manual_seed(seed)
   qc = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
         "weight_block_size": [BLOCK, BLOCK]}
@@ -121,10 +128,10 @@ def make_fp8(case: str, ue8m0: bool, seed: int) -> None:
     reference[name], reference[name + ".source"] = _fp8_reference(q, scale), w
   stored["model.layers.3.mlp.gate.weight"] = _weight(gen, 8, 40)  # router: bf16
   stored["model.layers.3.input_layernorm.weight"] = _weight(gen, 1, 40)[0]
-  _write(case, config, stored, reference)
+  _write(out, case, config, stored, reference)
 
 
-def make_int4(case: str, seed: int) -> None:
+def make_int4(out: pathlib.Path, case: str, seed: int) -> None:
   gen = torch.Generator().manual_seed(seed)
   args = QuantizationArgs(num_bits=4, type="int", symmetric=True, strategy="group",
                           group_size=32)
@@ -151,10 +158,10 @@ def make_int4(case: str, seed: int) -> None:
     reference[name], reference[name + ".source"] = back, w
   stored["model.layers.1.mlp.shared_experts.gate_proj.weight"] = _weight(gen, 16, 40)
   stored["model.layers.1.self_attn.o_proj.weight"] = _weight(gen, 40, 16)
-  _write(case, config, stored, reference)
+  _write(out, case, config, stored, reference)
 
 
-def make_packing(seed: int) -> None:
+def make_packing(out: pathlib.Path, seed: int) -> None:
   """compressed-tensors' int32 packing of every width 1..8 (dense, fields may straddle
   words), rows of 45 values so the last word is partial."""
   gen = torch.Generator().manual_seed(seed)
@@ -163,18 +170,21 @@ def make_packing(seed: int) -> None:
     lo = -(1 << (bits - 1))
     q = torch.randint(lo, -lo, (3, 45), generator=gen, dtype=torch.int8)
     tables[f"q.{bits}"], tables[f"packed.{bits}"] = q, pack_to_int32(q, bits)
-  path = OUT / "reference" / "packing.safetensors"
+  path = out / "reference" / "packing.safetensors"
   save_file(tables, path, metadata={"format": "pt"})
   print(f"packing: {path.stat().st_size / 1024:.1f} KiB")
 
 
 def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", type=pathlib.Path, default=OUT)
+  out = parser.parse_args().out
   check_transformers_agrees(torch.Generator().manual_seed(3))
-  OUT.mkdir(parents=True, exist_ok=True)
-  make_fp8("deepseek_fp8", ue8m0=False, seed=0)
-  make_fp8("deepseek_fp8_ue8m0", ue8m0=True, seed=1)
-  make_int4("kimi_int4", seed=2)
-  make_packing(seed=4)
+  (out / "reference").mkdir(parents=True, exist_ok=True)
+  make_fp8(out, "deepseek_fp8", ue8m0=False, seed=0)
+  make_fp8(out, "deepseek_fp8_ue8m0", ue8m0=True, seed=1)
+  make_int4(out, "kimi_int4", seed=2)
+  make_packing(out, seed=4)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ exact on-disk layout, bad checkpoints and configs, and the load/export hooks end
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -383,3 +384,26 @@ def test_transformers_fp8_config_keys_and_kimi_k25_nesting():
   assert "quantization_config" not in stripped and stripped["text_config"] == k25[
       "text_config"]
   assert quantized.declared_dtype(k25) == BF16
+
+
+def test_reference_libraries_still_write_the_fixtures(tmp_path):
+  """Live: the installed torch / transformers / compressed-tensors regenerate every
+  committed fixture byte for byte (so an upstream format change cannot go unnoticed)."""
+  python = os.environ.get("C2JAX_TORCH_PYTHON")
+  if not python:
+    pytest.skip("set C2JAX_TORCH_PYTHON to a Python with torch, transformers and "
+                "compressed-tensors (e.g. /work/venv311/bin/python) to run live.")
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  probe = subprocess.run([python, "-c", "import compressed_tensors, transformers, torch"],
+                         capture_output=True, env=env, timeout=120)
+  if probe.returncode:
+    pytest.skip(f"{python} lacks torch, transformers or compressed-tensors.")
+  result = subprocess.run([python, str(QUANT.parents[2] / "tools" / "make_quant_fixtures.py"),
+                           "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env=env)
+  assert result.returncode == 0, result.stdout + result.stderr
+  committed = sorted(p.relative_to(QUANT) for p in QUANT.rglob("*") if p.is_file())
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == (
+      committed)
+  for path in committed:
+    assert (tmp_path / path).read_bytes() == (QUANT / path).read_bytes(), path
