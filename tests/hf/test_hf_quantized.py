@@ -407,3 +407,39 @@ def test_reference_libraries_still_write_the_fixtures(tmp_path):
       committed)
   for path in committed:
     assert (tmp_path / path).read_bytes() == (QUANT / path).read_bytes(), path
+
+
+def test_kimi_k25_wrapper_with_int4_experts_loads(tmp_path, loaded):
+  """Kimi-K2.5's layout: quantization_config at the top, text weights under
+  `language_model.`, only routed experts packed; hf.load dequantises it."""
+  case = "kimi_k25_text"
+  config = json.loads((HF_FIXTURES / case / "config.json").read_text())
+  # Plain ignore entries are exact module names (compressed-tensors' rule): the prefix
+  # counts, so the wrapped LM head is named in full.
+  scheme = quant_schemes.PackedInt(groups=(quant_schemes.IntGroup(("Linear",), 4, 16),),
+                                   ignore=quant_schemes.KIMI_IGNORE + (
+                                       "language_model.lm_head",))
+  config["quantization_config"] = scheme.hf_config()
+  (tmp_path / "k25").mkdir()
+  (tmp_path / "k25" / "config.json").write_text(json.dumps(config))
+  source = safetensors_io.SafetensorsReader(HF_FIXTURES / case)
+  plan = []
+  for name in source.names():
+    for stored, array in quantized.quantize_for_export(name, source.read(name), scheme).items():
+      plan.append(safetensors_io.PlannedTensor(stored, array.dtype, array.shape,
+                                               lambda a=array: a))
+  safetensors_io.write_sharded(tmp_path / "k25", plan, 2**30)
+  packed = [p.name for p in plan if p.name.endswith("weight_packed")]
+  assert packed and all(".mlp.experts." in n and n.startswith("language_model.")
+                        for n in packed)
+  cfg, params = hf.load(tmp_path / "k25")
+  ref_cfg, ref_params = loaded(case)
+  assert cfg == ref_cfg
+  for path, value in _leaves(ref_params):
+    ours = _get(params, path)
+    assert ours.dtype == value.dtype, path
+    if path[-2:-1] == ("experts",):  # quantised: within the int4 error of each group
+      assert np.abs(ours - value).max() <= np.abs(value).max() / 8 and not np.array_equal(
+          ours, value)
+    else:
+      np.testing.assert_array_equal(ours, value, err_msg="/".join(path))
