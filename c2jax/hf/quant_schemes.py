@@ -121,8 +121,9 @@ class Fp8Block:
     _check_shape(module, "weight_scale_inv", scale.shape,
                  qf.fp8_scale_shape(weight.shape, self.block),
                  f"one scale per {self.block[0]}x{self.block[1]} block of the weight")
-    if scale.dtype not in (np.float32, ml_dtypes.bfloat16):
-      raise ValueError(f"tensor '{module}.weight_scale_inv' is {scale.dtype}; expected float32.")
+    if scale.dtype not in (np.float32, ml_dtypes.bfloat16, ml_dtypes.float8_e8m0fnu):
+      raise ValueError(f"tensor '{module}.weight_scale_inv' is {scale.dtype}; expected "
+                       "float32 (or float8_e8m0fnu power-of-two scales).")
     return weight.shape
 
   def dequantize(self, module, parts, dtype):

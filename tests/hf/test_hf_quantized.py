@@ -113,6 +113,17 @@ def test_dequantize_into_float32(fixture):
   assert _bytes_equal(reader.read(name), fixture("kimi_int4")[2][name].astype(np.float32))
 
 
+def test_fp8_scales_stored_as_e8m0(tmp_path, fixture):
+  """ue8m0 scales may be stored as 1-byte float8_e8m0fnu (transformers' V4-style)."""
+  _, stored, reference = fixture("deepseek_fp8_ue8m0")
+  scales = {n: t.astype(ml_dtypes.float8_e8m0fnu) for n, t in stored.items()
+            if n.endswith("weight_scale_inv")}
+  path = _rewrite("deepseek_fp8_ue8m0", tmp_path, replace=scales)
+  _, reader = quantized.open_hf(path, _config("deepseek_fp8_ue8m0"))
+  for name in (n for n in reference if not n.endswith(".source")):
+    assert _bytes_equal(reader.read(name), reference[name]), name
+
+
 def test_int4_packing_layout():
   """Eight 4-bit fields per int32, element 0 in the lowest nibble, stored as q + 8."""
   q = np.arange(-8, 8, dtype=np.int8).reshape(2, 8)
