@@ -104,6 +104,34 @@ def _read_many(infos: Sequence[safetensors_io.TensorInfo]) -> dict[str, np.ndarr
   return out
 
 
+def _stored_parts(reader: safetensors_io.SafetensorsReader, scheme: Scheme
+                  ) -> dict[str, dict[str, safetensors_io.TensorInfo]]:
+  """module -> {suffix: info} of every quantised weight, each complete (or an error)."""
+  main, companions = scheme.suffixes[0], set(scheme.suffixes[1:])
+  parts: dict[str, dict[str, safetensors_io.TensorInfo]] = collections.defaultdict(dict)
+  for name, info in reader.tensors.items():
+    module, suffix = _split(name)
+    if suffix in _UNSUPPORTED:
+      raise ValueError(f"{reader.dir}: tensor {name!r} is a {suffix}, which c2jax's "
+                       f"dequantisation does not support (config.json {FIELD} must "
+                       "describe symmetric weight-only quantisation).")
+    if suffix in companions or (suffix == main and scheme.is_stored(info)):
+      parts[module][suffix] = info
+  for module, found in parts.items():
+    missing = [s for s in scheme.suffixes if s not in found]
+    if main in missing:
+      raise ValueError(f"{reader.dir}: tensor '{module}.{sorted(found)[0]}' has no "
+                       f"quantised '{module}.{main}' beside it; the checkpoint is "
+                       f"incomplete or its config.json {FIELD} is wrong.")
+    if missing:
+      raise ValueError(f"{reader.dir}: tensor '{module}.{main}' is quantised but "
+                       f"'{module}.{missing[0]}' is missing; the checkpoint is incomplete.")
+    if main != "weight" and f"{module}.weight" in reader.tensors:
+      raise ValueError(f"{reader.dir}: '{module}.weight' is stored both plain and as "
+                       f"'{module}.{main}'; keep one.")
+  return parts
+
+
 class DequantizingReader:
   """A SafetensorsReader's interface over the logical (dequantised) tensors."""
 
@@ -113,48 +141,25 @@ class DequantizingReader:
     if self.dtype not in _FLOAT_DTYPES.values():
       raise ValueError(f"cannot dequantise into {self.dtype}; use one of "
                        f"{sorted(_FLOAT_DTYPES)}.")
-    main, companions = scheme.suffixes[0], set(scheme.suffixes[1:])
-    parts: dict[str, dict[str, safetensors_io.TensorInfo]] = collections.defaultdict(dict)
-    for name, info in reader.tensors.items():
-      module, suffix = _split(name)
-      if suffix in _UNSUPPORTED:
-        raise ValueError(f"{self.dir}: tensor {name!r} is a {suffix}, which c2jax's "
-                         f"dequantisation does not support (config.json {FIELD} must "
-                         "describe symmetric weight-only quantisation).")
-      if suffix in companions or (suffix == main and scheme.is_stored(info)):
-        parts[module][suffix] = info
-    for module, found in parts.items():
-      missing = [s for s in scheme.suffixes if s not in found]
-      if main in missing:
-        raise ValueError(f"{self.dir}: tensor '{module}.{sorted(found)[0]}' has no quantised "
-                         f"'{module}.{main}' beside it; the checkpoint is incomplete or its "
-                         f"config.json {FIELD} is wrong.")
-      if missing:
-        raise ValueError(f"{self.dir}: tensor '{module}.{main}' is quantised but "
-                         f"'{module}.{missing[0]}' is missing; the checkpoint is incomplete.")
-    small = _read_many([found[s] for found in parts.values() for s in companions
-                        if int(np.prod(found[s].shape)) <= 8])
+    parts = _stored_parts(reader, scheme)
+    small = _read_many([info for found in parts.values() for suffix, info in found.items()
+                        if suffix != scheme.suffixes[0] and int(np.prod(info.shape)) <= 8])
     self._modules: dict[str, str] = {}  # logical name -> module
     self.tensors: dict[str, safetensors_io.TensorInfo] = {}
     for name, info in reader.tensors.items():  # on-disk order, as the base reader
       module, suffix = _split(name)
-      if module not in parts:
-        self.tensors.setdefault(name, info)
-        continue
-      if suffix != main:
-        continue
-      logical = f"{module}.weight"
-      if logical != name and logical in reader.tensors:
-        raise ValueError(f"{self.dir}: {logical!r} is stored both plain and as {name!r}; "
-                         "keep one.")
-      try:
-        shape = tuple(scheme.logical_shape(module, parts[module], small.__getitem__))
-      except ValueError as e:
-        raise ValueError(f"{self.dir}: {e}") from None
-      self._modules[logical] = module
-      self.tensors[logical] = safetensors_io.TensorInfo(
-          logical, info.file, self.dtype, shape, info.start,
-          int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize)
+      if module not in parts or suffix not in parts[module]:
+        self.tensors[name] = info  # unquantised (norms, router, a module's bias, ...)
+      elif suffix == scheme.suffixes[0]:
+        try:
+          shape = tuple(scheme.logical_shape(module, parts[module], small.__getitem__))
+        except ValueError as e:
+          raise ValueError(f"{self.dir}: {e}") from None
+        logical = f"{module}.weight"
+        self._modules[logical] = module
+        self.tensors[logical] = safetensors_io.TensorInfo(
+            logical, info.file, self.dtype, shape, info.start,
+            int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize)
 
   def names(self) -> list[str]:
     return list(self.tensors)

@@ -454,3 +454,18 @@ def test_kimi_k25_wrapper_with_int4_experts_loads(tmp_path, loaded):
           ours, value)
     else:
       np.testing.assert_array_equal(ours, value, err_msg="/".join(path))
+
+
+def test_other_tensors_of_a_quantised_module_pass_through(tmp_path):
+  bias = np.arange(136, dtype=np.float32).astype(BF16)
+  path = _rewrite("deepseek_fp8", tmp_path, replace={KV_B + ".bias": bias})
+  _, reader = quantized.open_hf(path, _config("deepseek_fp8"))
+  assert reader.is_quantized(KV_B + ".weight") and not reader.is_quantized(KV_B + ".bias")
+  assert _bytes_equal(reader.read(KV_B + ".bias"), bias)
+
+
+def test_weight_stored_both_plain_and_packed_is_refused(tmp_path):
+  path = _rewrite("kimi_int4", tmp_path, replace={EXPERT + ".weight": np.ones((48, 96), BF16)})
+  with pytest.raises(ValueError, match=f"'{EXPERT}.weight' is stored both plain and as "
+                     f"'{EXPERT}.weight_packed'"):
+    quantized.open_hf(path, _config("kimi_int4"))
