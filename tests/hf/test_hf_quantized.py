@@ -18,7 +18,6 @@ import pytest
 from c2jax import hf
 from c2jax.hf import quant_formats as qf
 from c2jax.hf import quant_schemes, quantized, safetensors_io
-from c2jax.hf.config import HFConfigError
 from tests.hf.conftest import FIXTURES as HF_FIXTURES
 
 QUANT = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "quant"
@@ -124,52 +123,6 @@ def test_fp8_scales_stored_as_e8m0(tmp_path, fixture):
     assert _bytes_equal(reader.read(name), reference[name]), name
 
 
-def test_int4_packing_layout():
-  """Eight 4-bit fields per int32, element 0 in the lowest nibble, stored as q + 8."""
-  q = np.arange(-8, 8, dtype=np.int8).reshape(2, 8)
-  packed = qf.pack_int32(q, 4)
-  assert packed.dtype == np.int32 and packed.shape == (2, 1)
-  assert packed.view(np.uint32)[:, 0].tolist() == [0x76543210, 0xFEDCBA98]
-  ragged = qf.pack_int32(np.full((1, 9), 7, np.int8), 4)  # 9 values: 2 words, zero-padded
-  assert ragged.view(np.uint32).tolist() == [[0xFFFFFFFF, 0x0000000F]]
-
-
-@pytest.mark.parametrize("bits", range(1, 9))
-def test_packing_equals_compressed_tensors(bits):
-  infos = {i.name: i for i in safetensors_io._read_header(
-      QUANT / "reference" / "packing.safetensors")}
-  tables = quantized._read_many(list(infos.values()))
-  q, packed = tables[f"q.{bits}"], tables[f"packed.{bits}"]
-  assert _bytes_equal(qf.pack_int32(q, bits), packed)
-  assert _bytes_equal(qf.unpack_int32(packed, bits, q.shape[1]), q)
-
-
-@pytest.mark.parametrize("bits", range(1, 9))
-def test_pack_unpack_all_widths(bits):
-  rng = np.random.default_rng(bits)
-  lo, hi = qf.int_qrange(bits)
-  q = rng.integers(lo, hi, endpoint=True, size=(3, 45)).astype(np.int8)
-  packed = qf.pack_int32(q, bits)
-  assert packed.shape == (3, -(-45 * bits // 32))
-  np.testing.assert_array_equal(qf.unpack_int32(packed, bits, 45), q)
-  # Dense packing: the bit stream of a row is the fields back to back, low bit first.
-  stream = np.unpackbits(packed.view(np.uint8), axis=-1, bitorder="little")
-  first = sum(int(b) << i for i, b in enumerate(stream[0, bits:2 * bits]))
-  assert first == q[0, 1] - lo
-
-
-def test_fp8_power_of_two_scales_and_value_round_trip():
-  rng = np.random.default_rng(0)
-  w = (rng.normal(size=(200, 70)) * np.logspace(-4, 1, 70)).astype(BF16)
-  q, scale = qf.fp8_quantize(w, (128, 128), power_of_two=True)
-  assert scale.shape == (2, 1) and np.all(np.log2(scale) == np.round(np.log2(scale)))
-  once = qf.fp8_dequantize(q, scale, (128, 128), BF16)
-  again = qf.fp8_dequantize(*qf.fp8_quantize(once, (128, 128), True), (128, 128), BF16)
-  assert _bytes_equal(once, again)  # dequantised values are fixed points
-  assert np.abs(once.astype(np.float32) - w.astype(np.float32)).max() <= (
-      np.abs(w.astype(np.float32)).max() / 8)
-
-
 def _leaves(tree, prefix=()):
   for key, value in tree.items():
     if isinstance(value, dict):
@@ -224,64 +177,6 @@ def test_bad_checkpoints_name_the_tensor(case, drop, replace, words, tmp_path):
     quantized.open_hf(path, _config(case))
   for word in words:
     assert word in str(error.value)
-
-
-def _with(case: str, **changes) -> dict:
-  config = _config(case)
-  config["quantization_config"].update(changes)
-  return config
-
-
-def _weights(case: str, **changes) -> dict:
-  config = _config(case)
-  config["quantization_config"]["config_groups"]["group_0"]["weights"].update(changes)
-  return config
-
-
-@pytest.mark.parametrize("config,field", [
-    (_with("deepseek_fp8", quant_method="gptq"), "quantization_config.quant_method"),
-    (_with("deepseek_fp8", fmt="e5m2"), "quantization_config.fmt"),
-    (_with("deepseek_fp8", activation_scheme="static"),
-     "quantization_config.activation_scheme"),
-    (_with("deepseek_fp8", weight_block_size=None), "quantization_config.weight_block_size"),
-    (_with("deepseek_fp8", scale_fmt="e4m3"), "quantization_config.scale_fmt"),
-    (_with("deepseek_fp8", group_size=32), "quantization_config.group_size"),
-    (_with("deepseek_fp8", expert_dtype="fp4"), "quantization_config.expert_dtype"),
-    (_with("kimi_int4", format="int-quantized"), "quantization_config.format"),
-    (_with("kimi_int4", quantization_status="frozen"),
-     "quantization_config.quantization_status"),
-    (_weights("kimi_int4", symmetric=False),
-     "quantization_config.config_groups.group_0.weights.symmetric"),
-    (_weights("kimi_int4", type="float"),
-     "quantization_config.config_groups.group_0.weights.type"),
-    (_weights("kimi_int4", strategy="tensor"),
-     "quantization_config.config_groups.group_0.weights.strategy"),
-    (_weights("kimi_int4", actorder="group"),
-     "quantization_config.config_groups.group_0.weights.actorder"),
-])
-def test_unsupported_schemes_are_refused(config, field):
-  with pytest.raises(HFConfigError) as error:
-    quantized.scheme_from_config(config)
-  assert error.value.field == field
-
-
-def test_config_round_trips_through_export():
-  for case in CASES:
-    scheme = quantized.scheme_from_config(_config(case))
-    again = quantized.scheme_from_config({"quantization_config": scheme.hf_config()})
-    assert again == scheme
-  # The INT4 export config is what compressed-tensors wrote for Kimi (fixture), key for key.
-  written = quantized.export_scheme("int4").hf_config()
-  assert set(written) <= set(_config("kimi_int4")["quantization_config"])
-
-
-def test_export_refuses_groups_that_do_not_divide(tmp_path):
-  with pytest.raises(ValueError, match=r"'model\.layers\.1\.mlp\.experts\.0\.down_proj"
-                     r"\.weight' \[32, 16\] to groups of 32"):
-    quantized.quantize_for_export("model.layers.1.mlp.experts.0.down_proj.weight",
-                                  np.ones((32, 16), BF16), "int4")
-  with pytest.raises(ValueError, match="unknown quantisation 'int3'"):
-    quantized.export_scheme("int3")
 
 
 INT4_G16 = quant_schemes.PackedInt(groups=(quant_schemes.IntGroup(("Linear",), 4, 16),))
@@ -375,26 +270,6 @@ def test_cli_dequantises_in_and_quantises_out(tmp_path, loaded):
   assert sorted(back) == sorted(original)
   for name in original:
     assert _bytes_equal(back[name], original[name]), name
-
-
-def test_transformers_fp8_config_keys_and_kimi_k25_nesting():
-  """FineGrainedFP8Config.to_dict() keys load; Kimi-K2.5 keeps its config at the top."""
-  config = _with("deepseek_fp8", dequantize=False, modules_to_convert=None, scale_fmt="float",
-                 expert_dtype="fp8", modules_to_not_convert=["mlp.gate"])
-  scheme = quantized.scheme_from_config(config)
-  assert scheme == quant_schemes.Fp8Block(ignore=("mlp.gate",))
-  assert not scheme.quantizes("model.layers.1.mlp.gate") and scheme.quantizes(
-      "model.layers.1.mlp.gate_proj")
-  k25 = {"model_type": "kimi_k25", "quantization_config": _config("kimi_int4")[
-      "quantization_config"], "text_config": {"model_type": "kimi_k2", "dtype": "bfloat16"}}
-  scheme = quantized.scheme_from_config(k25)
-  assert scheme.quantizes("language_model.model.layers.1.mlp.experts.3.down_proj")
-  assert not scheme.quantizes("language_model.model.layers.1.self_attn.q_a_proj")
-  assert not scheme.quantizes("language_model.model.layers.0.mlp.down_proj")  # dense MLP
-  stripped = quantized.without_quantization(k25)
-  assert "quantization_config" not in stripped and stripped["text_config"] == k25[
-      "text_config"]
-  assert quantized.declared_dtype(k25) == BF16
 
 
 def test_reference_libraries_still_write_the_fixtures(tmp_path):
