@@ -17,7 +17,7 @@ import pytest
 
 from c2jax import hf
 from c2jax.hf import quant_formats as qf
-from c2jax.hf import quant_schemes, quantized, safetensors_io
+from c2jax.hf import names, quant_schemes, quantized, safetensors_io
 from tests.hf.conftest import FIXTURES as HF_FIXTURES
 
 QUANT = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "quant"
@@ -344,3 +344,32 @@ def test_weight_stored_both_plain_and_packed_is_refused(tmp_path):
   with pytest.raises(ValueError, match=f"'{EXPERT}.weight' is stored both plain and as "
                      f"'{EXPERT}.weight_packed'"):
     quantized.open_hf(path, _config("kimi_int4"))
+
+
+def test_mtp_layers_quantise_like_decoder_layers(tmp_path, loaded):
+  """DeepSeek-V3's MTP layers in FP8: projections (eh_proj included) block-scaled, the
+  shared embedding / head copies plain, and all of it loads back."""
+  base, base_params = loaded("deepseek_v3_qproj_plain")
+  cfg = base.copy_and_resolve_references()
+  cfg.num_mtp_layers = 1
+  rng = np.random.default_rng(0)
+  params = {}
+  for leaf in names.leaves(cfg):
+    node = params
+    for key in leaf.path[:-1]:
+      node = node.setdefault(key, {})
+    try:
+      node[leaf.path[-1]] = _get(base_params, leaf.path)
+    except KeyError:
+      node[leaf.path[-1]] = (rng.standard_normal(leaf.shape) * 0.1).astype(np.float32)
+  hf.save(cfg, params, tmp_path / "q", quantize="fp8")
+  stored = safetensors_io.SafetensorsReader(tmp_path / "q").tensors
+  mtp = f"model.layers.{cfg.num_layers}."
+  assert stored[mtp + "eh_proj.weight"].dtype == qf.FP8
+  assert mtp + "eh_proj.weight_scale_inv" in stored
+  for copy in ("embed_tokens.weight", "shared_head.head.weight"):
+    assert stored[mtp + copy].dtype == np.float32 and mtp + copy + "_scale_inv" not in stored
+  cfg2, params2 = hf.load(tmp_path / "q")
+  assert cfg2 == cfg
+  eh, eh2 = (p[names.MTP_KEY]["eh_proj"]["kernel"] for p in (params, params2))
+  assert np.abs(eh2 - eh).max() <= np.abs(eh).max() / 8
