@@ -280,8 +280,9 @@ def test_reference_libraries_still_write_the_fixtures(tmp_path):
     pytest.skip("set C2JAX_TORCH_PYTHON to a Python with torch, transformers and "
                 "compressed-tensors (e.g. /work/venv311/bin/python) to run live.")
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  # Not from the repo root: its top-level `kernels` would shadow the one transformers probes.
   probe = subprocess.run([python, "-c", "import compressed_tensors, transformers, torch"],
-                         capture_output=True, env=env, timeout=120)
+                         capture_output=True, env=env, timeout=120, cwd=tmp_path)
   if probe.returncode:
     pytest.skip(f"{python} lacks torch, transformers or compressed-tensors.")
   result = subprocess.run([python, str(QUANT.parents[2] / "tools" / "make_quant_fixtures.py"),
