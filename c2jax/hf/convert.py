@@ -25,6 +25,7 @@ import numpy as np
 from c2jax.hf import checkpoint
 from c2jax.hf import config as hf_config
 from c2jax.hf import names
+from c2jax.hf import quantized
 from c2jax.hf import safetensors_io
 
 DEFAULT_SHARD_BYTES = 5 * 2**30  # HF's usual shard size
@@ -161,32 +162,47 @@ def _natural_key(name: str) -> list:
 
 
 def load(path: str | os.PathLike) -> tuple[ml_collections.ConfigDict, dict]:
-  """(validated c2jax config, params) of an HF directory; params are numpy arrays."""
+  """(validated c2jax config, params) of an HF directory; params are numpy arrays.
+
+  Quantised checkpoints (FP8 blocks, INT4 packed) are dequantised into their model dtype.
+  """
   hf_dir = pathlib.Path(path)
-  cfg, layout = hf_config.from_hf(_read_hf_config(hf_dir))
+  hf, reader = quantized.open_hf(hf_dir, _read_hf_config(hf_dir))
+  cfg, layout = hf_config.from_hf(hf)
   sink = _MemorySink()
-  _hf_into(safetensors_io.SafetensorsReader(hf_dir), cfg, layout, sink)
+  _hf_into(reader, cfg, layout, sink)
   return cfg, sink.params
 
 
 def save(cfg: ml_collections.ConfigDict, params: dict, path: str | os.PathLike, *,
-         max_shard_bytes: int = DEFAULT_SHARD_BYTES, base_config: dict | None = None) -> None:
-  """Writes params as an HF directory: config.json + safetensors shards + index."""
+         max_shard_bytes: int = DEFAULT_SHARD_BYTES, base_config: dict | None = None,
+         quantize: str | None = None) -> None:
+  """Writes params as an HF directory: config.json + safetensors shards + index.
+
+  `quantize` ('fp8', 'fp8-ue8m0', 'int4'; see quantized.EXPORT_SCHEMES) writes the
+  released on-disk format instead of plain weights.
+  """
   extra = sorted("/".join(path) for path in _paths(params)
                  - {leaf.path for leaf in names.leaves(cfg)})
   if extra:  # silently dropping trained weights would be worse than failing
     raise ValueError(f"params hold leaves no HF tensor of this config stores: {extra[:5]}.")
-  _write_hf(_MemorySource(params), cfg, pathlib.Path(path), max_shard_bytes, base_config)
+  _write_hf(_MemorySource(params), cfg, pathlib.Path(path), max_shard_bytes, base_config,
+            quantize)
 
 
 def _write_hf(source: Source, cfg, hf_dir: pathlib.Path, max_shard_bytes: int,
-              base_config: dict | None) -> None:
+              base_config: dict | None, quantize: str | None = None) -> None:
   config = hf_config.to_hf(cfg, base_config)  # fails before any file is written
+  plan = _hf_plan(source, cfg)
+  if quantize is not None:
+    scheme = quantized.export_scheme(quantize)
+    plan = quantized.quantize_plan(plan, scheme)
+    config[quantized.FIELD] = scheme.hf_config()
   if any(hf_dir.glob("*.safetensors")):  # mixing shards of two models corrupts both
     raise FileExistsError(f"{hf_dir} already holds safetensors weights; write to a new "
                           "directory.")
   hf_dir.mkdir(parents=True, exist_ok=True)
-  safetensors_io.write_sharded(hf_dir, _hf_plan(source, cfg), max_shard_bytes)
+  safetensors_io.write_sharded(hf_dir, plan, max_shard_bytes)
   (hf_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -194,9 +210,8 @@ def convert_from_hf(hf_dir: str | os.PathLike, out_ckpt: str | os.PathLike, *,
                     reader: safetensors_io.SafetensorsReader | None = None) -> dict:
   """Streams an HF directory into a CKPT directory; returns a summary dict."""
   hf_dir = pathlib.Path(hf_dir)
-  hf = _read_hf_config(hf_dir)
+  hf, reader = quantized.open_hf(hf_dir, _read_hf_config(hf_dir), reader)
   cfg, layout = hf_config.from_hf(hf)
-  reader = reader or safetensors_io.SafetensorsReader(hf_dir)
   writer = checkpoint.CheckpointWriter(out_ckpt)
   skipped = _hf_into(reader, cfg, layout, writer)
   writer.finalize(cfg, hf, hf_dir)
@@ -207,11 +222,12 @@ def convert_from_hf(hf_dir: str | os.PathLike, out_ckpt: str | os.PathLike, *,
 
 def convert_to_hf(ckpt: str | os.PathLike, hf_dir: str | os.PathLike, *,
                   max_shard_bytes: int = DEFAULT_SHARD_BYTES,
-                  source: Source | None = None) -> dict:
+                  source: Source | None = None, quantize: str | None = None) -> dict:
   """Streams a CKPT directory out as an HF directory; returns a summary dict."""
   reader = checkpoint.CheckpointReader(ckpt)
   hf_dir = pathlib.Path(hf_dir)
-  _write_hf(source or reader, reader.cfg, hf_dir, max_shard_bytes, reader.hf_source)
+  _write_hf(source or reader, reader.cfg, hf_dir, max_shard_bytes, reader.hf_source,
+            quantize)
   if reader.files_dir.is_dir():
     for item in reader.files_dir.iterdir():
       shutil.copy2(item, hf_dir / item.name)

@@ -208,6 +208,7 @@ def skipped_reason(hf_name: str, cfg, prefix: str) -> str | None:
 def unmapped_error(hf_name: str) -> str:
   if hf_name.endswith(_QUANT_SUFFIXES):
     return (f"tensor {hf_name!r} belongs to a quantized checkpoint (fp8 block scales / int4 "
-            "packing); dequantize to bfloat16 before converting.")
+            "packing) but config.json declares no quantization_config; restore the "
+            "checkpoint's own config.json (c2jax can dequantize the formats it declares).")
   return (f"tensor {hf_name!r} has no place in the c2jax model built from this config.json; "
           "the checkpoint and its config disagree (or the architecture is unsupported).")
