@@ -215,12 +215,17 @@ def default_sandbox_factory(backend: str) -> Callable[[tasks_lib.Task], sandbox_
 def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
                  seeds: Sequence[int | None] | None = None,
                  on_step: Callable[[], None] | None = None,
-                 sandbox_factory=None) -> list[Trajectory]:
+                 sandbox_factory=None,
+                 on_result: Callable[[int, Trajectory | RolloutError], None] | None = None
+                 ) -> list[Trajectory]:
   """Runs every task to the end (concurrently, at most engine.num_slots at a time) and
   returns their trajectories in task order. `cfg` is the agent config section.
 
   Raises RolloutError (after closing every sandbox) if infrastructure failed; a model's
-  bad output is never an error, it is an observation the model gets back.
+  bad output is never an error, it is an observation the model gets back. With
+  `on_result(index, trajectory_or_error)`, each episode is reported the moment it ends
+  (evaluation streams results to disk) and a failed one is reported there as a
+  RolloutError instead of being raised; the returned list then holds None for it.
   """
   seeds = list(seeds) if seeds is not None else [None] * len(tasks)
   if len(seeds) != len(tasks):
@@ -319,6 +324,8 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
       episode = episodes[index]
       errors.append(f"{episode.task.id}: {message}")
       episode.failed = True
+      if on_result is not None:
+        on_result(index, RolloutError(f"{episode.task.id}: {message}"))
       if episode.seq_id is not None and episode.seq_id not in by_seq:
         release(episode)  # idle in the engine; a pending one is released when it returns
       episode.close()
@@ -377,12 +384,14 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
           after_tools(index, context, turn, observations)
         else:  # graded
           results[index] = episode.trajectory()
+          if on_result is not None:
+            on_result(index, results[index])
           live -= 1
           start_more()
     while by_seq:  # requests of failed episodes: let them finish, then free their slots
       for generation in engine.step():
         if by_seq.pop(generation.seq_id, None) is not None:
           engine.release(generation.seq_id)
-  if errors:
+  if errors and on_result is None:
     raise RolloutError(f"{len(errors)} episode(s) failed: " + "; ".join(errors[:5]))
-  return [results[i] for i in range(len(episodes))]
+  return [results.get(i) for i in range(len(episodes))]
