@@ -184,7 +184,7 @@ def run(cfg, workdir: str) -> dict:
   policy = policies.build(cfg)
   try:
     if suite.kind == "scored":
-      return _run_scored(cfg, suite, policy, workdir)
+      return run_scored(cfg, suite, policy, workdir)
     tasks = suites.build_tasks(suite, cfg.suite.args, str(workdir / "tasks"))
     for task in tasks:
       checks_lib.validate_checks(task.id, task.metadata.get("checks", []))
@@ -197,7 +197,7 @@ def run(cfg, workdir: str) -> dict:
     policy.close()
 
 
-def _run_scored(cfg, suite, policy, workdir) -> dict:
+def run_scored(cfg, suite, policy, workdir) -> dict:
   """A scored suite yields its own records; they are stored like agent episodes."""
   with results.ResultsStore(workdir) as store:
     done = {task_id for task_id, _ in store.done()}

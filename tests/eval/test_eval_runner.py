@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import ml_collections
 import pytest
 
 from c2jax import config as configlib
@@ -151,3 +152,30 @@ def test_resumed_run_with_a_different_config_is_refused(tmp_path):
                                  "procgen,tiny", "swebench"])
 def test_config_variants_validate(arg):
   runner.validate(_config(arg))
+
+
+@suites.register_suite("test_scored_squares", defaults=lambda: ml_collections.ConfigDict(
+    dict(count=5)), kind="scored")
+def _scored_squares(args, policy, out_dir, done):
+  """A non-agent suite: scores cases itself (as base-model evals do)."""
+  for i in range(args.count):
+    if f"case-{i}" not in done:
+      yield {"task_id": f"case-{i}", "score": float(i % 2), "policy_seen": policy.label}
+
+
+def test_scored_suites_share_the_runner_results_and_resume(tmp_path):
+  cfg = _config()
+  cfg.suite.name = "test_scored_squares"
+  cfg.suite.args = suites.get_suite("test_scored_squares").defaults()
+  cfg.eval.progress = False
+
+  class Model:
+    label = "base-ckpt"
+
+  summary = runner.run_scored(cfg, suites.get_suite("test_scored_squares"), Model(), tmp_path)
+  assert summary["overall"]["episodes"] == 5
+  assert summary["overall"]["accuracy"] == pytest.approx(2 / 5)
+  lines = (tmp_path / results.RESULTS).read_text().splitlines()
+  runner.run_scored(cfg, suites.get_suite("test_scored_squares"), Model(), tmp_path)
+  assert (tmp_path / results.RESULTS).read_text().splitlines() == lines  # nothing redone
+  assert json.loads(lines[0])["policy_seen"] == "base-ckpt"
