@@ -16,6 +16,7 @@ all pass, 'fraction'), times 1 if every transcript check passed, else 0.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import threading
@@ -130,8 +131,6 @@ def evaluate_tasks(policy, tasks, workdir, *, samples: int = 1, ks=(1,), seed: i
         record = _record(job, outcome, policy.label, suite_name, reward, attempts[job.key])
         store.append(record)
         if not isinstance(outcome, BaseException):
-          import json  # pylint: disable=g-import-not-at-top
-
           transcripts.write(json.dumps({"task_id": job.task.id, "sample": job.sample,
                                         "messages": outcome.messages}) + "\n")
           transcripts.flush()
@@ -169,8 +168,6 @@ def _pinned(cfg) -> dict:
 
 
 def _jsonify(value):
-  import json  # pylint: disable=g-import-not-at-top
-
   return json.loads(json.dumps(value, default=list))
 
 
