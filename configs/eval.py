@@ -3,8 +3,9 @@
 Variants (the suite; its arguments are config.suite.args):
   procgen                procedural bug-fix repositories (c2jax/env/procgen.py)
   revert_restore         functions of PyPI packages reverted and restored (--config.suite.args.packages)
-  swebench               SWE-bench-format JSONL: --config.suite.args.path=FILE
+  swebench               SWE-bench-format JSONL: --config.suite.args.path=FILE and
                          --config.suite.args.repos_root=DIR (checkouts per instance_id)
+                         or --config.suite.args.repo_dir=CLONE (base commits exported)
   terminal_bench         Harbor / Terminal-Bench task folders: --config.suite.args.path=DIR
   eager_editing          questions that must be answered without editing any file
   instruction_following  bug fixes under explicit, graded constraints

@@ -99,13 +99,22 @@ def _revert_restore(args, out_dir):
   return tasks
 
 
-@register_suite("swebench", defaults=_args(path="", repos_root="",
+@register_suite("swebench", defaults=_args(path="", repos_root="", repo_dir="",
                                            test_command=tasks_lib.PYTEST_COMMAND,
                                            limit=0), oracle=True)
 def _swebench(args, out_dir):
   """SWE-bench-format JSONL (instance_id, repo, base_commit, patch, test_patch,
-  FAIL_TO_PASS, PASS_TO_PASS, version) over checkouts in repos_root/<instance_id>."""
-  tasks = tasks_lib.load_swebench_jsonl(args.path, args.repos_root, args.test_command)
+  FAIL_TO_PASS, PASS_TO_PASS, version) over checkouts in repos_root/<instance_id>, or
+  snapshots exported at each base_commit from one local clone, repo_dir."""
+  from c2jax.eval import swebench  # pylint: disable=g-import-not-at-top
+
+  if not args.path or bool(args.repos_root) == bool(args.repo_dir):
+    raise ValueError("suite swebench needs config.suite.args.path (the JSONL) and exactly "
+                     "one of suite.args.repos_root (checkouts per instance_id) or "
+                     "suite.args.repo_dir (a git clone to export base commits from).")
+  root = args.repos_root or swebench.export_snapshots(args.path, args.repo_dir,
+                                                      os.path.join(out_dir, "repos"))
+  tasks = tasks_lib.load_swebench_jsonl(args.path, root, args.test_command)
   return tasks[:args.limit] if args.limit else tasks
 
 

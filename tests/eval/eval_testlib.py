@@ -45,6 +45,29 @@ def swebench_fixture(root):
   return path, repos
 
 
+def swebench_git_fixture(root):
+  """(jsonl path, clone): the instance's base_commit is the first of two commits."""
+  import subprocess
+  clone = os.path.join(root, 'clone')
+  path, repos = swebench_fixture(root)
+  os.rename(os.path.join(repos, 'demo__geo-1'), clone)
+  git = lambda *a: subprocess.run(['git', '-C', clone, '-c', 'user.name=t',
+                                   '-c', 'user.email=t@t', *a], check=True,
+                                  capture_output=True, text=True).stdout.strip()
+  git('init', '-q')
+  git('add', '.')
+  git('commit', '-qm', 'base')
+  base = git('rev-parse', 'HEAD')
+  write_tree(clone, {'geo/shapes.py': FIXED})  # a later commit: the fix upstream
+  git('commit', '-qam', 'fix')
+  with open(path) as f:
+    record = json.loads(f.read())
+  record['base_commit'] = base
+  with open(path, 'w') as f:
+    f.write(json.dumps(record) + '\n')
+  return path, clone
+
+
 def task_folders_fixture(root):
   """A folder holding one Terminal-Bench and one Harbor task, each with a solution."""
   write_tree(os.path.join(root, 'tb-hello'), {

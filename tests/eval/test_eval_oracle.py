@@ -7,17 +7,20 @@ import pytest
 from c2jax.env import bubblewrap
 from c2jax.env import reward as reward_lib
 from c2jax.eval import checks, episode, oracle, runner, suites, targeted
-from eval_testlib import sdist_fixture, swebench_fixture, task_folders_fixture
+from eval_testlib import (sdist_fixture, swebench_fixture, swebench_git_fixture,
+                          task_folders_fixture)
 
 
 def _suite_args(name, tmp_path):
-  args = suites.get_suite(name).defaults()
+  args = suites.get_suite(name.removesuffix("_git")).defaults()
   if name in ("procgen", "eager_editing", "instruction_following"):
     args.count = 6
   if name == "procgen":
     args.difficulties = (0, 1, 2, 3, 4)
   if name == "swebench":
     args.path, args.repos_root = swebench_fixture(str(tmp_path / "swe"))
+  if name == "swebench_git":
+    args.path, args.repo_dir = swebench_git_fixture(str(tmp_path / "swe"))
   if name == "terminal_bench":
     args.path = task_folders_fixture(tmp_path / "tb")
   if name == "revert_restore":
@@ -36,9 +39,9 @@ def test_every_oracle_suite_is_covered_here():
   assert declared == set(ORACLE_SUITES), "add the new oracle suite to ORACLE_SUITES"
 
 
-@pytest.mark.parametrize("name", ORACLE_SUITES)
+@pytest.mark.parametrize("name", ORACLE_SUITES + ("swebench_git",))
 def test_oracle_scores_100_percent(name, tmp_path):
-  suite = suites.get_suite(name)
+  suite = suites.get_suite(name.removesuffix("_git"))
   tasks = suites.build_tasks(suite, _suite_args(name, tmp_path), str(tmp_path / "tasks"))
   assert tasks
   policy = oracle.OraclePolicy("bubblewrap", concurrency=2)
