@@ -142,6 +142,7 @@ class _Episode:
 
   # ---- worker-thread work ---------------------------------------------------------------
   def start_work(self) -> np.ndarray:
+    self.started = time.monotonic()  # wall time counts from the start, not the queue
     self.sandbox = self.sandbox_factory(self.task)
     reward_lib.prepare(self.sandbox, self.task)
     self.toolbox = tools_lib.Toolbox(self.sandbox, agent_config.toolset(self.cfg))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import re
 
 from c2jax.eval import metrics, results
 
@@ -58,7 +59,7 @@ def _cell(value) -> str:
 
 def markdown(rows: list[dict]) -> str:
   extra = sorted({k for r in rows for k in r if k.startswith(("pass@", "best_of_"))},
-                 key=lambda k: (k.split("@")[0].split("_of_")[0], int(k.replace("best_of_", "").split("@")[-1])))
+                 key=lambda k: (k.startswith("best_of_"), int(re.sub(r"\D", "", k))))
   columns = list(_COLUMNS[:7]) + [(k, k) for k in extra] + list(_COLUMNS[7:])
   lines = ["| " + " | ".join(title for title, _ in columns) + " |",
            "|" + "|".join("---" for _ in columns) + "|"]
@@ -101,6 +102,7 @@ def plot(rows: list[dict], path) -> bool:
     ax.plot([r["median_completion_tokens"] for r in front], [r["accuracy"] for r in front],
             "--", color="gray", linewidth=1, label="Pareto front")
     ax.legend(loc="lower right", fontsize=8)
+  ax.set_ylim(-0.03, 1.03)  # accuracy is a share: keep the whole range in view
   ax.set_xlabel("median completion tokens per episode")
   ax.set_ylabel("accuracy (± standard error)")
   suites = sorted({str(r["suite"]) for r in points})
