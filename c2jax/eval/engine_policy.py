@@ -15,8 +15,36 @@ from c2jax.agent import loop as agent_loop
 from c2jax.eval import episode as episode_lib
 
 
+def load_hf(directory: pathlib.Path):
+  """(model config, params, tokenizer) of an HF directory (config.json, safetensors,
+  tokenizer.json), released FP8 / INT4 layouts dequantised by c2jax.hf."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from c2jax.data.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
+  from c2jax.hf import convert  # pylint: disable=g-import-not-at-top
+
+  tokenizer_path = directory / "tokenizer.json"
+  if not tokenizer_path.is_file():
+    raise FileNotFoundError(f"config.policy.run = {str(directory)!r} is an HF directory "
+                            "without tokenizer.json; copy the model's tokenizer.json there.")
+  model_cfg, params = convert.load(directory)
+  tokenizer = Tokenizer.load(tokenizer_path)
+  if tokenizer.vocab_size > model_cfg.vocab_size:
+    raise ValueError(f"{tokenizer_path} has {tokenizer.vocab_size} tokens (special tokens "
+                     f"included) but the model's vocab_size is {model_cfg.vocab_size}; "
+                     "ids past the embedding would be silently clamped.")
+  return model_cfg, {k: _to_jax(v, jnp) for k, v in params.items()}, tokenizer
+
+
+def _to_jax(tree, jnp):
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return jax.tree.map(jnp.asarray, tree)
+
+
 def load_run(run_dir: str):
-  """(model config, params, tokenizer) of the newest checkpoint of a c2jax run dir."""
+  """(model config, params, tokenizer) of the newest checkpoint of a c2jax run dir, or
+  of an HF directory (see load_hf)."""
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 
@@ -30,8 +58,11 @@ def load_run(run_dir: str):
   if not config_path.is_file():
     raise FileNotFoundError(
         f"config.policy.run = {run_dir!r} has no config.json; point it at a training stage "
-        "folder written by c2jax pretrain/sft/rl (e.g. runs/tiny_agent/sft).")
+        "folder written by c2jax pretrain/sft/rl (e.g. runs/tiny_agent/sft) or an HF "
+        "model directory.")
   saved = json.loads(config_path.read_text())
+  if "model" not in saved:  # HF's config.json describes the model at its top level
+    return load_hf(directory)
   model_cfg = variants.get(saved["model"]["name"])
   apply_overrides(model_cfg, saved["model"])
   tokenizer = data.prepare_from_config(ml_collections.ConfigDict(saved["data"]),

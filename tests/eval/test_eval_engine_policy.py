@@ -114,3 +114,25 @@ def test_sandbox_failures_become_infra_errors_and_are_retried(setup, tmp_path):
                                   retry_backoff_s=0.0, progress=False)["overall"]
   assert overall["accuracy"] == 1.0 and overall["infra_errors"] == 0
   assert set(started.values()) == {2}
+
+
+def test_load_run_reads_an_hf_directory(tmp_path, setup):
+  import jax
+
+  from c2jax import model
+  from c2jax.hf import convert
+  from c2jax.model import variants
+
+  _, tokenizer, _, _, _ = setup
+  cfg = variants.get("tiny")
+  params = model.init(cfg, jax.random.key(3))
+  convert.save(cfg, params, tmp_path / "hf")
+  with pytest.raises(FileNotFoundError, match="tokenizer.json"):
+    engine_policy.load_run(str(tmp_path / "hf"))
+  tokenizer.save(tmp_path / "hf" / "tokenizer.json")
+  loaded_cfg, loaded, loaded_tokenizer = engine_policy.load_run(str(tmp_path / "hf"))
+  assert loaded_cfg.vocab_size == cfg.vocab_size and loaded_cfg.num_layers == cfg.num_layers
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(loaded)):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32))
+  assert loaded_tokenizer.encode("def f(): pass").tolist() == tokenizer.encode(
+      "def f(): pass").tolist()
