@@ -48,6 +48,12 @@ class RolloutError(RuntimeError):
   """Infrastructure failed during an episode (e.g. a sandbox could not start)."""
 
 
+class PromptTooLongError(RolloutError):
+  """The task's prompt does not fit the engine's max_length: no infrastructure will fix
+  that, so evaluation scores it as a failure (finish reason 'context') instead of
+  retrying."""
+
+
 @dataclasses.dataclass
 class Segment:
   """One engine sequence of a chain. T tokens, Lm MoE layers, K experts per token."""
@@ -320,13 +326,13 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
         return submit_work("graded", index, episode.grade_work)
       submit_engine(index, tokens, budget)
 
-    def fail(index, message):
+    def fail(index, message, error_type=RolloutError):
       nonlocal live
       episode = episodes[index]
       errors.append(f"{episode.task.id}: {message}")
       episode.failed = True
       if on_result is not None:
-        on_result(index, RolloutError(f"{episode.task.id}: {message}"))
+        on_result(index, error_type(f"{episode.task.id}: {message}"))
       if episode.seq_id is not None and episode.seq_id not in by_seq:
         release(episode)  # idle in the engine; a pending one is released when it returns
       episode.close()
@@ -377,7 +383,8 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
           budget = episode.turn_budget(engine, len(value))
           if budget < 1:
             fail(index, f"the prompt ({len(value)} tokens) leaves no room in the engine's "
-                 f"max_length = {engine.max_length}; build the engine with more.")
+                 f"max_length = {engine.max_length}; build the engine with more.",
+                 PromptTooLongError)
             continue
           submit_engine(index, value, budget)
         elif kind == "tools":

@@ -112,7 +112,12 @@ class EnginePolicy:
 
   def run(self, jobs, on_done) -> None:
     def report(index, result):
-      if isinstance(result, agent_loop.RolloutError):
+      if isinstance(result, agent_loop.PromptTooLongError):
+        # The policy cannot read the task: its failure, not the infrastructure's.
+        on_done(jobs[index], episode_lib.Outcome(
+            passed={}, finish_reason="context", messages=[], turns=0, tool_calls=0,
+            wall_s=0.0, completion_tokens=0, prompt_tokens=0, extra={"note": str(result)}))
+      elif isinstance(result, agent_loop.RolloutError):
         on_done(jobs[index], episode_lib.InfraError(str(result)))
       else:
         on_done(jobs[index], outcome_of(result))

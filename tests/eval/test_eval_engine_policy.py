@@ -25,8 +25,8 @@ LAYERS, TOP_K = 1, 2
 class ReplayEngine(Engine):
   """Sequence started from prompt P replays scripts[P] turn by turn, token by token."""
 
-  def __init__(self, scripts):
-    super().__init__(num_slots=2, max_length=4096)
+  def __init__(self, scripts, max_length=4096):
+    super().__init__(num_slots=2, max_length=max_length)
     self.scripts, self._slot = scripts, {}
 
   def _next(self, slot):
@@ -136,3 +136,15 @@ def test_load_run_reads_an_hf_directory(tmp_path, setup):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32))
   assert loaded_tokenizer.encode("def f(): pass").tolist() == tokenizer.encode(
       "def f(): pass").tolist()
+
+
+def test_a_prompt_longer_than_the_context_is_a_model_failure_not_infra(setup, tmp_path):
+  tasks, tokenizer, cfg, scripts, _ = setup
+  policy = engine_policy.EnginePolicy(ReplayEngine(scripts, max_length=64), tokenizer, cfg)
+  overall = runner.evaluate_tasks(policy, tasks, tmp_path, samples=1, retries=3,
+                                  progress=False)["overall"]
+  assert overall["infra_errors"] == 0 and overall["accuracy"] == 0.0
+  assert overall["finish_reasons"] == {"context": len(tasks)}
+  records = [json.loads(l) for l in (tmp_path / "results.jsonl").read_text().splitlines()]
+  assert {r["attempts"] for r in records} == {1}  # not retried
+  assert "max_length = 64" in records[0]["extra"]["note"]
