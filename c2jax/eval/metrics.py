@@ -109,6 +109,11 @@ def summarize(records: Iterable[dict], ks: Sequence[int] = (1,)) -> dict:
     overall[field] = _stat([r.get(field) for r in scored])
   costs = [r.get("cost") for r in scored + infra if r.get("cost") is not None]
   overall["total_cost"] = float(sum(costs)) if costs else None
+  categories: dict[str, list[float]] = collections.defaultdict(list)
+  for r in scored:
+    categories[str(r.get("category"))].append(float(r["score"]))
+  overall["by_category"] = {c: {"episodes": len(s), "accuracy": float(np.mean(s))}
+                            for c, s in sorted(categories.items())}
   reasons = collections.Counter(r.get("finish_reason") for r in scored)
   overall["finish_reasons"] = dict(sorted((str(k), v) for k, v in reasons.items()))
   return {"overall": overall, "per_task": per_task}

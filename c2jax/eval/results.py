@@ -12,6 +12,7 @@ number that belongs to neither.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pathlib
@@ -28,6 +29,14 @@ class ResultsStore:
   def __init__(self, workdir: str | os.PathLike):
     self.dir = pathlib.Path(workdir)
     self.dir.mkdir(parents=True, exist_ok=True)
+    # One writer per run dir: two appending runs would interleave and redo each other.
+    self._lock_file = open(self.dir / ".results.lock", "w")
+    try:
+      fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      self._lock_file.close()
+      raise RuntimeError(f"another process is writing {self.dir / RESULTS}; wait for it "
+                         "or use another --workdir.") from None
     self.path = self.dir / RESULTS
     self._lock = threading.Lock()
     self._records: dict[tuple[str, int], dict] = {}
@@ -73,6 +82,7 @@ class ResultsStore:
 
   def close(self) -> None:
     self._file.close()
+    self._lock_file.close()  # releases the lock
 
   def __enter__(self):
     return self

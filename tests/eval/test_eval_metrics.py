@@ -39,6 +39,7 @@ def test_standard_error_is_clustered_by_task():
 
 def _record(task, sample, score, infra=False, tokens=10):
   return {"task_id": task, "sample": sample, "score": None if infra else score,
+          "category": task.upper(),
           "infra_error": "EndpointTimeout" if infra else None, "completion_tokens": tokens,
           "turns": 2, "tool_calls": 3, "wall_s": 1.0, "cost": 0.5, "finish_reason": "finish"}
 
@@ -60,3 +61,5 @@ def test_summarize_excludes_infra_errors_and_computes_pass_and_best_of_k():
   assert per_task["b"]["best_of_2"] == 0.0
   assert overall["completion_tokens"]["median"] == 10
   assert overall["total_cost"] == pytest.approx(0.5 * 10)  # infra attempts cost too
+  assert overall["by_category"] == {"A": {"episodes": 5, "accuracy": 0.4},
+                                    "B": {"episodes": 4, "accuracy": 0.0}}

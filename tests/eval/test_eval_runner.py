@@ -142,6 +142,13 @@ def test_unknown_suite_argument_is_named():
     runner.validate(cfg)
 
 
+def test_one_writer_per_run_dir(tmp_path):
+  with results.ResultsStore(tmp_path):
+    with pytest.raises(RuntimeError, match="another process is writing"):
+      results.ResultsStore(tmp_path)
+  results.ResultsStore(tmp_path).close()  # free again once the first one closed
+
+
 def test_resumed_run_with_a_different_config_is_refused(tmp_path):
   results.pin_config(tmp_path, {"suite": {"name": "procgen"}})
   with pytest.raises(ValueError, match=r"changed: \['suite'\]"):
