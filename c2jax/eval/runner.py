@@ -120,7 +120,7 @@ def evaluate_tasks(policy, tasks, workdir, *, samples: int = 1, ks=(1,), seed: i
     transcripts = open(workdir / TRANSCRIPTS, "a", encoding="utf-8")
     attempts: dict[tuple[str, int], int] = {}
     retry: list[episode_lib.Job] = []
-    solved = [0, 0]
+    solved = [0, 0, 0]  # solved, scored, infra errors
 
     def on_done(job, outcome):
       with lock:
@@ -136,9 +136,11 @@ def evaluate_tasks(policy, tasks, workdir, *, samples: int = 1, ks=(1,), seed: i
           transcripts.flush()
           solved[0] += bool(record["solved"])
           solved[1] += 1
+        else:
+          solved[2] += 1
         bar.update(1)
-        bar.set_postfix(acc=f"{solved[0] / max(solved[1], 1):.3f}",
-                        infra=sum(1 for a in attempts.values() if a > retries), refresh=False)
+        bar.set_postfix(acc=f"{solved[0] / max(solved[1], 1):.3f}", infra=solved[2],
+                        refresh=False)
 
     try:
       pending, round_number = jobs, 0
