@@ -30,6 +30,7 @@ setup(
         "tensorboardX>=2.6",
         "ml-dtypes>=0.5",
         "matplotlib>=3.8",
+        "openai>=1.40",
     ],
     extras_require={
         # torch and transformers are deliberately absent: HF reference outputs are

@@ -26,6 +26,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "sandbox": ("c2jax.env.command", "run a command in a fresh sandbox over a repository"),
     "agent": ("c2jax.agent.command", "run one model turn's tool calls in a sandbox"),
     "rl": ("c2jax.commands.rl", "asynchronous RL: learner + rollout actors in sandboxes"),
+    "eval": ("c2jax.eval.command", "score a checkpoint / endpoint on a suite; `eval report` tables + plot"),
 }
 
 

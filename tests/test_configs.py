@@ -31,6 +31,9 @@ def validate_any(cfg):
         validate_any(cfg[stage])
   elif cfg.get("task") == "rl":
     rl_job.validate(cfg)
+  elif "suite" in cfg:  # configs/eval.py
+    from c2jax.eval import runner as eval_runner
+    eval_runner.validate(cfg)
   elif "train" in cfg:
     jobs.validate(cfg)
   elif "model" in cfg:

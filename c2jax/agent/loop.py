@@ -64,6 +64,12 @@ class EngineError(RolloutError):
   """The inference engine failed; its state is suspect, so the caller should restart it."""
 
 
+class PromptTooLongError(RolloutError):
+  """The task's prompt does not fit the engine's max_length: no infrastructure will fix
+  that, so evaluation scores it as a failure (finish reason 'context') instead of
+  retrying."""
+
+
 @dataclasses.dataclass
 class Segment:
   """One engine sequence of a chain. T tokens, Lm MoE layers, K experts per token."""
@@ -168,6 +174,7 @@ class _Episode:
 
   # ---- worker-thread work ---------------------------------------------------------------
   def start_work(self) -> np.ndarray:
+    self.started = time.monotonic()  # wall time counts from the start, not the queue
     self.sandbox = self.sandbox_factory(self.task)
     reward_lib.prepare(self.sandbox, self.task)
     self.toolbox = tools_lib.Toolbox(self.sandbox, agent_config.toolset(self.cfg))
@@ -240,14 +247,19 @@ def default_sandbox_factory(backend: str) -> Callable[[tasks_lib.Task], sandbox_
 def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
                  seeds: Sequence[int | None] | None = None,
                  on_step: Callable[[], None] | None = None,
-                 sandbox_factory=None, infra_retries: int = 0) -> list[Trajectory]:
+                 sandbox_factory=None, infra_retries: int = 0,
+                 on_result: Callable[[int, Trajectory | RolloutError], None] | None = None
+                 ) -> list[Trajectory]:
   """Runs every task to the end (concurrently, at most engine.num_slots at a time) and
   returns their trajectories in task order. `cfg` is the agent config section.
 
   An episode whose sandbox fails is rerun on a fresh one up to `infra_retries` times.
   Raises RolloutError (after closing every sandbox) if infrastructure still failed, and
   EngineError if the engine did; a model's bad output is never an error, it is an
-  observation the model gets back.
+  observation the model gets back. With `on_result(index, trajectory_or_error)`, each
+  episode is reported the moment it ends (evaluation streams results to disk), and one
+  that failed beyond its retries, or whose prompt does not fit (PromptTooLongError), is
+  reported there instead of being raised; the returned list then holds None for it.
   """
   seeds = list(seeds) if seeds is not None else [None] * len(tasks)
   if len(seeds) != len(tasks):
@@ -344,7 +356,7 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
 
     def fail(index, message, infra=True):
       """Infrastructure failed this episode: retry it on a fresh sandbox or give up.
-      infra=False: the setup cannot work (e.g. the prompt does not fit): no retry."""
+      infra=False: the setup cannot work (the prompt does not fit): no retry."""
       nonlocal live, retried
       episode = episodes[index]
       if episode.seq_id is not None:
@@ -356,14 +368,21 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
       episode.close()
       episode.failed = True
       live -= 1
-      if not infra:
-        misconfigured.append(f"{episode.task.id}: {message}")
-      elif episode.attempt < infra_retries:
+      if infra and episode.attempt < infra_retries:
         episodes[index] = episode.retry()
         waiting.append(index)  # next to start
         retried += 1
+      elif not infra:
+        if on_result is None:
+          misconfigured.append(f"{episode.task.id}: {message}")
+        else:
+          on_result(index, PromptTooLongError(f"{episode.task.id}: {message}"))
       else:
-        errors.append(f"{episode.task.id}: {message} (after {episode.attempt} retries)")
+        message = f"{episode.task.id}: {message} (after {episode.attempt} retries)"
+        if on_result is None:
+          errors.append(message)
+        else:
+          on_result(index, RolloutError(message, episode.attempt))
       start_more()
 
     def start_more():
@@ -426,6 +445,8 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
           after_tools(index, context, turn, observations)
         else:  # graded
           results[index] = episode.trajectory()
+          if on_result is not None:
+            on_result(index, results[index])
           live -= 1
           start_more()
     while orphans and engine_error is None:  # failed episodes' requests: free their slots
@@ -444,4 +465,4 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
   if errors:
     raise RolloutError(f"{len(errors)} episode(s) failed: " + "; ".join(errors[:5]),
                        retried)
-  return [results[i] for i in range(len(episodes))]
+  return [results.get(i) for i in range(len(episodes))]

@@ -91,6 +91,7 @@ def load_swebench_jsonl(path: str, repos_root: str,
           test_patch=record.get('test_patch', ''),
           metadata={'source': 'swebench', 'repo': record.get('repo'),
                     'base_commit': record.get('base_commit'),
+                    'version': record.get('version'),
                     'gold_patch': record.get('patch', '')}))
   return tasks
 
@@ -133,7 +134,32 @@ def load_task_folder(folder: str) -> Task:
                             '(Terminal-Bench).')
   if not os.path.isdir(env_dir):
     env_dir = tempfile.mkdtemp(prefix=f'c2jax-{name}-empty-')
+  metadata = {'source': source, 'category': meta.get('category'),
+              'difficulty': meta.get('difficulty')}
+  # The reference solution (never shown to the agent): what an oracle runs.
+  for solution in ('solution.sh', os.path.join('solution', 'solve.sh')):
+    if os.path.isfile(os.path.join(folder, solution)):
+      with open(os.path.join(folder, solution)) as f:
+        metadata['solution_script'] = f.read()
+      break
   return Task(id=name, repo=env_dir, prompt=prompt, test_command=command,
-              fail_to_pass=[name], hidden_files=hidden,
-              metadata={'source': source, 'category': meta.get('category'),
-                        'difficulty': meta.get('difficulty')})
+              fail_to_pass=[name], hidden_files=hidden, metadata=metadata)
+
+
+def is_task_folder(folder: str) -> bool:
+  return (os.path.exists(os.path.join(folder, 'task.toml')) or
+          os.path.exists(os.path.join(folder, 'task.yaml')))
+
+
+def load_task_folders(path: str) -> list[Task]:
+  """One Harbor / Terminal-Bench task folder, or every task folder directly inside
+  `path` (a benchmark checkout's tasks/ directory), sorted by name."""
+  if is_task_folder(path):
+    return [load_task_folder(path)]
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f'{path!r} is not a directory of Harbor / Terminal-Bench tasks.')
+  folders = sorted(os.path.join(path, d) for d in os.listdir(path)
+                   if is_task_folder(os.path.join(path, d)))
+  if not folders:
+    raise FileNotFoundError(f'{path} holds no task folders (task.toml or task.yaml).')
+  return [load_task_folder(f) for f in folders]

@@ -9,8 +9,8 @@ Further modules, imported directly where needed:
   group_queue.GroupQueue, task_pool.TaskPool, groups.assemble_group, packing.pack_batch,
   curriculum.CurriculumSampler, learner.rl_step, weights.WeightPublisher/Subscriber,
   actor (the rollout actor process), actors (process / Ray backends), infra
-  (infrastructure failures: dropped groups, counts), evaluate,
-  trainer.train (`c2jax rl`), job (the RL job config)
+  (infrastructure failures: dropped groups, counts),
+  trainer.train (`c2jax rl`; held-out evals through c2jax.eval), job (the RL job config)
 """
 
 from c2jax.rl.advantages import ADVANTAGE_ESTIMATORS, compute_advantages

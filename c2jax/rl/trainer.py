@@ -32,9 +32,10 @@ from c2jax import data, model
 from c2jax.agent import loop as agent_loop
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
+from c2jax.eval import engine_policy
+from c2jax.eval import runner as eval_runner
 from c2jax.rl import actors as actors_lib
 from c2jax.rl import curriculum as curriculum_lib
-from c2jax.rl import evaluate as evaluate_lib
 from c2jax.rl import infra, job, learner, packing, rollouts
 from c2jax.rl import weights as weights_lib
 from c2jax.train import checkpoint as checkpoint_lib
@@ -217,10 +218,27 @@ def train(cfg, workdir) -> dict:
                           max_length=cfg.actors.max_length, version=step)
   evals = {}
 
+  eval_agent = cfg.agent.copy_and_resolve_references()
+  eval_agent.temperature = cfg.eval.temperature
+  eval_policy = engine_policy.EnginePolicy(eval_engine, run.tokenizer, eval_agent, "rl")
+
   def run_eval(at_step):
+    """Held-out evaluation through the eval harness (c2jax.eval): one implementation;
+    each step's results land in evals/step_N/ (resumable, `c2jax eval report`-able)."""
     eval_engine.update_params(jax.tree.map(jnp.copy, state.params), at_step)
-    result = evaluate_lib.evaluate(eval_engine, run.tokenizer, cfg.agent, run.heldout,
-                                   cfg.eval.samples, cfg.eval.temperature, cfg.learner.seed)
+    started = time.monotonic()
+    summary = eval_runner.evaluate_tasks(
+        eval_policy, run.heldout, run.dirs.root / "evals" / f"step_{at_step:06d}",
+        samples=cfg.eval.samples, ks=(1, cfg.eval.samples), seed=cfg.learner.seed,
+        suite_name="heldout", progress=False)["overall"]
+    result = {"pass_rate": summary["accuracy"],
+              f"best_of_{cfg.eval.samples}": summary[f"best_of_{cfg.eval.samples}"],
+              f"pass@{cfg.eval.samples}": summary[f"pass@{cfg.eval.samples}"],
+              "tokens_per_rollout": summary["completion_tokens"]["mean"],
+              "turns": summary["turns"]["mean"],
+              "infra_errors": summary["infra_errors"],
+              "seconds": time.monotonic() - started}
+    result = {k: float("nan") if v is None else float(v) for k, v in result.items()}
     evals[at_step] = result
     writer.write(at_step, {f"eval/{k}": v for k, v in result.items()})
     print(f"rl: eval at step {at_step}: " + ", ".join(

@@ -1,0 +1,54 @@
+"""`c2jax eval --config=configs/eval.py:<suite> --workdir=DIR`: score a policy on a suite.
+
+Variants (the suite; its arguments are config.suite.args):
+  procgen                procedural bug-fix repositories (c2jax/env/procgen.py)
+  revert_restore         functions of PyPI packages reverted and restored (--config.suite.args.packages)
+  swebench               SWE-bench-format JSONL: --config.suite.args.path=FILE and
+                         --config.suite.args.repos_root=DIR (checkouts per instance_id)
+                         or --config.suite.args.repo_dir=CLONE (base commits exported)
+  terminal_bench         Harbor / Terminal-Bench task folders: --config.suite.args.path=DIR
+  eager_editing          questions that must be answered without editing any file
+  instruction_following  bug fixes under explicit, graded constraints
+Policies (config.policy.kind): oracle (default: checks the harness; 100% expected),
+engine (--config.policy.run=RUN_DIR), openai (--config.policy.base_url=URL
+--config.policy.model=NAME --config.policy.api_key_env=VAR).
+Append ',tiny' for the CPU settings of configs/rl.py's tiny agent (short turns, the
+three tools its SFT traces use), e.g. configs/eval.py:procgen,tiny.
+"""
+
+import ml_collections
+
+from c2jax.agent import config as agent_config
+from c2jax.eval import policies, runner, suites
+
+TEST_ARGS = ("procgen", "eager_editing", "instruction_following", "procgen,tiny")
+
+
+def get_config(arg: str = "procgen"):
+  parts = [p for p in (arg or "procgen").split(",") if p]
+  suite, options = parts[0], set(parts[1:])
+  if suite not in suites.suite_names():
+    raise ValueError(f"configs/eval.py: unknown suite {suite!r}; choose one of "
+                     f"{suites.suite_names()}.")
+  unknown = sorted(options - {"tiny"})
+  if unknown:
+    raise ValueError(f"configs/eval.py: unknown option(s) {unknown}; the only option is 'tiny'.")
+  c = ml_collections.ConfigDict()
+  c.suite = ml_collections.ConfigDict({"name": suite, "args": suites.get_suite(suite).defaults()})
+  c.policy = policies.default_config()
+  c.agent = agent_config.default_config()
+  c.eval = runner.default_config()
+  c.eval.samples = 4
+  c.eval.ks = (1, 2, 4)
+  c.agent.temperature = 1.0
+  if "tiny" in options:
+    # configs/rl.py:tiny's agent, so an RL or agent-SFT run of `tiny` is scored as trained.
+    c.agent.tools = ("read_file", "edit_file", "finish")
+    c.agent.max_turns = 4
+    c.agent.max_turn_tokens = 96
+    c.agent.max_total_tokens = 768
+    c.policy.max_length = 512
+    c.policy.slots = 16
+    if suite == "procgen":
+      c.suite.args.difficulties = (0,)
+  return c
