@@ -139,8 +139,10 @@ def _hf_into(reader: safetensors_io.SafetensorsReader, cfg, layout: hf_config.La
   return skipped
 
 
-def _hf_plan(source: Source, cfg) -> list[safetensors_io.PlannedTensor]:
-  """The HF tensors of cfg's model in canonical order, each produced from its slice."""
+def _hf_plan(source: Source, cfg, leaf_major: bool = False
+             ) -> list[safetensors_io.PlannedTensor]:
+  """The HF tensors of cfg's model, each produced from its slice: in canonical (layer)
+  order, or grouped leaf by leaf (`leaf_major`) for sources that load a leaf at a time."""
   plan = []
   for leaf in names.leaves(cfg):
     dtype = source.dtype(leaf.path)
@@ -152,7 +154,7 @@ def _hf_plan(source: Source, cfg) -> list[safetensors_io.PlannedTensor]:
   by_name = {t.name: t for t in plan}
   for copy, main in names.shared_copies(cfg).items():  # DeepSeek-V3 stores these twice
     plan.append(dataclasses.replace(by_name[main], name=copy))
-  return sorted(plan, key=lambda t: _natural_key(t.name))
+  return plan if leaf_major else sorted(plan, key=lambda t: _natural_key(t.name))
 
 
 def _natural_key(name: str) -> list:
@@ -176,17 +178,17 @@ def save(cfg: ml_collections.ConfigDict, params: dict, path: str | os.PathLike, 
                  - {leaf.path for leaf in names.leaves(cfg)})
   if extra:  # silently dropping trained weights would be worse than failing
     raise ValueError(f"params hold leaves no HF tensor of this config stores: {extra[:5]}.")
-  _write_hf(_MemorySource(params), cfg, pathlib.Path(path), max_shard_bytes, base_config)
+  write_hf(_MemorySource(params), cfg, pathlib.Path(path), max_shard_bytes, base_config)
 
 
-def _write_hf(source: Source, cfg, hf_dir: pathlib.Path, max_shard_bytes: int,
-              base_config: dict | None) -> None:
+def write_hf(source: Source, cfg, hf_dir: pathlib.Path, max_shard_bytes: int,
+             base_config: dict | None, *, leaf_major: bool = False) -> None:
   config = hf_config.to_hf(cfg, base_config)  # fails before any file is written
   if any(hf_dir.glob("*.safetensors")):  # mixing shards of two models corrupts both
     raise FileExistsError(f"{hf_dir} already holds safetensors weights; write to a new "
                           "directory.")
   hf_dir.mkdir(parents=True, exist_ok=True)
-  safetensors_io.write_sharded(hf_dir, _hf_plan(source, cfg), max_shard_bytes)
+  safetensors_io.write_sharded(hf_dir, _hf_plan(source, cfg, leaf_major), max_shard_bytes)
   (hf_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
@@ -211,7 +213,7 @@ def convert_to_hf(ckpt: str | os.PathLike, hf_dir: str | os.PathLike, *,
   """Streams a CKPT directory out as an HF directory; returns a summary dict."""
   reader = checkpoint.CheckpointReader(ckpt)
   hf_dir = pathlib.Path(hf_dir)
-  _write_hf(source or reader, reader.cfg, hf_dir, max_shard_bytes, reader.hf_source)
+  write_hf(source or reader, reader.cfg, hf_dir, max_shard_bytes, reader.hf_source)
   if reader.files_dir.is_dir():
     for item in reader.files_dir.iterdir():
       shutil.copy2(item, hf_dir / item.name)

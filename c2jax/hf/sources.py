@@ -17,16 +17,20 @@ Real-world HF directories vary; each variation loads with one log line or fails 
 anything is read with an error naming the tensors and what to do:
   - config.json declares num_nextn_predict_layers but the MTP tensors are absent (what
     transformers' save_pretrained writes): loaded without MTP (`mtp_dropped`);
+  - transformers >= 5 `save_pretrained` output, whose experts are fused per layer: read
+    under the per-expert names;
   - tie_word_embeddings: the untied c2jax LM head starts as the embedding's transpose;
   - extra or missing tensors are listed by name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
 import pathlib
+import re
 from collections.abc import Callable
 
 import ml_collections
@@ -125,6 +129,8 @@ class HFSource:
         {**self.hf, "tie_word_embeddings": False} if not self.hf.get("text_config")
         else {**self.hf, "text_config": {**text, "tie_word_embeddings": False}})
     self.reader = tensor_reader_factory(self.dir, self.hf)
+    if any(_FUSED.fullmatch(name) for name in self.reader.tensors):
+      self.reader = _UnfusedExperts(self.reader)
     present = set(self.reader.tensors)
     self.cfg, self.mtp_dropped = _without_absent_mtp(declared, self.layout, present)
     if self.mtp_dropped:
@@ -204,6 +210,50 @@ class ConvertedSource:
 
   def read(self, path: names.Path, index: tuple[slice, ...]) -> np.ndarray:
     return np.asarray(self.reader.read(path, tuple(index)))
+
+
+_FUSED = re.compile(r"(.*\.mlp\.experts)\.(gate_up_proj|down_proj)")
+
+
+class _UnfusedExperts:
+  """transformers >= 5 saves each layer's experts fused (`experts.gate_up_proj` [E, 2F, D],
+  `experts.down_proj` [E, D, F]); this reader shows them under the per-expert names of
+  released checkpoints (names.py), slicing the fused tensor it read last."""
+
+  def __init__(self, reader):
+    self.dir, self._reader = reader.dir, reader
+    self.tensors, self._virtual = {}, {}
+    self._cached = (None, None)
+    for name, info in reader.tensors.items():
+      match = _FUSED.fullmatch(name)
+      if not match:
+        self.tensors[name] = info
+        continue
+      prefix, kind = match.groups()
+      experts, rows, cols = info.shape
+      parts = (("gate_proj", 0), ("up_proj", 1)) if kind == "gate_up_proj" else (
+          ("down_proj", None),)
+      for e in range(experts):
+        for proj, half in parts:
+          shape = (rows // 2, cols) if half is not None else (rows, cols)
+          legacy = f"{prefix}.{e}.{proj}.weight"
+          self.tensors[legacy] = dataclasses.replace(
+              info, name=legacy, shape=shape,
+              nbytes=int(np.prod(shape)) * info.dtype.itemsize)
+          self._virtual[legacy] = (name, e, half)
+
+  def read(self, name: str) -> np.ndarray:
+    if name not in self._virtual:
+      return self._reader.read(name)
+    fused, expert, half = self._virtual[name]
+    if self._cached[0] != fused:
+      self._cached = (None, None)
+      self._cached = (fused, self._reader.read(fused))
+    block = self._cached[1][expert]
+    if half is not None:
+      rows = block.shape[0] // 2
+      block = block[half * rows:(half + 1) * rows]
+    return np.ascontiguousarray(block)
 
 
 def open_source(path: str | os.PathLike, log: Callable[[str], None] = print):

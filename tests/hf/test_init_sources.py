@@ -165,3 +165,22 @@ def test_eight_devices_get_the_intended_shardings_and_values():
   assert done.returncode == 0, done.stderr[-3000:]
   summary = json.loads(done.stdout.strip().splitlines()[-1])
   assert summary["leaves"] > 20 and summary["sharded"] > 5, summary
+
+
+def test_fused_expert_tensors_load_like_per_expert_ones(tmp_path, reference):
+  """Some writers store each layer's experts fused ([E, 2F, D] gate+up, [E, D, F] down)."""
+  cfg_model, want = reference
+  reader = safetensors_io.SafetensorsReader(FIXTURE)
+  experts = cfg_model.moe.num_experts
+  fused, drop = {}, []
+  for layer in range(cfg_model.first_k_dense, cfg_model.num_layers):
+    prefix = f"model.layers.{layer}.mlp.experts"
+    names = {p: [f"{prefix}.{e}.{p}.weight" for e in range(experts)]
+             for p in ("gate_proj", "up_proj", "down_proj")}
+    fused[f"{prefix}.gate_up_proj"] = np.stack([np.concatenate(
+        [reader.read(g), reader.read(u)]) for g, u in zip(names["gate_proj"], names["up_proj"])])
+    fused[f"{prefix}.down_proj"] = np.stack([reader.read(n) for n in names["down_proj"]])
+    drop += [n for group in names.values() for n in group]
+  fused_dir = _rewrite(FIXTURE, tmp_path / "fused", drop=drop, add=fused)
+  params = loop.restore_init_params(_cfg(fused_dir, cfg_model), _abstract(cfg_model))
+  _assert_equal_trees(params, want)
