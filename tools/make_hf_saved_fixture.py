@@ -8,7 +8,7 @@ post-processed, so the directory carries what c2jax must load as it is: config.j
 `num_nextn_predict_layers: 1` although transformers stores no MTP tensors, and whatever
 tensor names this transformers version writes (5.x: per-expert names; a fused layout is
 covered by tests/hf/test_init_sources.py). It also holds a
-tokenizer (tokenizer.json + tokenizer_config.json, a 256-entry word-level vocabulary) and
+tokenizer (tokenizer.json + tokenizer_config.json, a 1024-entry word-level vocabulary) and
 generation_config.json, which `c2jax export` must carry through. `tokens.npy` /
 `logits.npy` are transformers' float32 outputs for the stored weights.
 """
@@ -25,14 +25,17 @@ import torch
 import transformers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from make_hf_fixtures import BATCH, LENGTH, VOCAB, _DEEPSEEK_BASE, _logits, _randomise  # noqa: E402
+from make_hf_fixtures import BATCH, LENGTH, _DEEPSEEK_BASE, _logits, _randomise  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "fixtures" / "hf_saved"
+# The vocabulary of the tests' tiny pretraining corpus (tests/train/train_testlib.py), so
+# `c2jax pretrain --config.init_from=<fixture>` trains it on that corpus.
+VOCAB = 1024
 CASES = {
     # 1 dense + 2 MoE layers, a shared expert, grouped routing; MTP declared, not stored.
     "deepseek_v3_mtp_declared": dict(
-        _DEEPSEEK_BASE, num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8,
+        _DEEPSEEK_BASE, vocab_size=VOCAB, num_hidden_layers=3, first_k_dense_replace=1, n_routed_experts=8,
         num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1,
         norm_topk_prob=True, routed_scaling_factor=2.5, rope_interleave=True,
         num_nextn_predict_layers=1,
