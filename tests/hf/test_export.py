@@ -111,4 +111,5 @@ def test_pretrain_from_transformers_dir_then_export_matches(run):
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   live = np.load(root / "hf_logits.npy")
   diff = np.abs(live - ours).max()
+  print(f"live transformers vs c2jax: max |diff| = {diff:.3g}")
   assert diff <= TOLERANCE, f"max |transformers(export) - c2jax| = {diff:.3g}"
