@@ -22,16 +22,6 @@ from c2jax.train import checkpoint as checkpoint_lib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAVED = ROOT / "tests" / "fixtures" / "hf_saved" / "deepseek_v3_mtp_declared"
 TOLERANCE = 1e-4
-_CONFIG = '''
-from c2jax.hf import sources
-from c2jax.train import jobs
-
-def get_config(arg=""):
-  c = jobs.job_defaults("tiny")
-  c.model = sources.model_config({fixture!r})  # MTP declared: 1 module, started fresh
-  c.data.vocab_size = c.model.vocab_size
-  return c
-'''
 _TINY = ["--config.train.seq_len=32", "--config.train.batch_size=8",
          "--config.train.eval_every=0", "--config.train.checkpoint_every=2",
          "--config.train.steps=2", "--config.train.warmup_steps=1",
@@ -49,9 +39,9 @@ def _cli(*args, timeout=600):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   root = tmp_path_factory.mktemp("hf_e2e")
-  config = root / "from_hf.py"
-  config.write_text(_CONFIG.format(fixture=str(SAVED)))
-  train_log = _cli("pretrain", f"--config={config}", f"--workdir={root / 'run'}",
+  # The README's command: the model config comes from the directory (MTP declared: one
+  # module, started fresh since its tensors are absent).
+  train_log = _cli("pretrain", f"--config=configs/from_hf.py:{SAVED}", f"--workdir={root / 'run'}",
                    f"--config.data.cache_dir={root / 'data'}", f"--config.init_from={SAVED}",
                    *_TINY)
   export_log = _cli("export", f"--run={root / 'run'}", f"--to-hf={root / 'out'}",
