@@ -184,3 +184,28 @@ def test_fused_expert_tensors_load_like_per_expert_ones(tmp_path, reference):
   fused_dir = _rewrite(FIXTURE, tmp_path / "fused", drop=drop, add=fused)
   params = loop.restore_init_params(_cfg(fused_dir, cfg_model), _abstract(cfg_model))
   _assert_equal_trees(params, want)
+
+
+def test_transformers4_config_spelling_and_bf16_weights_load(tmp_path, reference):
+  """`rope_scaling` + top-level `rope_theta` + `torch_dtype` (transformers 4) mean what
+  `rope_parameters` + `dtype` (transformers 5) do; bf16 tensors cast into the run's dtype."""
+  cfg_model, want = reference
+  import ml_dtypes
+  hf_cfg = json.loads((FIXTURE / "config.json").read_text())
+  rope = dict(hf_cfg.pop("rope_parameters"))
+  theta = rope.pop("rope_theta")
+  rope["type"] = rope.pop("rope_type")
+  old = {"rope_scaling": rope, "rope_theta": theta, "torch_dtype": "bfloat16",
+         "dtype": None}
+  reader = safetensors_io.SafetensorsReader(FIXTURE)
+  bf16 = {n: reader.read(n).astype(ml_dtypes.bfloat16) for n in reader.tensors}
+  legacy = _rewrite(FIXTURE, tmp_path / "legacy", drop=tuple(bf16), add=bf16, config=old)
+  (legacy / "config.json").write_text(json.dumps(
+      {k: v for k, v in {**hf_cfg, **old}.items() if v is not None}))
+  loaded_cfg = sources.model_config(legacy)
+  assert loaded_cfg.rope.to_dict() == cfg_model.rope.to_dict()
+  assert loaded_cfg.param_dtype == "bfloat16"
+  params = loop.restore_init_params(_cfg(legacy, cfg_model), _abstract(cfg_model))
+  assert params["embed"]["embedding"].dtype == np.float32
+  rounded = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), want)
+  _assert_equal_trees(params, rounded)
