@@ -176,6 +176,10 @@ class HFSource:
                           f"config.json implies {list(expected)}; the config and weights "
                           "come from different models.")
 
+  def stacked_dims(self, path: names.Path) -> int:
+    """Leading axes of the leaf that index separate HF tensors (layer, expert)."""
+    return len(self.leaves[path].pieces[0].index)
+
   def read(self, path: names.Path, index: tuple[slice, ...]) -> np.ndarray:
     """leaf[index]: every HF tensor whose slice overlaps `index`, one at a time."""
     leaf = self.leaves[path]
@@ -206,7 +210,11 @@ class ConvertedSource:
     self.reader = checkpoint.CheckpointReader(self.dir)
     self.cfg = self.reader.cfg
     self.mtp_dropped = False
-    self.shapes = {leaf.path: leaf.shape for leaf in names.leaves(self.cfg)}
+    self._leaves = {leaf.path: leaf for leaf in names.leaves(self.cfg)}
+    self.shapes = {path: leaf.shape for path, leaf in self._leaves.items()}
+
+  def stacked_dims(self, path: names.Path) -> int:
+    return len(self._leaves[path].pieces[0].index)  # stored chunked one slice per chunk
 
   def read(self, path: names.Path, index: tuple[slice, ...]) -> np.ndarray:
     return np.asarray(self.reader.read(path, tuple(index)))
