@@ -185,6 +185,8 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
       raise ExportError(f"--step {step} is not in {ckpt_dir}; its steps are {steps}.")
     job = manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))
     job = dict(job["config"] or {})
+    if "model" not in job and isinstance(job.get("config"), dict):
+      job = job["config"]  # the RL learner nests its job config one level down
     if "model" not in job:
       saved = run / "config.json"
       if not saved.exists():

@@ -225,3 +225,11 @@ def test_large_shards_are_assembled_on_device_block_by_block(tmp_path, reference
   _assert_equal_trees(params, want)
   # The expert stacks [layers, experts, ...] were read one layer at a time.
   assert any(index[0] == slice(1, 2) for index in reads)
+
+
+def test_rl_starts_from_an_hf_directory(reference):
+  from c2jax.rl import trainer
+  cfg_model, want = reference
+  cfg = ml_collections.ConfigDict({"init_from": str(FIXTURE), "model": cfg_model,
+                                   "learner": {"seed": 0}})
+  _assert_equal_trees(trainer.initial_params(cfg), want)
