@@ -103,3 +103,14 @@ def test_pretrain_from_transformers_dir_then_export_matches(run):
   diff = np.abs(live - ours).max()
   print(f"live transformers vs c2jax: max |diff| = {diff:.3g}")
   assert diff <= TOLERANCE, f"max |transformers(export) - c2jax| = {diff:.3g}"
+
+
+def test_export_errors_name_the_fix(run, tmp_path):
+  from c2jax.hf import export
+  root, _, _ = run
+  with pytest.raises(export.ExportError, match=r"--step 7 is not in .*steps are \[2\]"):
+    export.export_run(root / "run", tmp_path / "a", step=7)
+  with pytest.raises(export.ExportError, match="not a c2jax run directory"):
+    export.export_run(SAVED, tmp_path / "b")
+  with pytest.raises(FileExistsError, match="already holds safetensors"):
+    export.export_run(root / "run", root / "out")
