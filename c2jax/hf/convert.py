@@ -26,6 +26,7 @@ from c2jax.hf import checkpoint
 from c2jax.hf import config as hf_config
 from c2jax.hf import names
 from c2jax.hf import safetensors_io
+from c2jax.hf import sources
 
 DEFAULT_SHARD_BYTES = 5 * 2**30  # HF's usual shard size
 
@@ -165,9 +166,12 @@ def _natural_key(name: str) -> list:
 def load(path: str | os.PathLike) -> tuple[ml_collections.ConfigDict, dict]:
   """(validated c2jax config, params) of an HF directory; params are numpy arrays."""
   hf_dir = pathlib.Path(path)
-  cfg, layout = hf_config.from_hf(_read_hf_config(hf_dir))
+  hf = _read_hf_config(hf_dir)
+  cfg, layout = hf_config.from_hf(hf)
+  reader = sources.open_tensors(hf_dir, hf)
+  cfg, _ = sources.stored_config(cfg, layout, set(reader.tensors), hf_dir)
   sink = _MemorySink()
-  _hf_into(safetensors_io.SafetensorsReader(hf_dir), cfg, layout, sink)
+  _hf_into(reader, cfg, layout, sink)
   return cfg, sink.params
 
 
@@ -198,7 +202,8 @@ def convert_from_hf(hf_dir: str | os.PathLike, out_ckpt: str | os.PathLike, *,
   hf_dir = pathlib.Path(hf_dir)
   hf = _read_hf_config(hf_dir)
   cfg, layout = hf_config.from_hf(hf)
-  reader = reader or safetensors_io.SafetensorsReader(hf_dir)
+  reader = reader or sources.open_tensors(hf_dir, hf)
+  cfg, _ = sources.stored_config(cfg, layout, set(reader.tensors), hf_dir)
   writer = checkpoint.CheckpointWriter(out_ckpt)
   skipped = _hf_into(reader, cfg, layout, writer)
   writer.finalize(cfg, hf, hf_dir)

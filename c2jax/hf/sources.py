@@ -128,15 +128,9 @@ class HFSource:
     declared, self.layout = hf_config.from_hf(
         {**self.hf, "tie_word_embeddings": False} if not self.hf.get("text_config")
         else {**self.hf, "text_config": {**text, "tie_word_embeddings": False}})
-    self.reader = tensor_reader_factory(self.dir, self.hf)
-    if any(_FUSED.fullmatch(name) for name in self.reader.tensors):
-      self.reader = _UnfusedExperts(self.reader)
+    self.reader = open_tensors(self.dir, self.hf)
     present = set(self.reader.tensors)
-    self.cfg, self.mtp_dropped = _without_absent_mtp(declared, self.layout, present)
-    if self.mtp_dropped:
-      log(f"init: {self.dir} declares num_nextn_predict_layers = "
-          f"{declared.num_mtp_layers} but stores no MTP tensors (as transformers' "
-          "save_pretrained writes); loading the model without MTP modules")
+    self.cfg, self.mtp_dropped = stored_config(declared, self.layout, present, self.dir, log)
     leaves = names.leaves(self.cfg, self.layout.prefix)
     head = self.layout.prefix + "lm_head.weight"
     embed = self.layout.prefix + "model.embed_tokens.weight"
@@ -273,9 +267,31 @@ def open_source(path: str | os.PathLike, log: Callable[[str], None] = print):
   raise SourceError(f"{path} is a c2jax run; restore it with orbax (train/loop.py).")
 
 
+def open_tensors(hf_dir: pathlib.Path, hf: dict):
+  """The tensors of an HF directory as the model reads them (see tensor_reader_factory),
+  fused expert tensors shown under per-expert names."""
+  reader = tensor_reader_factory(pathlib.Path(hf_dir), hf)
+  if any(_FUSED.fullmatch(name) for name in reader.tensors):
+    reader = _UnfusedExperts(reader)
+  return reader
+
+
+def stored_config(cfg, layout: hf_config.Layout, present: set[str], where,
+                  log: Callable[[str], None] = print):
+  """(cfg, mtp_dropped): the model the stored tensors describe. When config.json declares
+  MTP layers (num_nextn_predict_layers) but none of their tensors are stored, as
+  transformers' save_pretrained writes, the model without them and one log line."""
+  trimmed, dropped = _without_absent_mtp(cfg, layout, present)
+  if dropped:
+    log(f"{where} declares num_nextn_predict_layers = {cfg.num_mtp_layers} but "
+        "stores no MTP tensors (as transformers' save_pretrained writes); loading the "
+        "model without MTP modules")
+  return trimmed, dropped
+
+
 def _without_absent_mtp(cfg, layout: hf_config.Layout, present: set[str]):
-  """(cfg, dropped): cfg without MTP layers when config.json declares them but none of
-  their tensors are stored. Some but not all present is left to the missing-tensor error."""
+  """(cfg, dropped); some but not all MTP tensors present is left to the missing-tensor
+  error."""
   if not cfg.num_mtp_layers:
     return cfg, False
   first = cfg.num_layers

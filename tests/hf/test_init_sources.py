@@ -233,3 +233,15 @@ def test_rl_starts_from_an_hf_directory(reference):
   cfg = ml_collections.ConfigDict({"init_from": str(FIXTURE), "model": cfg_model,
                                    "learner": {"seed": 0}})
   _assert_equal_trees(trainer.initial_params(cfg), want)
+
+
+def test_load_and_convert_accept_save_pretrained_output(tmp_path, capsys):
+  """hf.load / `c2jax convert` take the directory transformers wrote (MTP declared, absent)."""
+  saved = ROOT / "tests" / "fixtures" / "hf_saved" / "deepseek_v3_mtp_declared"
+  cfg_model, params = hf.load(saved)
+  assert cfg_model.num_mtp_layers == 0 and "mtp_layers" not in params
+  assert "stores no MTP tensors" in capsys.readouterr().out
+  logits = model.forward(cfg_model, params, np.load(saved / "tokens.npy"))
+  assert np.abs(np.asarray(logits) - np.load(saved / "logits.npy")).max() <= 1e-4
+  hf.convert_from_hf(saved, tmp_path / "ckpt")
+  assert hf.load_checkpoint(tmp_path / "ckpt")[0].num_mtp_layers == 0
