@@ -166,14 +166,23 @@ def _copy_side_files(src: pathlib.Path, out: pathlib.Path) -> list[str]:
 
 
 def _write_run_tokenizer(job: dict, out: pathlib.Path, log) -> list[str]:
-  """The run's own tokenizer.json (c2jax BPE or config.data.tokenizer_file)."""
-  from c2jax import data  # the data stack is only needed when no HF origin exists
-  try:
-    data_cfg = ml_collections.ConfigDict(job["data"])
-    path = pathlib.Path(data.prepare_from_config(data_cfg, progress=False).tokenizer_path)
-  except Exception as err:  # pylint: disable=broad-except
-    log(f"export: the run's tokenizer cannot be found ({type(err).__name__}: {err}); "
-        "copy tokenizer.json into the export yourself")
+  """The run's own tokenizer.json: config.data.tokenizer_file, or the BPE c2jax trained
+  for the run (found in the data cache the run used)."""
+  data_cfg = job.get("data") or {}
+  path = data_cfg.get("tokenizer_file")
+  if not path:
+    from c2jax import data  # the data stack is only needed here
+    try:
+      path = data.prepare_from_config(ml_collections.ConfigDict(data_cfg),
+                                      progress=False).tokenizer_path
+    except Exception as err:  # pylint: disable=broad-except
+      log(f"export: the run's tokenizer cannot be found ({type(err).__name__}: {err}); "
+          "copy tokenizer.json into the export yourself")
+      return []
+  path = pathlib.Path(path).expanduser()
+  if not path.exists():
+    log(f"export: the run's tokenizer {path} is gone; copy tokenizer.json into the "
+        "export yourself")
     return []
   shutil.copy2(path, out / "tokenizer.json")
   (out / "tokenizer_config.json").write_text(json.dumps(

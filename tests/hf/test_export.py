@@ -128,3 +128,28 @@ def test_orbax_restore_fallback_writes_the_same_tensors(run, tmp_path, monkeypat
   assert fast.names() == slow.names()
   for name in fast.names():
     np.testing.assert_array_equal(fast.read(name), slow.read(name), err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["deepseek_v3_grouped_yarn", "qwen3_moe_norm"])
+def test_a_run_without_hf_origin_exports_its_params_and_tokenizer(case, tmp_path):
+  """Both HF architectures; the tokenizer is the run's own (config.data.tokenizer_file)."""
+  from c2jax.hf import export
+  from c2jax.train.step import TrainState
+  cfg_model, params = hf.load(ROOT / "tests" / "fixtures" / "hf" / case)
+  tokenizer = tmp_path / "tok.json"
+  tokenizer.write_text((SAVED / "tokenizer.json").read_text())
+  ckpt = checkpoint_lib.Checkpointer(tmp_path / "run" / "checkpoints", async_save=False)
+  job = {"model": cfg_model.to_dict(), "init_from": "",
+         "data": {"tokenizer_file": str(tokenizer)}}
+  ckpt.save(3, TrainState(step=np.int32(3), params=params, opt_state=None), {}, job,
+            force=True)
+  ckpt.close()
+  summary = export.export_run(tmp_path / "run", tmp_path / "out", dtype="bf16")
+  assert summary["files"] == ["tokenizer.json", "tokenizer_config.json"]
+  assert (tmp_path / "out" / "tokenizer.json").read_text() == tokenizer.read_text()
+  out_cfg, out_params = hf.load(tmp_path / "out")
+  assert out_cfg.param_dtype == "bfloat16" and out_cfg.rope.to_dict() == cfg_model.rope.to_dict()
+  import ml_dtypes
+  for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(out_params)):
+    assert y.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(np.asarray(x).astype(ml_dtypes.bfloat16), y)
