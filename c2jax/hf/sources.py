@@ -99,20 +99,22 @@ def _read_json(path: pathlib.Path) -> dict:
     raise SourceError(f"{path} is not valid JSON ({err}); re-download or rewrite it.") from err
 
 
-# The seam for released (quantized) formats: given the HF directory and its config.json,
-# return an object with `.tensors` (name -> safetensors_io.TensorInfo of every tensor a
-# model leaf reads, as float tensors) and `.read(name) -> np.ndarray`. The default reads
-# stored tensors as they are; a dequantiser (c2jax/hf/quantized.py) replaces it by one that
-# turns each group of stored tensors (e.g. weight + weight_scale_inv) into one float tensor.
+# The seam for released (quantized) formats. A reader has `.dir`, `.tensors` (name ->
+# safetensors_io.TensorInfo) and `.read(name) -> np.ndarray`. READERS maps config.json's
+# `quantization_config.quant_method` (e.g. 'fp8', 'compressed-tensors') to a factory
+# (hf_dir, hf_config) -> reader whose `.tensors` lists each weight once, under its plain
+# name and float shape, and whose `.read` turns the group of stored tensors behind it
+# (weight + weight_scale_inv; weight_packed + weight_scale + weight_shape) into one float
+# tensor: c2jax/hf/quantized.py registers its dequantisers here. Everything downstream
+# (checks, MTP / tied handling, shard-by-shard placement) is unchanged.
 TensorReaderFactory = Callable[[pathlib.Path, dict], "safetensors_io.SafetensorsReader"]
+READERS: dict[str, TensorReaderFactory] = {}
 
 
-def _plain_reader(hf_dir: pathlib.Path, hf: dict) -> safetensors_io.SafetensorsReader:
-  del hf
-  return safetensors_io.SafetensorsReader(hf_dir)
-
-
-tensor_reader_factory: TensorReaderFactory = _plain_reader
+def _quant_method(hf: dict) -> str | None:
+  text, _ = hf_config.text_config(hf)
+  quant = hf.get("quantization_config") or text.get("quantization_config")
+  return (quant or {}).get("quant_method") if quant else None
 
 
 class HFSource:
@@ -268,9 +270,17 @@ def open_source(path: str | os.PathLike, log: Callable[[str], None] = print):
 
 
 def open_tensors(hf_dir: pathlib.Path, hf: dict):
-  """The tensors of an HF directory as the model reads them (see tensor_reader_factory),
+  """The tensors of an HF directory as the model reads them (see READERS),
   fused expert tensors shown under per-expert names."""
-  reader = tensor_reader_factory(pathlib.Path(hf_dir), hf)
+  method = _quant_method(hf)
+  if method is None:
+    reader = safetensors_io.SafetensorsReader(hf_dir)
+  elif method in READERS:
+    reader = READERS[method](pathlib.Path(hf_dir), hf)
+  else:
+    raise SourceError(f"{hf_dir}: quantization_config.quant_method = {method!r} has no "
+                      f"reader (known: {sorted(READERS) or 'none'}); dequantize the "
+                      "checkpoint to bfloat16 first.")
   if any(_FUSED.fullmatch(name) for name in reader.tensors):
     reader = _UnfusedExperts(reader)
   return reader
