@@ -7,7 +7,13 @@ setup(
     version="0.1.0",
     description="JAX/Flax reproduction of the Composer 2 coding-agent training system",
     python_requires=">=3.12",
-    packages=find_packages(include=["c2jax", "c2jax.*", "kernels", "kernels.*"]),
+    # The repo's top-level kernels/ folder installs as `c2jax_kernels`: a top-level
+    # `kernels` would shadow the PyPI `kernels` package that transformers imports when
+    # present. In the tree, the c2jax_kernels symlink gives the same name to
+    # PYTHONPATH=. runs; code imports only `c2jax_kernels`.
+    packages=(find_packages(include=["c2jax", "c2jax.*"]) + ["c2jax_kernels"]
+              + [f"c2jax_kernels.{p}" for p in find_packages(where="kernels")]),
+    package_dir={"c2jax_kernels": "kernels"},
     install_requires=[
         "jax>=0.11.2",
         "jaxlib>=0.11.2",
@@ -36,7 +42,8 @@ setup(
         # torch and transformers are deliberately absent: HF reference outputs are
         # committed fixtures (tools/make_hf_fixtures.py) and live comparisons run in a
         # separate venv where the CPU torch wheel exists.
-        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100"],
+        # setuptools: tests/test_install_names.py installs a copy of the project offline.
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "setuptools>=70"],
         # Rollout actors as Ray tasks across machines: --config.actors.backend=ray.
         "ray": ["ray>=2.9"],
     },

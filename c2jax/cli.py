@@ -23,6 +23,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "smoke": ("c2jax.commands.smoke", "train a model config for a few steps on a synthetic task"),
     "data": ("c2jax.data.command", "build the code corpus and tokenizer"),
     "convert": ("c2jax.hf.command", "convert checkpoints between HF safetensors and c2jax"),
+    "export": ("c2jax.hf.export_command", "write a run's parameters as an HF model directory"),
     "sandbox": ("c2jax.env.command", "run a command in a fresh sandbox over a repository"),
     "agent": ("c2jax.agent.command", "run one model turn's tool calls in a sandbox"),
     "rl": ("c2jax.commands.rl", "asynchronous RL: learner + rollout actors in sandboxes"),

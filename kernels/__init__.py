@@ -10,16 +10,16 @@
   preferred_element_type=None); recipes in BLOCK_SCALED_RECIPES.
 """
 
-from kernels.block_scaled import FORMATS as BLOCK_FORMATS
-from kernels.block_scaled import RECIPES as BLOCK_SCALED_RECIPES
-from kernels.block_scaled import QuantizedArray
-from kernels.block_scaled import block_scaled_grouped_matmul
-from kernels.block_scaled import block_scaled_matmul
-from kernels.block_scaled import dequantize
-from kernels.block_scaled import quantize
-from kernels.grouped_matmul import IMPLS as _GROUPED_MATMUL_IMPLS
-from kernels.grouped_matmul import default_impl as default_grouped_matmul_impl
-from kernels.grouped_matmul import grouped_matmul
+from c2jax_kernels.block_scaled import FORMATS as BLOCK_FORMATS
+from c2jax_kernels.block_scaled import RECIPES as BLOCK_SCALED_RECIPES
+from c2jax_kernels.block_scaled import QuantizedArray
+from c2jax_kernels.block_scaled import block_scaled_grouped_matmul
+from c2jax_kernels.block_scaled import block_scaled_matmul
+from c2jax_kernels.block_scaled import dequantize
+from c2jax_kernels.block_scaled import quantize
+from c2jax_kernels.grouped_matmul import IMPLS as _GROUPED_MATMUL_IMPLS
+from c2jax_kernels.grouped_matmul import default_impl as default_grouped_matmul_impl
+from c2jax_kernels.grouped_matmul import grouped_matmul
 
 
 def grouped_matmul_impls():

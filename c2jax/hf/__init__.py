@@ -10,6 +10,10 @@ Streaming (bounded memory, for checkpoints larger than RAM), also as `c2jax conv
     hf.convert_to_hf("ckpt", "hf_dir")
     cfg, params = hf.load_checkpoint("ckpt")
 
+Any phase's `init_from` takes an HF directory (or convert output) directly, streamed shard
+by shard into the run's mesh (sources.py: detection and reading, placement.py: placing);
+`c2jax export` (export.py) writes any phase's run back as an HF directory.
+
 On disk HF tensors use the legacy per-expert names of real checkpoints. DeepSeek-V3's
 multi-token-prediction layers (`num_nextn_predict_layers`) load into params['mtp_layers']
 and are saved back in the same layout; Kimi-K2.5's vision tower is skipped. Released

@@ -107,8 +107,9 @@ def _rope_to_hf(rope) -> dict:
 def _dtype(hf: dict) -> str:
   name = hf.get("dtype") or hf.get("torch_dtype") or "float32"
   if hf.get("quantization_config"):
-    raise HFConfigError("quantization_config", "quantized checkpoints (fp8 blocks, int4) "
-                        "are not supported; dequantize to bfloat16 first.")
+    raise HFConfigError("quantization_config", "is still set: read quantized checkpoints "
+                        "through c2jax.hf.sources.open_tensors (init_from, hf.load and "
+                        "convert do), which dequantizes them and drops it.")
   if name not in _DTYPES:
     raise HFConfigError("dtype", f"= {name!r}; c2jax loads {sorted(_DTYPES)} checkpoints.")
   return _DTYPES[name]

@@ -27,6 +27,7 @@ from c2jax.hf import config as hf_config
 from c2jax.hf import names
 from c2jax.hf import quantized
 from c2jax.hf import safetensors_io
+from c2jax.hf import sources
 
 DEFAULT_SHARD_BYTES = 5 * 2**30  # HF's usual shard size
 
@@ -140,8 +141,10 @@ def _hf_into(reader: safetensors_io.SafetensorsReader, cfg, layout: hf_config.La
   return skipped
 
 
-def _hf_plan(source: Source, cfg) -> list[safetensors_io.PlannedTensor]:
-  """The HF tensors of cfg's model in canonical order, each produced from its slice."""
+def _hf_plan(source: Source, cfg, leaf_major: bool = False
+             ) -> list[safetensors_io.PlannedTensor]:
+  """The HF tensors of cfg's model, each produced from its slice: in canonical (layer)
+  order, or grouped leaf by leaf (`leaf_major`) for sources that load a leaf at a time."""
   plan = []
   for leaf in names.leaves(cfg):
     dtype = source.dtype(leaf.path)
@@ -153,7 +156,7 @@ def _hf_plan(source: Source, cfg) -> list[safetensors_io.PlannedTensor]:
   by_name = {t.name: t for t in plan}
   for copy, main in names.shared_copies(cfg).items():  # DeepSeek-V3 stores these twice
     plan.append(dataclasses.replace(by_name[main], name=copy))
-  return sorted(plan, key=lambda t: _natural_key(t.name))
+  return plan if leaf_major else sorted(plan, key=lambda t: _natural_key(t.name))
 
 
 def _natural_key(name: str) -> list:
@@ -167,8 +170,9 @@ def load(path: str | os.PathLike) -> tuple[ml_collections.ConfigDict, dict]:
   Quantised checkpoints (FP8 blocks, INT4 packed) are dequantised into their model dtype.
   """
   hf_dir = pathlib.Path(path)
-  hf, reader = quantized.open_hf(hf_dir, _read_hf_config(hf_dir))
+  hf, reader = sources.open_tensors(hf_dir, _read_hf_config(hf_dir))
   cfg, layout = hf_config.from_hf(hf)
+  cfg, _ = sources.stored_config(cfg, layout, set(reader.tensors), hf_dir)
   sink = _MemorySink()
   _hf_into(reader, cfg, layout, sink)
   return cfg, sink.params
@@ -186,14 +190,15 @@ def save(cfg: ml_collections.ConfigDict, params: dict, path: str | os.PathLike, 
                  - {leaf.path for leaf in names.leaves(cfg)})
   if extra:  # silently dropping trained weights would be worse than failing
     raise ValueError(f"params hold leaves no HF tensor of this config stores: {extra[:5]}.")
-  _write_hf(_MemorySource(params), cfg, pathlib.Path(path), max_shard_bytes, base_config,
-            quantize)
+  write_hf(_MemorySource(params), cfg, pathlib.Path(path), max_shard_bytes, base_config,
+           quantize=quantize)
 
 
-def _write_hf(source: Source, cfg, hf_dir: pathlib.Path, max_shard_bytes: int,
-              base_config: dict | None, quantize: str | None = None) -> None:
+def write_hf(source: Source, cfg, hf_dir: pathlib.Path, max_shard_bytes: int,
+             base_config: dict | None, *, leaf_major: bool = False,
+             quantize: str | None = None) -> None:
   config = hf_config.to_hf(cfg, base_config)  # fails before any file is written
-  plan = _hf_plan(source, cfg)
+  plan = _hf_plan(source, cfg, leaf_major)
   if quantize is not None:
     scheme = quantized.export_scheme(quantize)
     plan = quantized.quantize_plan(plan, scheme)
@@ -210,8 +215,9 @@ def convert_from_hf(hf_dir: str | os.PathLike, out_ckpt: str | os.PathLike, *,
                     reader: safetensors_io.SafetensorsReader | None = None) -> dict:
   """Streams an HF directory into a CKPT directory; returns a summary dict."""
   hf_dir = pathlib.Path(hf_dir)
-  hf, reader = quantized.open_hf(hf_dir, _read_hf_config(hf_dir), reader)
+  hf, reader = sources.open_tensors(hf_dir, _read_hf_config(hf_dir), reader)
   cfg, layout = hf_config.from_hf(hf)
+  cfg, _ = sources.stored_config(cfg, layout, set(reader.tensors), hf_dir)
   writer = checkpoint.CheckpointWriter(out_ckpt)
   skipped = _hf_into(reader, cfg, layout, writer)
   writer.finalize(cfg, hf, hf_dir)
@@ -226,8 +232,8 @@ def convert_to_hf(ckpt: str | os.PathLike, hf_dir: str | os.PathLike, *,
   """Streams a CKPT directory out as an HF directory; returns a summary dict."""
   reader = checkpoint.CheckpointReader(ckpt)
   hf_dir = pathlib.Path(hf_dir)
-  _write_hf(source or reader, reader.cfg, hf_dir, max_shard_bytes, reader.hf_source,
-            quantize)
+  write_hf(source or reader, reader.cfg, hf_dir, max_shard_bytes, reader.hf_source,
+           quantize=quantize)
   if reader.files_dir.is_dir():
     for item in reader.files_dir.iterdir():
       shutil.copy2(item, hf_dir / item.name)

@@ -32,9 +32,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-import kernels
+import c2jax_kernels as kernels
 from c2jax import quant as quantlib
-from kernels.grouped_matmul import IMPLS as GROUPED_MATMUL_IMPLS
+from c2jax_kernels.grouped_matmul import IMPLS as GROUPED_MATMUL_IMPLS
 
 # The Pallas kernel used where the platform's default grouped matmul is not Pallas (CPU):
 # megablox has a CPU interpreter for every shape, Mosaic GPU needs 64-multiple features.

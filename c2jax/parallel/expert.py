@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-import kernels
+import c2jax_kernels as kernels
 
 MODES = ("auto", "off")  # config.moe.expert_parallel
 # config.moe.ep_dispatch_quant -> block format of the dispatched tokens (None: model dtype).

@@ -5,7 +5,7 @@ from typing import Callable
 
 import jax.numpy as jnp
 
-import kernels
+import c2jax_kernels as kernels
 
 
 @dataclasses.dataclass(frozen=True)

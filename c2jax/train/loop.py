@@ -27,6 +27,8 @@ import optax
 import orbax.checkpoint as ocp
 
 from c2jax import model, parallel
+from c2jax.hf import placement
+from c2jax.hf import sources as init_sources
 from c2jax.model import mtp as mtp_lib
 from c2jax.parallel import context as context_lib
 from c2jax.parallel import distributed
@@ -186,7 +188,9 @@ def initial_params(rt: Runtime, state: TrainState) -> TrainState:
 
 
 def restore_init_params(cfg, fresh_params, shardings=None):
-  """`fresh_params` replaced by the newest checkpoint of `cfg.init_from`.
+  """`fresh_params` replaced by the parameters of `cfg.init_from`: the newest checkpoint
+  of a c2jax run, an HF model directory or `c2jax convert` output (hf/sources.py tells
+  them apart by what is on disk; the latter two stream shard by shard, hf/placement.py).
 
   Multi-token prediction may be attached or left off between phases:
   - the config has MTP modules (model.num_mtp_layers > 0) and the checkpoint has none:
@@ -200,24 +204,27 @@ def restore_init_params(cfg, fresh_params, shardings=None):
   """
   source = cfg.init_from
   directory = pathlib.Path(source).expanduser().absolute()
-  if (directory / "checkpoints").is_dir():
-    directory = directory / "checkpoints"
-  previous = checkpoint_lib.Checkpointer(directory, async_save=False)
-  if not previous.steps():
+  if not directory.exists():
     raise FileNotFoundError(
-        f"config.init_from = {source!r} has no checkpoints; run the previous phase first "
-        "(see configs/longctx.py and configs/sft.py for the chain).")
-  step = previous.steps()[-1]
-  saved = _saved_param_shapes(directory, step)
+        f"config.init_from = {source!r} does not exist; run the previous phase first "
+        "(see configs/longctx.py and configs/sft.py for the chain), or point it at an HF "
+        "model directory.")
+  if init_sources.detect(directory) == "run":
+    saved, where, restore = _orbax_source(directory, source)
+  else:
+    loaded = init_sources.open_source(directory)
+    saved, where = _nested(loaded.shapes), f"{directory} ({loaded.kind})"
+
+    def restore(abstract, placement_shardings):
+      return placement.place(loaded, abstract, placement_shardings)
   fresh_mtp = mtp_lib.PARAMS_KEY in fresh_params and mtp_lib.PARAMS_KEY not in saved
   wanted = {k: v for k, v in fresh_params.items()
             if not (fresh_mtp and k == mtp_lib.PARAMS_KEY)}
-  _check_restorable(saved, wanted, f"{directory} step {step}")
+  _check_restorable(saved, wanted, where)
   if shardings is not None:
     shardings = {k: v for k, v in shardings.items() if k in wanted}
-  params = previous.restore_params(step, checkpoint_lib.abstract_like(wanted, shardings))
-  previous.close()
-  print(f"init: parameters from {directory} step {step}", flush=True)
+  params = restore(checkpoint_lib.abstract_like(wanted), shardings)
+  print(f"init: parameters from {where}", flush=True)
   if fresh_mtp:
     params = {**params, mtp_lib.PARAMS_KEY: fresh_params[mtp_lib.PARAMS_KEY]}
     print(f"init: the checkpoint has no '{mtp_lib.PARAMS_KEY}'; the "
@@ -227,6 +234,38 @@ def restore_init_params(cfg, fresh_params, shardings=None):
     print(f"init: dropping the checkpoint's '{mtp_lib.PARAMS_KEY}' "
           "(config.model.num_mtp_layers = 0)", flush=True)
   return params
+
+
+def _orbax_source(directory: pathlib.Path, source: str):
+  """(saved shapes, description, restore(abstract, shardings)) of a c2jax run."""
+  if (directory / "checkpoints").is_dir():
+    directory = directory / "checkpoints"
+  previous = checkpoint_lib.Checkpointer(directory, async_save=False)
+  if not previous.steps():
+    previous.close()
+    raise FileNotFoundError(
+        f"config.init_from = {source!r} has no checkpoints; run the previous phase first "
+        "(see configs/longctx.py and configs/sft.py for the chain).")
+  step = previous.steps()[-1]
+
+  def restore(abstract, shardings):
+    if shardings is not None:
+      abstract = checkpoint_lib.abstract_like(abstract, shardings)
+    try:
+      return previous.restore_params(step, abstract)
+    finally:
+      previous.close()
+  return _saved_param_shapes(directory, step), f"{directory} step {step}", restore
+
+
+def _nested(shapes: dict) -> dict:
+  tree: dict = {}
+  for path, shape in shapes.items():
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = tuple(shape)
+  return tree
 
 
 def _saved_param_shapes(directory: pathlib.Path, step: int) -> dict:

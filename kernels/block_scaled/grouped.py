@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.block_scaled import formats
-from kernels.block_scaled import matmul
-from kernels.grouped_matmul import api as grouped_api
+from c2jax_kernels.block_scaled import formats
+from c2jax_kernels.block_scaled import matmul
+from c2jax_kernels.grouped_matmul import api as grouped_api
 
 
 def _fake_quant(x, fmt, axis, dtype):

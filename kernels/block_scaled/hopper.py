@@ -25,7 +25,7 @@ which represents every E2M1 value exactly.
 import jax
 import jax.numpy as jnp
 
-from kernels.block_scaled import formats
+from c2jax_kernels.block_scaled import formats
 
 # FP32 partial products [G, M, P] held per scan step: bounds the extra memory of promotion.
 _STEP_BYTES = 1 << 30

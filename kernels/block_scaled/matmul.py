@@ -24,8 +24,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from kernels.block_scaled import formats
-from kernels.block_scaled import hopper
+from c2jax_kernels.block_scaled import formats
+from c2jax_kernels.block_scaled import hopper
 
 
 @dataclasses.dataclass(frozen=True)

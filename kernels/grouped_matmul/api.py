@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.grouped_matmul import megablox
-from kernels.grouped_matmul import mosaic_gpu
-from kernels.grouped_matmul import ragged
-from kernels.grouped_matmul import reference
+from c2jax_kernels.grouped_matmul import megablox
+from c2jax_kernels.grouped_matmul import mosaic_gpu
+from c2jax_kernels.grouped_matmul import ragged
+from c2jax_kernels.grouped_matmul import reference
 
 
 @dataclasses.dataclass(frozen=True)

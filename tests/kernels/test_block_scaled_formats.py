@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import kernels
+import c2jax_kernels as kernels
 
 MX = {'mxfp8_e4m3': (ml_dtypes.float8_e4m3fn, 448.0, 3, 2.0**-9),
       'mxfp8_e5m2': (ml_dtypes.float8_e5m2, 57344.0, 2, 2.0**-16)}  # dtype, max, mantissa

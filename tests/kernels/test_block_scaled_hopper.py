@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels
-from kernels.block_scaled import hopper
-from kernels.block_scaled import matmul
+import c2jax_kernels as kernels
+from c2jax_kernels.block_scaled import hopper
+from c2jax_kernels.block_scaled import matmul
 from test_block_scaled_matmul import fake_quant, forward_and_grads
 
 # float32 unit roundoff: a K-term float32 sum of exact products errs by at most ~K * U

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels
-from kernels.grouped_matmul import reference
+import c2jax_kernels as kernels
+from c2jax_kernels.grouped_matmul import reference
 
 M, K, N = 48, 96, 40
 

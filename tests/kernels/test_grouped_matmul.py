@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels
-from kernels.grouped_matmul import mosaic_gpu
-from kernels.grouped_matmul import reference
+import c2jax_kernels as kernels
+from c2jax_kernels.grouped_matmul import mosaic_gpu
+from c2jax_kernels.grouped_matmul import reference
 
 M, K, N, G = 200, 128, 64, 6  # M is not a multiple of any kernel's row tile
 TOLERANCE = {jnp.float32: dict(rtol=1e-5, atol=1e-4), jnp.bfloat16: dict(rtol=2e-2, atol=1e-1)}

@@ -20,7 +20,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import kernels  # noqa: E402
+import c2jax_kernels as kernels  # noqa: E402
 from c2jax import cli, parallel  # noqa: E402
 from c2jax.model import moe, moe_dispatch, variants  # noqa: E402
 from c2jax.parallel import expert  # noqa: E402

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from c2jax import quant
-import kernels
+import c2jax_kernels as kernels
 
 
 def test_registry_names_follow_the_kernels():

@@ -17,7 +17,7 @@ import datetime
 import jax
 import jax.numpy as jnp
 
-import kernels
+import c2jax_kernels as kernels
 from bench_grouped_matmul import FULL
 from bench_grouped_matmul import SMALL
 from bench_grouped_matmul import print_table

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import kernels
+import c2jax_kernels as kernels
 
 FULL = dict(rows=32768, hidden=7168, width=2048, experts=48)
 SMALL = dict(rows=512, hidden=256, width=128, experts=8)
