@@ -1,8 +1,12 @@
 """State tracking: cases from git histories and procedures, answer extraction, scoring
 through real engines (a scripted oracle engine, FakeEngine, JaxEngine on the tiny model)."""
 
+import json
+import os
+import pathlib
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,9 +14,6 @@ import pytest
 from c2jax.eval.base import diffs, state_cases, state_tracking
 from c2jax.rollout import FakeEngine, JaxEngine
 from c2jax.rollout.engine import Engine, SlotOutput
-
-needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-
 
 def _replay(case):
   text = case.initial
@@ -44,13 +45,15 @@ def _commit(repo, message):
                   "commit", "-qm", message], check=True)
 
 
-@needs_git
-def test_git_cases_follow_renames_and_match_git(tmp_path):
-  repo = tmp_path / "proj"
+@pytest.fixture(scope="module")
+def history_repo(tmp_path_factory):
+  """m.py: 4 versions, then renamed to renamed.py and edited once more."""
+  if shutil.which("git") is None:
+    pytest.skip("needs git")
+  repo = tmp_path_factory.mktemp("history") / "proj"
   repo.mkdir()
   subprocess.run(["git", "-C", str(repo), "init", "-q"], check=True)
-  versions = ["a = 1\n", "a = 1\nb = 2\n", "a = 10\nb = 2\n", "a = 10\nb = 2\nc = 3"]
-  for i, text in enumerate(versions):
+  for i, text in enumerate(VERSIONS):
     (repo / "m.py").write_text(text)
     (repo / "other.py").write_text(f"x = {i % 2}\n")
     _commit(repo, f"v{i}")
@@ -58,6 +61,14 @@ def test_git_cases_follow_renames_and_match_git(tmp_path):
   _commit(repo, "rename")
   (repo / "renamed.py").write_text("a = 10\nc = 3\n")
   _commit(repo, "after rename")
+  return repo
+
+
+VERSIONS = ["a = 1\n", "a = 1\nb = 2\n", "a = 10\nb = 2\n", "a = 10\nb = 2\nc = 3"]
+
+
+def test_git_cases_follow_renames_and_match_git(history_repo, tmp_path):
+  repo, versions = history_repo, VERSIONS
   stats = {}
   cases = state_cases.git_cases(repo, min_diffs=2, max_diffs=10, stats=stats)
   by_path = {c.path: c for c in cases}
@@ -71,6 +82,22 @@ def test_git_cases_follow_renames_and_match_git(tmp_path):
   out = tmp_path / "cases.jsonl"
   state_cases.save_jsonl(cases, out)
   assert [c.to_json() for c in state_cases.load_jsonl(out)] == [c.to_json() for c in cases]
+
+
+def test_build_tool_writes_cases(history_repo, tmp_path):
+  out = tmp_path / "cases.jsonl"
+  tool = pathlib.Path(__file__).parents[2] / "tools" / "build_state_tracking.py"
+  env = {**os.environ, "PYTHONPATH": str(tool.parents[1])}
+  done = subprocess.run([sys.executable, str(tool), "--repo", str(history_repo), "--out",
+                         str(out), "--procedural", "2", "--seed", "5"], env=env, check=True,
+                        capture_output=True, text=True)
+  assert json.loads(done.stdout)["cases"] == 4
+  cases = state_cases.load_jsonl(out)
+  assert [c.source for c in cases] == ["git", "git", "procedural", "procedural"]
+  assert all(_replay(c) == c.final for c in cases)
+  failed = subprocess.run([sys.executable, str(tool), "--out", str(out)], env=env,
+                          capture_output=True, text=True)
+  assert failed.returncode != 0 and "--procedural" in failed.stderr
 
 
 def test_extract_answer_never_raises():
@@ -158,8 +185,9 @@ def test_run_with_oracle_engine_scores_one(tok, small_cases):
 def test_run_with_fake_engine_is_deterministic(tok, small_cases):
   make = lambda: FakeEngine(vocab_size=300, num_slots=2, max_length=2048,
                             detokenize=tok.decode)
-  first = state_tracking.run(make(), tok, small_cases)
-  second = state_tracking.run(make(), tok, small_cases)
+  options = state_tracking.StateTrackingOptions(max_new_tokens_factor=0.2)
+  first = state_tracking.run(make(), tok, small_cases, options)
+  second = state_tracking.run(make(), tok, small_cases, options)
   assert first.to_json()["per_case"] == second.to_json()["per_case"]
   assert all(0.0 <= c.score < 1.0 for c in first.cases)
   too_small = FakeEngine(vocab_size=300, num_slots=2, max_length=64, detokenize=tok.decode)
