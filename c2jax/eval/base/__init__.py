@@ -10,7 +10,7 @@
   cases = git_cases(REPO_DIR) or procedural_cases(N, seed=0)   # or load_jsonl(PATH)
   engine = JaxEngine(run.cfg, run.params, num_slots=8, max_length=8192,
                      detokenize=run.tokenizer.decode)
-  state_tracking(engine, run.tokenizer, cases)
+  run_state_tracking(engine, run.tokenizer, cases)
       LoCoDiff-style: rebuild a file from its first version and a sequence of unified
       diffs; greedy generation; score = mean of 1 - Levenshtein / max length (characters).
       -> StateTrackingResult
@@ -24,9 +24,9 @@ from c2jax.eval.base.perplexity import PerplexityResult, WindowScorer, codebase_
 from c2jax.eval.base.state_cases import Case, git_cases, load_jsonl, procedural_cases, save_jsonl
 from c2jax.eval.base.state_tracking import (StateTrackingOptions, StateTrackingResult,
                                             extract_answer)
-from c2jax.eval.base.state_tracking import run as state_tracking
+from c2jax.eval.base.state_tracking import run as run_state_tracking
 
 __all__ = ["Case", "CodebaseOptions", "LoadedRun", "PerplexityResult", "StateTrackingOptions",
            "StateTrackingResult", "WindowScorer", "codebase_perplexity", "extract_answer",
            "git_cases", "load_jsonl", "load_run", "procedural_cases", "save_jsonl",
-           "state_tracking"]
+           "run_state_tracking"]
