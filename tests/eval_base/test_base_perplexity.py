@@ -1,5 +1,6 @@
 """Codebase perplexity against brute-force NLL on the tiny model."""
 
+import functools
 import math
 
 import jax
@@ -21,9 +22,19 @@ def stream(repo, tok):
   return codebase.tokenize(codebase.collect(repo), tok)
 
 
+_FORWARDS = {}
+
+
+def _forward(cfg):
+  key = id(cfg)
+  if key not in _FORWARDS:
+    _FORWARDS[key] = (cfg, jax.jit(functools.partial(model.forward, cfg)))
+  return _FORWARDS[key][1]
+
+
 def _teacher_forced(cfg, params, ids):
   """-log p(x_p | x_<p) for p = 1..N-1, one forward over the whole sequence."""
-  logp = jax.nn.log_softmax(model.forward(cfg, params, ids[None]), axis=-1)[0]
+  logp = jax.nn.log_softmax(_forward(cfg)(params, ids[None]), axis=-1)[0]
   return -np.asarray(logp[np.arange(len(ids) - 1), ids[1:]], np.float64)
 
 

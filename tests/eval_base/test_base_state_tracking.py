@@ -8,8 +8,10 @@ import shutil
 import subprocess
 import sys
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from c2jax.eval.base import diffs, state_cases, state_tracking
 from c2jax.rollout import FakeEngine, JaxEngine
@@ -111,6 +113,14 @@ def test_extract_answer_never_raises():
   for junk in ["\x00\ud800```", "```\n```\n```", "\n" * 5, None, 3]:
     assert isinstance(state_tracking.extract_answer(junk), str)
     assert isinstance(state_tracking.extract_answer(junk, opened=False), str)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(["`", "\n", "a", " ", "python", "\r"]), max_size=40).map(
+    "".join), st.booleans())
+def test_extract_answer_fuzz(text, opened):
+  answer = state_tracking.extract_answer(text, opened)
+  assert isinstance(answer, str) and len(answer) <= len(text) + 1
 
 
 def test_oracle_scores_one_and_wrong_answers_less(small_cases):
