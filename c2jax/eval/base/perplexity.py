@@ -69,17 +69,34 @@ def _window_nll(cfg, params, tokens_BxW, scored_BxW):
 
 
 class WindowScorer:
-  """The jitted scorer for one (model config, window, batch): build once, call often."""
+  """The jitted scorer for one (model config, window, batch): build once, call often.
 
-  def __init__(self, cfg, params, *, window: int, batch_size: int = 8):
+  mesh: score data-parallel over a device mesh: windows are split across all its devices
+  (batch_size must be a multiple of its size) and the parameters replicated on each,
+  e.g. `Mesh(np.asarray(jax.devices()), ("data",))` for every local device. None runs on
+  the default device.
+  """
+
+  def __init__(self, cfg, params, *, window: int, batch_size: int = 8,
+               mesh: jax.sharding.Mesh | None = None):
     if batch_size < 1:
       raise ValueError(f"batch_size = {batch_size}; use >= 1 windows per batch.")
     if window > cfg.max_position:
       raise ValueError(f"window = {window} exceeds the model's max_position "
                        f"{cfg.max_position}; use a shorter window.")
     self.cfg, self.window, self.batch_size = cfg, window, batch_size
-    self.params = jax.device_put(params)
-    self._fn = jax.jit(functools.partial(_window_nll, cfg))
+    fn = functools.partial(_window_nll, cfg)
+    if mesh is None:
+      self.params = jax.device_put(params)
+      self._fn = jax.jit(fn)
+      return
+    if batch_size % mesh.size:
+      raise ValueError(f"batch_size = {batch_size} windows cannot be split over the "
+                       f"{mesh.size} devices of the mesh; use a multiple of {mesh.size}.")
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    self.params = jax.device_put(params, replicated)
+    self._fn = jax.jit(fn, in_shardings=(replicated, rows, rows), out_shardings=rows)
 
   def __call__(self, tokens_BxW: np.ndarray, scored_BxW: np.ndarray) -> np.ndarray:
     return np.asarray(self._fn(self.params, tokens_BxW, scored_BxW), np.float64)
@@ -182,17 +199,17 @@ def score_stream(scorer: WindowScorer, stream: codebase_lib.CodebaseTokens, stri
 
 
 def codebase_perplexity(cfg, params, tokenizer, root: str | os.PathLike, *, window: int,
-                        stride: int, batch_size: int = 8,
+                        stride: int, batch_size: int = 8, mesh: jax.sharding.Mesh | None = None,
                         options: codebase_lib.CodebaseOptions = codebase_lib.CodebaseOptions(),
                         scorer: WindowScorer | None = None) -> PerplexityResult:
   """Codebase perplexity of the repository at `root` (report App. B).
 
   cfg / params: the model (c2jax.model); tokenizer: the run's (c2jax.data.Tokenizer).
-  Pass a `scorer` built for (cfg, params, window) to reuse its compiled function across
-  repositories.
+  mesh: data-parallel scoring over its devices (see WindowScorer). Pass a `scorer` built
+  for (cfg, params, window) to reuse its compiled function across repositories.
   """
   if scorer is None:
-    scorer = WindowScorer(cfg, params, window=window, batch_size=batch_size)
+    scorer = WindowScorer(cfg, params, window=window, batch_size=batch_size, mesh=mesh)
   elif scorer.window != window:
     raise ValueError(f"the scorer was built for window {scorer.window}, not {window}.")
   found = codebase_lib.collect(root, options)
