@@ -84,6 +84,10 @@ def test_git_cases_follow_renames_and_match_git(history_repo, tmp_path):
   out = tmp_path / "cases.jsonl"
   state_cases.save_jsonl(cases, out)
   assert [c.to_json() for c in state_cases.load_jsonl(out)] == [c.to_json() for c in cases]
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps({**cases[0].to_json(), "diffs": "not a list"}) + "\n")
+  with pytest.raises(ValueError, match=r"bad.jsonl:1: .*\['diffs'\]"):
+    state_cases.load_jsonl(bad)
 
 
 def test_build_tool_writes_cases(history_repo, tmp_path):
@@ -190,6 +194,12 @@ def test_run_with_oracle_engine_scores_one(tok, small_cases):
   assert result.exact_match == pytest.approx(2 / 3)
   assert all(c.finish_reason == "stop_string" for c in result.cases)
   assert result.summary()["cases"] == 3
+  buckets = result.by_prompt_length()
+  assert sum(b["cases"] for b in buckets.values()) == 3
+  for label, bucket in buckets.items():
+    inside = [c for c in result.cases
+              if int(label[2:]) // 2 < c.prompt_tokens <= int(label[2:])]
+    assert bucket["mean_score"] == pytest.approx(np.mean([c.score for c in inside]))
 
 
 def test_run_with_fake_engine_is_deterministic(tok, small_cases):

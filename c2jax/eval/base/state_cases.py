@@ -55,6 +55,15 @@ class Case:
       got = sorted(record) if isinstance(record, dict) else type(record).__name__
       raise ValueError(f"state-tracking case has fields {got}; expected "
                        f"{sorted(fields)} (write cases with tools/build_state_tracking.py).")
+    wrong = [k for k in ("id", "path", "initial", "final", "source")
+             if not isinstance(record[k], str)]
+    if not isinstance(record["diffs"], list) or not all(
+        isinstance(d, str) for d in record["diffs"]):
+      wrong.append("diffs")
+    if wrong or record["source"] not in SOURCES:
+      raise ValueError(f"state-tracking case {record.get('id')!r}: fields {wrong or ['source']} "
+                       f"have the wrong type or value (strings; diffs a list of strings; "
+                       f"source one of {list(SOURCES)}).")
     return cls(**{**{k: record[k] for k in fields if k in record},
                   "diffs": tuple(record["diffs"])})
 

@@ -150,8 +150,21 @@ class StateTrackingResult:
             "completion_tokens": int(sum(c.completion_tokens for c in self.cases)),
             "seconds": self.seconds, "cases_per_second": self.cases_per_second}
 
+  def by_prompt_length(self) -> dict[str, dict]:
+    """Mean score and exact-match rate per prompt-length bucket (powers of 2 tokens), as
+    LoCoDiff plots them: longer histories are harder."""
+    buckets: dict[int, list[CaseResult]] = {}
+    for case in self.cases:
+      upper = 1 << max(0, case.prompt_tokens - 1).bit_length()
+      buckets.setdefault(upper, []).append(case)
+    return {f"<={upper}": {"cases": len(group),
+                           "mean_score": float(np.mean([c.score for c in group])),
+                           "exact_match": float(np.mean([c.exact for c in group]))}
+            for upper, group in sorted(buckets.items())}
+
   def to_json(self) -> dict:
-    return {**self.summary(), "skipped_ids": list(self.skipped),
+    return {**self.summary(), "by_prompt_length": self.by_prompt_length(),
+            "skipped_ids": list(self.skipped),
             "per_case": [dataclasses.asdict(c) for c in self.cases]}
 
 
