@@ -210,6 +210,9 @@ def test_run_with_fake_engine_is_deterministic(tok, small_cases):
   second = state_tracking.run(make(), tok, small_cases, options)
   assert first.to_json()["per_case"] == second.to_json()["per_case"]
   assert all(0.0 <= c.score < 1.0 for c in first.cases)
+  [huge] = state_cases.procedural_cases(1, seed=9, num_functions=(40, 40))
+  mixed = state_tracking.run(make(), tok, [small_cases[0], huge], options)
+  assert mixed.skipped == (huge.id,) and [c.id for c in mixed.cases] == [small_cases[0].id]
   too_small = FakeEngine(vocab_size=300, num_slots=2, max_length=64, detokenize=tok.decode)
   with pytest.raises(ValueError, match="max_length"):
     state_tracking.run(too_small, tok, small_cases)

@@ -173,9 +173,9 @@ def run(engine, tokenizer, cases: Sequence[Case],
         seed: int = 0) -> StateTrackingResult:
   """Generates every case's answer greedily with `engine` and scores it.
 
-  Cases whose prompt leaves no room to write the file in the engine (max_length) are
-  skipped and listed, not scored as failures: raise the engine's max_length to include
-  them. All requests are submitted at once so the engine batches them.
+  Cases whose prompt leaves no room in the engine (max_length) to write the true final
+  content and close the block are skipped and listed, not scored as failures: raise the
+  engine's max_length to include them. All requests are submitted at once so the engine batches them.
   """
   options.validate()
   if not cases:
@@ -183,15 +183,15 @@ def run(engine, tokenizer, cases: Sequence[Case],
                      "tools/build_state_tracking.py or state_cases.procedural_cases().")
   began = time.perf_counter()
   requests, kept, skipped = [], [], []
-  stops = tuple(t for t in (tokenizer.eos_id,) if t is not None)
+  stops = (tokenizer.eos_id,)
   for case in cases:
     prompt = tokenizer.encode(render_prompt(case, options))
     if options.add_bos:
       prompt = np.concatenate([np.int32([tokenizer.bos_id]), prompt])
-    wanted = int(options.max_new_tokens_factor * len(tokenizer.encode(case.final))
-                 + options.max_new_tokens_slack)
+    truth_tokens = len(tokenizer.encode(case.final))
+    wanted = int(options.max_new_tokens_factor * truth_tokens + options.max_new_tokens_slack)
     room = engine.max_length - len(prompt) - 1
-    if room < 1:
+    if room < truth_tokens + 2:  # the answer and a closing fence could not fit
       skipped.append(case.id)
       continue
     sampling = SamplingParams(temperature=0.0, max_tokens=max(1, min(wanted, room)),
