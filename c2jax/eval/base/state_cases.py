@@ -203,7 +203,8 @@ def git_cases(repo: str | os.PathLike, *, max_cases: int = 50, min_diffs: int = 
   root = pathlib.Path(repo).expanduser().resolve()
   if not (root / ".git").exists():
     raise ValueError(f"{root} is not a git checkout (no .git); pass a repository with "
-                     "history or use procedural_cases().")
+                     "history, or generate cases instead (procedural_cases(), or "
+                     "--procedural N in tools/build_state_tracking.py).")
   if min_diffs < 1 or max_diffs < min_diffs:
     raise ValueError(f"min_diffs = {min_diffs}, max_diffs = {max_diffs}; use "
                      "1 <= min_diffs <= max_diffs.")
