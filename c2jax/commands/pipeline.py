@@ -39,29 +39,6 @@ def build_traces(cfg, workdir: pathlib.Path) -> dict:
           "heldout_traces": len(heldout_path.read_text().splitlines())}
 
 
-def check_model_chain(cfg, trained: list[str]) -> None:
-  """Resolves every training stage's model from the stage before it, before any stage
-  runs: an undeclared architecture change in a later stage fails now, naming the key and
-  both values, not after the earlier stages have trained. Each stage resolves again from
-  its real checkpoint when it starts (c2jax.train.model_source)."""
-  from c2jax import config as configlib
-  from c2jax.train import model_source
-
-  source = None
-  for index, stage in enumerate(trained):
-    stage_cfg = cfg[stage]
-    try:
-      if index == 0:
-        resolved = (model_source.resolve(stage_cfg, log=False) if stage_cfg.init_from
-                    else stage_cfg)
-      else:
-        resolved = model_source.resolve(stage_cfg, source=source, log=False)
-    except configlib.ConfigError as err:
-      raise SystemExit(f"c2jax pipeline: stage {stage!r}: {err} (the stage's keys are "
-                       f"config.{stage}.*)") from None
-    source = resolved.model
-
-
 def main(argv) -> int:
   if len(argv) > 1:
     raise SystemExit(f"c2jax pipeline: unexpected arguments {argv[1:]}")
@@ -87,7 +64,13 @@ def main(argv) -> int:
     cfg[stage].data = cfg.data
   for previous, stage in zip(trained, trained[1:]):
     cfg[stage].init_from = str(root / previous)
-  check_model_chain(cfg, trained)
+  from c2jax.config import ConfigError
+  from c2jax.train import model_source
+
+  try:  # an undeclared architecture change in a later stage fails before any stage runs
+    model_source.check_chain([(stage, cfg[stage]) for stage in trained])
+  except ConfigError as err:
+    raise SystemExit(f"c2jax pipeline: {err}") from None
   cfg.sft.sft.train_path = str(root / "traces" / "train.jsonl")
   cfg.sft.sft.heldout_path = str(root / "traces" / "heldout.jsonl")
   summary = {}

@@ -116,3 +116,23 @@ def resolve(cfg, source=None, *, log: bool = True):
   with cfg.ignore_type():
     cfg.model = resolved
   return cfg
+
+
+def check_chain(stages) -> list:
+  """The resolved job configs of a chain of (name, job config) stages, each starting from
+  the one before it; the first resolves from its own init_from (if any). Raises
+  ConfigError keyed `<stage>.model.<key>` for an undeclared architecture change, before
+  any stage has run (each resolves again from its real checkpoint when it starts)."""
+  resolved, source = [], None
+  for index, (name, stage_cfg) in enumerate(stages):
+    try:
+      if index == 0:
+        out = resolve(stage_cfg, log=False) if stage_cfg.init_from else stage_cfg
+      else:
+        out = resolve(stage_cfg, source=source, log=False)
+    except configlib.ConfigError as err:
+      message = str(err).split(": ", 1)[1]
+      raise configlib.ConfigError(f"{name}.{err.key}", message) from None
+    resolved.append(out)
+    source = out.model
+  return resolved

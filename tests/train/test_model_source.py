@@ -125,3 +125,17 @@ def test_bad_init_from_is_named(tmp_path, make, match):
   with pytest.raises(configlib.ConfigError, match=match) as err:
     model_source.source_model(str(make(tmp_path)))
   assert err.value.key == "init_from"
+
+
+def test_the_pipeline_chain_is_checked_before_any_stage_runs(tmp_path):
+  cfg = configlib.load_config_file(REPO / "configs/pipeline.py", "tiny")
+  stages = ["pretrain", "longctx", "sft"]
+  for previous, stage in zip(stages, stages[1:]):
+    cfg[stage].init_from = str(tmp_path / previous)  # nothing there yet: not read
+  resolved = model_source.check_chain([(stage, cfg[stage]) for stage in stages])
+  assert [r.model.rope.scaling for r in resolved] == ["none", "yarn", "yarn"]
+  cfg.sft.model.moe.routed_scaling_factor = 2.5
+  with pytest.raises(configlib.ConfigError) as err:
+    model_source.check_chain([(stage, cfg[stage]) for stage in stages])
+  assert err.value.key == "sft.model.moe.routed_scaling_factor"
+  assert "is 2.5 in this config but 1.0 in the previous stage" in str(err.value)
