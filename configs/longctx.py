@@ -24,8 +24,12 @@ def get_config(variant: str = "tiny"):
   c.train.learning_rate = c.train.learning_rate / 3
   c.train.eval_every = max(c.train.steps // 2, 1)
   c.train.checkpoint_every = max(c.train.steps // 2, 1)
+  # The model is inherited from init_from; the YaRN extension is this phase's declared
+  # change (c2jax/model/lineage.py). Real-scale variants already ship YaRN for 256k.
+  c.model_changes = ()
   if c.model.rope.scaling != "yarn":
-    # Real-scale variants already ship YaRN for 256k; CPU variants get it here.
+    c.model_changes = ("rope.scaling", "rope.factor", "rope.original_max_position",
+                       "rope.mscale", "rope.mscale_all_dim")
     c.model.rope.scaling = "yarn"
     c.model.rope.factor = float(LENGTH_FACTOR)
     c.model.rope.original_max_position = short

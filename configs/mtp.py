@@ -23,6 +23,9 @@ def get_config(variant: str = "tiny"):
   # The pretraining config of the same variant: same model, corpus and tokenizer.
   c = configlib.load_config_file(pathlib.Path(__file__).with_name("pretrain.py"), variant)
   c.model.num_mtp_layers = 1  # DeepSeek-V3 / Kimi: one depth, reused for longer drafts
+  # The rest of the model is the pretraining checkpoint's; the MTP module is this phase's
+  # declared change.
+  c.model_changes = ("num_mtp_layers",)
   c.train.mtp_frozen_trunk = True
   c.train.mtp_kl_weight = 1.0
   c.train.mtp_ce_weight = 0.0

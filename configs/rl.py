@@ -26,6 +26,9 @@ def get_config(variant: str = "tiny"):
   variant = variant or "tiny"
   if variant not in ("tiny", "test"):
     raise ValueError(f"configs/rl.py has variants 'tiny' and 'test', not {variant!r}.")
+  # The model is inherited from the checkpoint in init_from (YaRN and all, when the SFT
+  # run came through the long-context phase); `tiny` only supplies the implementation
+  # choices and the random-init model of the `test` variant.
   c = job.job_defaults("tiny")
   # The tokenizer of the SFT run the policy starts from: its data section.
   c.data = configlib.load_config_file(HERE / "pretrain.py", "tiny").data

@@ -17,6 +17,8 @@ def get_config(variant: str = "tiny"):
   variant = variant or "tiny"
   c = configlib.load_config_file(pathlib.Path(__file__).with_name("longctx.py"), variant)
   c.task = "sft"
+  # The long-context model (YaRN included) is inherited from init_from, not changed here.
+  c.model_changes = ()
   c.train.steps = max(c.train.steps, 40)
   c.train.learning_rate = c.train.learning_rate / 2
   c.init_from = f"runs/{variant}/longctx"

@@ -64,6 +64,13 @@ def main(argv) -> int:
     cfg[stage].data = cfg.data
   for previous, stage in zip(trained, trained[1:]):
     cfg[stage].init_from = str(root / previous)
+  from c2jax.config import ConfigError
+  from c2jax.train import model_source
+
+  try:  # an undeclared architecture change in a later stage fails before any stage runs
+    model_source.check_chain([(stage, cfg[stage]) for stage in trained])
+  except ConfigError as err:
+    raise SystemExit(f"c2jax pipeline: {err}") from None
   cfg.sft.sft.train_path = str(root / "traces" / "train.jsonl")
   cfg.sft.sft.heldout_path = str(root / "traces" / "heldout.jsonl")
   summary = {}

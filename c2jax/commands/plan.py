@@ -145,13 +145,14 @@ def _print_memory(cfg):
   compiled, seconds = memory.compile_train_step(cfg)
   print(f"compiled the train step in {seconds:.1f} s\n")
   report = memory.memory_report(compiled)
-  print(memory.format_memory_table(report, _DEVICE_MEMORY_GB.value) + "\n")
+  state = memory.StateBytes.of(cfg)
+  print(memory.format_memory_table(report, _DEVICE_MEMORY_GB.value, state) + "\n")
   volumes = hlo_comms.comm_volume(compiled.as_text(), devices)
   print(hlo_comms.format_comm_table(volumes) + "\n")
   print(json.dumps({
       "mesh": sizes, "devices": devices, "batch_size": t.batch_size, "seq_len": t.seq_len,
       "remat": cfg.model.remat, "compile_seconds": round(seconds, 1),
-      "memory": memory.summary(report, _DEVICE_MEMORY_GB.value),
+      "memory": memory.summary(report, _DEVICE_MEMORY_GB.value, state),
       "fits": {name: report.fits(gb) for name, gb in memory.DEVICE_MEMORY_GB.items()},
       "comms": hlo_comms.summary(volumes)}))
   return compiled

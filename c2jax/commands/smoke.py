@@ -46,7 +46,8 @@ def main(argv) -> int:
     raise SystemExit("c2jax smoke: pass --config=configs/smoke.py:<variant>")
   model_config.validate(cfg.model)
   optimizer, _ = train.make_optimizer(learning_rate=cfg.learning_rate,
-                                      total_steps=cfg.steps, warmup_steps=cfg.warmup_steps)
+                                      total_steps=cfg.steps, warmup_steps=cfg.warmup_steps,
+                                      state_dtype=cfg.model.opt_state_dtype)
   state = train.create_train_state(cfg.model, optimizer, jax.random.key(cfg.seed))
   step_fn = jax.jit(functools.partial(train.train_step, cfg.model, optimizer),
                     donate_argnums=0)

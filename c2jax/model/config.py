@@ -12,6 +12,13 @@ Behaviour follows explicit fields, never a model's name:
               and context-parallel forwards only, decoding is always dense)
   remat       name of a rematerialisation policy (see c2jax.model.transformer.REMAT_POLICIES)
 
+Mixed precision (one policy, three dtypes): `param_dtype` stores the trained parameters
+(the master weights), `opt_state_dtype` the optimizer moments, and `dtype` is the compute
+dtype every matmul casts its operands to. Real-scale variants train float32 masters and
+moments with bfloat16 compute: a bfloat16 master has 8 bits of mantissa, so an update
+smaller than ~1/256 of a weight rounds away. Norms, softmax, router scores and the loss
+stay in float32 whatever `dtype` says.
+
 Dimension glossary (HF DeepseekV3Config / Qwen3MoeConfig names in brackets):
   hidden_size [hidden_size], intermediate_size: dense FFN width [intermediate_size],
   first_k_dense: leading dense-FFN layers [first_k_dense_replace], moe.intermediate_size:
@@ -43,6 +50,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.max_position = 4096
   c.dtype = "float32"
   c.param_dtype = "float32"
+  c.opt_state_dtype = "float32"
   c.init_std = 0.02
 
   c.attention = "mla"
@@ -125,6 +133,7 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
                                 "; use a value in [0, 1] (0 turns the filter off).")
   configlib.check_choice(cfg, "dtype", DTYPES)
   configlib.check_choice(cfg, "param_dtype", DTYPES)
+  configlib.check_choice(cfg, "opt_state_dtype", DTYPES)
   configlib.check_choice(cfg, "attention", attention.ATTENTION)
   configlib.check_choice(cfg, "attention_impl", attention.ATTENTION_IMPLS)
   configlib.check_choice(cfg, "rope.scaling", ROPE_SCALINGS)

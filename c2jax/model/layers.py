@@ -95,7 +95,9 @@ class Embed(nn.Module):
     table_VxD = logical_param(self, "embedding", nn.initializers.normal(cfg.init_std),
                               (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"),
                               param_dtype(cfg))
-    x_BxLxD = jnp.take(table_VxD, tokens_BxL, axis=0).astype(compute_dtype(cfg))
+    # Cast the (sharded) table, not the gathered rows: with float32 masters and bfloat16
+    # compute the gathered activations are born bfloat16, half the bytes.
+    x_BxLxD = jnp.take(table_VxD.astype(compute_dtype(cfg)), tokens_BxL, axis=0)
     return constrain(x_BxLxD, ("batch", "length", "embed"))
 
 

@@ -103,7 +103,7 @@ def forward_with_hidden(cfg, params, tokens_BxL, **kwargs):
 
 
 def _embed(cfg, params, tokens):
-  return jnp.take(params["embed"]["embedding"], tokens, axis=0).astype(compute_dtype(cfg))
+  return jnp.take(params["embed"]["embedding"].astype(compute_dtype(cfg)), tokens, axis=0)
 
 
 def _head(cfg, params, out_BxLxD):

@@ -15,6 +15,11 @@ _DEEPSEEK_V3_ATTENTION = dict(
     attention="mla", q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
     qk_rope_head_dim=64, v_head_dim=128)
 
+# Real-scale training: float32 master weights and Adam moments, bfloat16 matmuls
+# (c2jax/model/config.py, "Mixed precision"). CPU sizes compute in float32 too.
+_FP32_MASTERS_BF16_COMPUTE = dict(dtype="bfloat16", param_dtype="float32",
+                                  opt_state_dtype="float32")
+
 VARIANTS: dict[str, dict] = {
     # CPU tests (~1.2M params): MLA + one dense and one MoE layer with a shared expert.
     "tiny": dict(),
@@ -39,7 +44,7 @@ VARIANTS: dict[str, dict] = {
     "deepseek_v3": dict(
         vocab_size=129280, hidden_size=7168, num_layers=61, first_k_dense=3,
         intermediate_size=18432, num_heads=128, max_position=163840,
-        dtype="bfloat16", param_dtype="bfloat16", num_mtp_layers=1, remat="full",
+        **_FP32_MASTERS_BF16_COMPUTE, num_mtp_layers=1, remat="full",
         rope=dict(theta=10000.0, scaling="yarn", factor=40.0, original_max_position=4096,
                   beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
                   interleave=True),
@@ -52,7 +57,7 @@ VARIANTS: dict[str, dict] = {
     "kimi_k25": dict(
         vocab_size=163840, hidden_size=7168, num_layers=61, first_k_dense=1,
         intermediate_size=18432, num_heads=64, max_position=262144,
-        dtype="bfloat16", param_dtype="bfloat16", remat="full",
+        **_FP32_MASTERS_BF16_COMPUTE, remat="full",
         rope=dict(theta=50000.0, scaling="yarn", factor=64.0, original_max_position=4096,
                   beta_fast=1.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0,
                   interleave=True),
@@ -64,8 +69,8 @@ VARIANTS: dict[str, dict] = {
     "qwen3_moe_30b_a3b": dict(
         vocab_size=151936, hidden_size=2048, num_layers=48, first_k_dense=0,
         intermediate_size=6144, num_heads=32, attention="gqa", num_kv_heads=4,
-        head_dim=128, qk_norm=True, max_position=40960, dtype="bfloat16",
-        param_dtype="bfloat16", remat="full",
+        head_dim=128, qk_norm=True, max_position=40960, **_FP32_MASTERS_BF16_COMPUTE,
+        remat="full",
         rope=dict(theta=1000000.0, scaling="none", interleave=False),
         moe=dict(num_experts=128, num_experts_per_tok=8, num_shared_experts=0,
                  intermediate_size=768, router="softmax", n_group=1, topk_group=1,

@@ -95,6 +95,28 @@ def compile_train_step(cfg) -> tuple[jax.stages.Compiled, float]:
 
 
 @dataclasses.dataclass(frozen=True)
+class StateBytes:
+  """Per-device bytes of the train state by role, in the mixed-precision policy's dtypes
+  (c2jax/model/config.py): exact shard sizes from the runtime's shardings."""
+  param_bytes: int
+  param_dtype: str
+  opt_state_bytes: int
+  opt_state_dtype: str
+
+  @classmethod
+  def of(cls, cfg) -> StateBytes:
+    from c2jax.train import loop
+
+    state = loop.abstract_state(loop.build_runtime(cfg))
+
+    def shard_bytes(tree) -> int:
+      return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+                 for leaf in jax.tree.leaves(tree))
+    return cls(shard_bytes(state.params), cfg.model.param_dtype,
+               shard_bytes(state.opt_state), cfg.model.opt_state_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
 class MemoryReport:
   """Per-device bytes from XLA's buffer assignment of one compiled program."""
   argument_bytes: int
@@ -138,22 +160,30 @@ def format_table(rows: list[tuple[str, ...]]) -> str:
   return "\n".join(lines)
 
 
-def format_memory_table(report: MemoryReport, device_memory_gb: float) -> str:
+def format_memory_table(report: MemoryReport, device_memory_gb: float,
+                        state: StateBytes | None = None) -> str:
   rows = [("per device", "GB"),
-          ("arguments (params, optimizer state, batch)", _gb(report.argument_bytes)),
-          ("outputs", _gb(report.output_bytes)),
-          ("  of which aliased to donated arguments", _gb(report.alias_bytes)),
-          ("temporaries (activations, gradients, buffers)", _gb(report.temp_bytes)),
-          ("generated code", _gb(report.code_bytes)),
-          ("total", _gb(report.total_bytes))]
+          ("arguments (params, optimizer state, batch)", _gb(report.argument_bytes))]
+  if state is not None:
+    rows += [(f"  of which parameters ({state.param_dtype} masters)",
+              _gb(state.param_bytes)),
+             (f"  of which optimizer moments ({state.opt_state_dtype})",
+              _gb(state.opt_state_bytes))]
+  rows += [("outputs", _gb(report.output_bytes)),
+           ("  of which aliased to donated arguments", _gb(report.alias_bytes)),
+           ("temporaries (activations, gradients, buffers)", _gb(report.temp_bytes)),
+           ("generated code", _gb(report.code_bytes)),
+           ("total", _gb(report.total_bytes))]
   verdict = "fits" if report.fits(device_memory_gb) else "does NOT fit"
   headroom = device_memory_gb * GB - report.total_bytes
   return (format_table(rows) + f"\n{verdict} in {device_memory_gb:g} GB per device "
           f"(headroom {_gb(headroom)} GB)")
 
 
-def summary(report: MemoryReport, device_memory_gb: float) -> dict:
+def summary(report: MemoryReport, device_memory_gb: float,
+            state: StateBytes | None = None) -> dict:
   """The report as one JSON-ready dict (bytes, plus the verdict)."""
-  return {**dataclasses.asdict(report), "total_bytes": report.total_bytes,
+  extra = dataclasses.asdict(state) if state is not None else {}
+  return {**dataclasses.asdict(report), **extra, "total_bytes": report.total_bytes,
           "total_gb": round(report.total_bytes / GB, 3),
           "device_memory_gb": device_memory_gb, "fits": report.fits(device_memory_gb)}

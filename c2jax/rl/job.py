@@ -1,6 +1,7 @@
 """The RL job config: sections, defaults and validation (configs/rl.py builds on these).
 
-  model     the policy's architecture (must match the checkpoint in init_from)
+  model     the policy's architecture: inherited from the checkpoint in init_from, except
+            implementation keys and those listed in model_changes (c2jax/model/lineage.py)
   data      the data section of the phase the policy came from: it names the tokenizer
   init_from the SFT run directory whose newest checkpoint starts RL ('' = random init,
             for tests of the machinery)
@@ -20,7 +21,7 @@ from c2jax import config as configlib
 from c2jax import data
 from c2jax.agent import config as agent_config
 from c2jax.model import config as model_config
-from c2jax.model import variants
+from c2jax.model import lineage, variants
 from c2jax.rl import config as rl_config
 
 def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
@@ -30,6 +31,8 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.data = data.default_config()
   c.data.vocab_size = c.model.vocab_size
   c.init_from = ""
+  # Model keys RL changes on purpose (dotted); the rest is inherited from init_from.
+  c.model_changes = ()
   c.rl = rl_config.default_config()
   c.agent = agent_config.default_config()
   c.learner = ml_collections.ConfigDict(dict(
@@ -53,6 +56,7 @@ def validate(cfg) -> None:
   """Raises configlib.ConfigError naming the first bad key."""
   configlib.check_keys(cfg, job_defaults(cfg.model.name if "model" in cfg else "tiny"))
   model_config.validate(cfg.model)
+  lineage.check_declared(cfg.model_changes)
   rl_config.validate(cfg.rl)
   agent_config.validate(cfg.agent)
   agent_config.check_tokenizer(cfg.agent, cfg.data, cfg.model.vocab_size)

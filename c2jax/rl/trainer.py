@@ -41,6 +41,7 @@ from c2jax.rl import weights as weights_lib
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import loop
 from c2jax.train import metrics as metrics_lib
+from c2jax.train import model_source
 from c2jax.train import optimizer as optimizer_lib
 from c2jax.train.step import TrainState
 
@@ -173,6 +174,8 @@ class _Run:
 
 
 def train(cfg, workdir) -> dict:
+  # The policy's model is the one its init_from checkpoint trained (declared changes aside).
+  cfg = model_source.resolve(cfg)
   job.validate(cfg)
   run = _Run(cfg, workdir)
   model_cfg = learner_model_config(cfg)
@@ -180,7 +183,8 @@ def train(cfg, workdir) -> dict:
   optimizer, _ = optimizer_lib.make_optimizer(
       learning_rate=cfg.learner.learning_rate, total_steps=cfg.learner.steps,
       warmup_steps=cfg.learner.warmup_steps, weight_decay=0.0, end_lr_fraction=1.0,
-      b1=cfg.learner.b1, b2=cfg.learner.b2, clip_norm=cfg.learner.clip_norm)
+      b1=cfg.learner.b1, b2=cfg.learner.b2, clip_norm=cfg.learner.clip_norm,
+      state_dtype=cfg.model.opt_state_dtype)
   state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
   # Copies: the step donates the state's buffers.
   ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl.coef > 0 else None

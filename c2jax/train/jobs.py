@@ -2,7 +2,9 @@
 
 A job config has groups: model (c2jax/model/variants), data (c2jax.data.default_config),
 train (loop and optimizer), parallel (mesh + logical rules), sft (chat data for the SFT
-phase), plus `task` ('pretrain' | 'sft') and `init_from` (a previous phase's workdir).
+phase), plus `task` ('pretrain' | 'sft'), `init_from` (a previous phase's workdir, an HF
+model directory or a converted checkpoint) and `model_changes` (the model keys the phase
+changes on purpose; the rest of the model is inherited from init_from).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import ml_collections
 from c2jax import config as configlib
 from c2jax import data, parallel
 from c2jax.model import config as model_config
-from c2jax.model import variants
+from c2jax.model import lineage, variants
 from c2jax.parallel import context
 from c2jax.train.optimizer import SCHEDULES
 
@@ -61,6 +63,9 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.train = train_defaults()
   c.parallel = parallel.default_parallel_config()
   c.init_from = ""
+  # Model keys this phase changes on purpose when it starts from init_from (dotted, e.g.
+  # 'rope.factor'); every other architecture key is inherited (c2jax/model/lineage.py).
+  c.model_changes = ()
   # tool_format: the agent's (agent.tool_format); with data.tokenizer_dir, trace tool-call
   # ids are rewritten to its convention (Kimi prints functions.NAME:IDX back to the model).
   c.sft = ml_collections.ConfigDict({"train_path": "", "heldout_path": "",
@@ -76,6 +81,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
       raise configlib.ConfigError(key, f"is not a job config key ({sorted(reference)}).")
   configlib.check_choice(cfg, "task", TASKS)
   model_config.validate(cfg.model)
+  lineage.check_declared(cfg.model_changes)
   configlib.check_keys(cfg.train, reference.train, "train.")
   configlib.check_keys(cfg.data, reference.data, "data.")
   configlib.check_choice(cfg, "train.schedule", SCHEDULES)

@@ -33,7 +33,7 @@ from c2jax.model import mtp as mtp_lib
 from c2jax.parallel import context as context_lib
 from c2jax.parallel import distributed
 from c2jax.train import checkpoint as checkpoint_lib
-from c2jax.train import jobs
+from c2jax.train import jobs, model_source
 from c2jax.train.metrics import MetricsWriter
 from c2jax.train.optimizer import make_optimizer
 from c2jax.train.step import MTPWeights, TrainState, loss_fn, train_step
@@ -83,7 +83,8 @@ def build_runtime(cfg) -> Runtime:
   optimizer, _ = make_optimizer(
       learning_rate=t.learning_rate, total_steps=t.steps, warmup_steps=t.warmup_steps,
       schedule=t.schedule, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
-      clip_norm=t.clip_norm, end_lr_fraction=t.end_lr_fraction)
+      clip_norm=t.clip_norm, end_lr_fraction=t.end_lr_fraction,
+      state_dtype=cfg.model.opt_state_dtype)
   param_specs = model.param_axes(cfg.model)
   abstract_params = jax.eval_shape(lambda: model.init(cfg.model, jax.random.key(0)))
   abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
@@ -309,6 +310,8 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
   workdir.mkdir(parents=True, exist_ok=True)
   # Multi-process runs join here, before anything asks JAX for its devices.
   distributed.initialize(cfg.parallel.distributed)
+  # The model the checkpoint in init_from trained, with this phase's declared changes.
+  cfg = model_source.resolve(cfg)
   rt = build_runtime(cfg)
   t = cfg.train
   datasets = jobs.datasets(cfg)

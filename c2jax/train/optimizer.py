@@ -2,11 +2,18 @@
 
 Parameters that are not trained by gradients (the MoE correction bias) are frozen here:
 their updates are exactly zero; `moe.update_correction_bias` moves them after each step.
+Adam's two moments are stored in `state_dtype` (the model's `opt_state_dtype`, part of
+the mixed-precision policy in c2jax/model/config.py) whatever dtype the parameters and
+gradients have; the moment arithmetic runs in float32 and the update is returned in each
+parameter's dtype.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
+import jax.numpy as jnp
 import optax
 
 from c2jax import model
@@ -49,19 +56,56 @@ def _wsd(peak, total_steps, warmup_steps, end_fraction, decay_fraction):
 SCHEDULES = {"cosine": _cosine, "wsd": _wsd}
 
 
+class AdamState(NamedTuple):
+  count: jax.Array
+  mu: optax.Updates
+  nu: optax.Updates
+
+
+def scale_by_adam(b1: float, b2: float, eps: float, state_dtype) -> optax.GradientTransformation:
+  """Adam's direction with both moments kept in `state_dtype` (optax keeps the second
+  moment in the parameters' dtype, which for bfloat16 masters would be bfloat16 too)."""
+  state_dtype = jnp.dtype(state_dtype)
+
+  def init(params):
+    zeros = lambda p: jnp.zeros(p.shape, state_dtype)
+    return AdamState(count=jnp.zeros((), jnp.int32), mu=jax.tree.map(zeros, params),
+                     nu=jax.tree.map(zeros, params))
+
+  def update(updates, state, params=None):
+    del params
+    count = optax.safe_increment(state.count)
+    f32 = lambda x: x.astype(jnp.float32)
+    mu = jax.tree.map(lambda g, m: b1 * f32(m) + (1 - b1) * f32(g), updates, state.mu)
+    nu = jax.tree.map(lambda g, v: b2 * f32(v) + (1 - b2) * jnp.square(f32(g)), updates,
+                      state.nu)
+    step = count.astype(jnp.float32)
+    mu_scale, nu_scale = 1 / (1 - b1 ** step), 1 / (1 - b2 ** step)
+    direction = jax.tree.map(
+        lambda g, m, v: (m * mu_scale / (jnp.sqrt(v * nu_scale) + eps)).astype(g.dtype),
+        updates, mu, nu)
+    store = lambda tree: jax.tree.map(lambda x: x.astype(state_dtype), tree)
+    return direction, AdamState(count=count, mu=store(mu), nu=store(nu))
+
+  return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(*, learning_rate: float, total_steps: int, warmup_steps: int = 0,
                    schedule: str = "cosine", weight_decay: float = 0.1, b1: float = 0.9,
                    b2: float = 0.95, eps: float = 1e-8, clip_norm: float = 1.0,
-                   end_lr_fraction: float = 0.1, decay_fraction: float = 0.2):
-  """(optimizer, learning-rate schedule); `schedule` is a key of SCHEDULES."""
+                   end_lr_fraction: float = 0.1, decay_fraction: float = 0.2,
+                   state_dtype: str = "float32"):
+  """(optimizer, learning-rate schedule); `schedule` is a key of SCHEDULES; the Adam
+  moments are stored in `state_dtype`."""
   if schedule not in SCHEDULES:
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {sorted(SCHEDULES)}.")
   schedule = SCHEDULES[schedule](learning_rate, total_steps, warmup_steps, end_lr_fraction,
                                  decay_fraction)
   adamw = optax.chain(
       optax.clip_by_global_norm(clip_norm),
-      optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                  mask=weight_decay_mask))
+      scale_by_adam(b1, b2, eps, state_dtype),
+      optax.add_decayed_weights(weight_decay, mask=weight_decay_mask),
+      optax.scale_by_learning_rate(schedule))
   labels = lambda params: jax.tree_util.tree_map(
       lambda trainable: "train" if trainable else "frozen", model.trainable_mask(params))
   return optax.multi_transform({"train": adamw, "frozen": optax.set_to_zero()}, labels), schedule

@@ -52,7 +52,9 @@ QWEN3_30B_A3B = {
     "vocab_size": 151936}
 
 # Fields that are training choices, not architecture: the variant table sets them freely.
-_NOT_ARCHITECTURE = ("name", "remat", "num_mtp_layers")
+# The master-weight and optimizer-state dtypes are the training precision policy (float32
+# masters for the real-scale variants), not the checkpoint's storage dtype.
+_NOT_ARCHITECTURE = ("name", "remat", "num_mtp_layers", "param_dtype", "opt_state_dtype")
 
 
 def _flat(cfg) -> dict:

@@ -150,6 +150,11 @@ def test_memory_plan_reports_sharded_state_and_batch(tiny_plan):
                                 - mem["alias_bytes"] + mem["temp_bytes"]
                                 + mem["code_bytes"])
   assert not mem["fits"] and "does NOT fit in 0.001 GB" in text
+  # The state by role, in the mixed-precision policy's dtypes (float32 for tiny).
+  assert mem["param_bytes"] == params
+  assert 2 * trained <= mem["opt_state_bytes"] <= 2 * trained + 16  # + step counters
+  assert (mem["param_dtype"], mem["opt_state_dtype"]) == ("float32", "float32")
+  assert "of which parameters (float32 masters)" in text
   # FSDP gathers parameters (per layer, inside the scan's while loop) and reduces
   # gradients.
   comms = result["comms"]

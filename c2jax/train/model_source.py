@@ -1,0 +1,138 @@
+"""The model config a phase runs: inherited from what `init_from` points at.
+
+    cfg = model_source.resolve(cfg)   # before anything is built or compiled
+
+`init_from` may name a c2jax run (its newest checkpoint carries the resolved job config
+it trained with), an HF model directory (config.json, read by c2jax.hf.config) or a
+`c2jax convert` output (c2jax_model.json). The phase's own model section is merged into
+the source's by c2jax.model.lineage: implementation keys are the phase's, declared changes
+(`config.model_changes`) apply, any other disagreement is an error naming the key and both
+values. A checkpoint that records no model config (written by code older than this) leaves
+the phase's model as given; the parameter shapes are still checked on restore.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import ml_collections
+import orbax.checkpoint as ocp
+
+from c2jax import config as configlib
+from c2jax.model import config as model_config
+from c2jax.model import lineage
+
+
+def _checkpoint_dir(path: pathlib.Path) -> pathlib.Path | None:
+  """The orbax step directory root of a c2jax run (RUN or RUN/checkpoints), or None."""
+  for candidate in (path / "checkpoints", path):
+    if candidate.is_dir() and any(child.name.isdigit() for child in candidate.iterdir()):
+      return candidate
+  return None
+
+
+def _run_model(directory: pathlib.Path) -> dict | None:
+  """The `model` section of the job config saved with the newest checkpoint step."""
+  manager = ocp.CheckpointManager(
+      directory, item_names=("config",),
+      options=ocp.CheckpointManagerOptions(create=False, read_only=True))
+  try:
+    steps = sorted(manager.all_steps())
+    if not steps:
+      return None
+    saved = manager.restore(steps[-1], args=ocp.args.Composite(config=ocp.args.JsonRestore()))
+  finally:
+    manager.close()
+  job = saved["config"] or {}
+  if "model" not in job and isinstance(job.get("config"), dict):
+    job = job["config"]  # the RL learner nests its job config one level down
+  return job.get("model") or None
+
+
+def _from_dict(values: dict, where: str) -> ml_collections.ConfigDict:
+  """A saved model section as a validated config; keys added to the schema since it was
+  saved take their defaults, keys since removed are an error naming them."""
+  cfg = model_config.defaults()
+  try:
+    configlib.apply_overrides(cfg, values)
+  except configlib.ConfigError as err:
+    raise configlib.ConfigError(
+        "init_from", f"the model config saved in {where} does not fit this version of "
+        f"c2jax ({err}); convert the checkpoint or start from scratch.") from None
+  return model_config.validate(cfg)
+
+
+def source_model(init_from: str) -> tuple[ml_collections.ConfigDict | None, str]:
+  """(model config, description) of what `init_from` points at; None when the source
+  records no model config (an older c2jax checkpoint)."""
+  path = pathlib.Path(init_from).expanduser().absolute()
+  if not path.exists():
+    raise configlib.ConfigError(
+        "init_from", f"= {init_from!r} does not exist; run the previous phase first or give "
+        "a c2jax run directory, an HF model directory or a `c2jax convert` output.")
+  from c2jax.hf import checkpoint as hf_checkpoint
+  from c2jax.hf import config as hf_config
+
+  if (path / hf_checkpoint.CONFIG_FILE).is_file():
+    where = f"the converted checkpoint {path}"
+    return _from_dict(json.loads((path / hf_checkpoint.CONFIG_FILE).read_text()), where), where
+  directory = _checkpoint_dir(path)
+  if directory is not None:
+    where = f"the run {directory}"
+    values = _run_model(directory)
+    return (_from_dict(values, where) if values else None), where
+  if (path / "config.json").is_file():
+    where = f"the HF model {path}"
+    return hf_config.from_hf(json.loads((path / "config.json").read_text()))[0], where
+  raise configlib.ConfigError(
+      "init_from", f"= {init_from!r} is neither a c2jax run (no checkpoints/), an HF model "
+      "directory (no config.json) nor a `c2jax convert` output "
+      f"(no {hf_checkpoint.CONFIG_FILE}).")
+
+
+def resolve_model(phase_model, declared, init_from: str,
+                  source=None) -> tuple[ml_collections.ConfigDict, list[str]]:
+  """(the model config the phase runs, notes). `source` (a model config) stands in for
+  reading init_from, e.g. when a pipeline checks its chain before the first stage runs."""
+  lineage.check_declared(declared)
+  if not init_from:
+    return phase_model, []
+  where = f"the previous stage ({init_from})"
+  if source is None:
+    source, where = source_model(init_from)
+  if source is None:
+    return phase_model, [f"{where} records no model config; config.model is used as given"]
+  return lineage.inherit(source, phase_model, declared, where=where)
+
+
+def resolve(cfg, source=None, *, log: bool = True):
+  """A copy of the job config `cfg` whose model is the one its init_from trained."""
+  cfg = cfg.copy_and_resolve_references()
+  resolved, notes = resolve_model(cfg.model, cfg.model_changes, cfg.init_from, source)
+  if log:
+    for note in notes:
+      print(f"init: {note}", flush=True)
+  with cfg.ignore_type():
+    cfg.model = resolved
+  return cfg
+
+
+def check_chain(stages) -> list:
+  """The resolved job configs of a chain of (name, job config) stages, each starting from
+  the one before it; the first resolves from its own init_from (if any). Raises
+  ConfigError keyed `<stage>.model.<key>` for an undeclared architecture change, before
+  any stage has run (each resolves again from its real checkpoint when it starts)."""
+  resolved, source = [], None
+  for index, (name, stage_cfg) in enumerate(stages):
+    try:
+      if index == 0:
+        out = resolve(stage_cfg, log=False) if stage_cfg.init_from else stage_cfg
+      else:
+        out = resolve(stage_cfg, source=source, log=False)
+    except configlib.ConfigError as err:
+      message = str(err).split(": ", 1)[1]
+      raise configlib.ConfigError(f"{name}.{err.key}", message) from None
+    resolved.append(out)
+    source = out.model
+  return resolved
