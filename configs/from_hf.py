@@ -13,8 +13,7 @@ for real hardware.
 
 import pathlib
 
-from c2jax.hf import sources
-from c2jax.train import jobs
+from c2jax.train import jobs, model_source
 
 _FIXTURE = (pathlib.Path(__file__).resolve().parents[1]
             / "tests/fixtures/hf_saved/deepseek_v3_mtp_declared")
@@ -26,7 +25,7 @@ def get_config(source: str = ""):
     raise ValueError("configs/from_hf.py needs the model to start from: "
                      "--config=configs/from_hf.py:/path/to/hf_model_dir")
   c = jobs.job_defaults("tiny")
-  c.model = sources.model_config(source)
+  c.model, _ = model_source.source_model(source)
   c.init_from = str(pathlib.Path(source).expanduser().absolute())
   c.data.vocab_size = c.model.vocab_size
   c.train.steps = 200

@@ -81,8 +81,9 @@ def model_config(path: str | os.PathLike) -> ml_collections.ConfigDict:
   """The c2jax model config stored with any init_from source (what a phase inherits)."""
   directory = pathlib.Path(path).expanduser()
   kind = detect(directory)
-  if kind == "hf":
-    return hf_config.from_hf(_read_json(directory / "config.json"))[0]
+  if kind == "hf":  # as declared (MTP layers a checkpoint lacks start fresh), untied head
+    hf, _ = open_tensors(directory, _read_json(directory / "config.json"))
+    return _declared_config(hf)[0]
   if kind == "converted":
     return checkpoint.CheckpointReader(directory).cfg
   job = directory / "config.json"
@@ -99,6 +100,15 @@ def _read_json(path: pathlib.Path) -> dict:
     raise SourceError(f"{path} is not valid JSON ({err}); re-download or rewrite it.") from err
 
 
+def _declared_config(hf: dict):
+  """(c2jax config, layout) config.json declares, with c2jax's untied LM head (a tied
+  checkpoint's head starts as its embedding)."""
+  text, _ = hf_config.text_config(hf)
+  return hf_config.from_hf(
+      {**hf, "tie_word_embeddings": False} if not hf.get("text_config")
+      else {**hf, "text_config": {**text, "tie_word_embeddings": False}})
+
+
 class HFSource:
   """An HF model directory as c2jax leaves, read by slices of whole HF tensors."""
 
@@ -109,9 +119,7 @@ class HFSource:
     self.hf, self.reader = open_tensors(self.dir, _read_json(self.dir / "config.json"))
     text, _ = hf_config.text_config(self.hf)
     tied = bool(text.get("tie_word_embeddings", False))
-    declared, self.layout = hf_config.from_hf(
-        {**self.hf, "tie_word_embeddings": False} if not self.hf.get("text_config")
-        else {**self.hf, "text_config": {**text, "tie_word_embeddings": False}})
+    declared, self.layout = _declared_config(self.hf)
     present = set(self.reader.tensors)
     self.cfg, self.mtp_dropped = stored_config(declared, self.layout, present, self.dir, log)
     leaves = names.leaves(self.cfg, self.layout.prefix)

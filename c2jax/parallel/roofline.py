@@ -140,8 +140,8 @@ def train_step_cost(cfg, devices: int, compiled=None) -> StepCost:
 
 
 def _optimizer_state_bytes(cfg) -> int:
-  """Bytes per element of one Adam moment (optax keeps them in the parameters' dtype)."""
-  return _dtype_bytes(cfg.model.param_dtype)
+  """Bytes per element of one Adam moment (the precision policy's opt_state_dtype)."""
+  return _dtype_bytes(cfg.model.opt_state_dtype)
 
 
 def decode_step_cost(model_cfg, batch: int, context: int, devices: int = 1) -> StepCost:

@@ -13,7 +13,6 @@ the phase's model as given; the parameter shapes are still checked on restore.
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import ml_collections
@@ -66,29 +65,21 @@ def _from_dict(values: dict, where: str) -> ml_collections.ConfigDict:
 def source_model(init_from: str) -> tuple[ml_collections.ConfigDict | None, str]:
   """(model config, description) of what `init_from` points at; None when the source
   records no model config (an older c2jax checkpoint)."""
-  path = pathlib.Path(init_from).expanduser().absolute()
-  if not path.exists():
-    raise configlib.ConfigError(
-        "init_from", f"= {init_from!r} does not exist; run the previous phase first or give "
-        "a c2jax run directory, an HF model directory or a `c2jax convert` output.")
-  from c2jax.hf import checkpoint as hf_checkpoint
-  from c2jax.hf import config as hf_config
+  from c2jax.hf import sources  # pylint: disable=g-import-not-at-top
 
-  if (path / hf_checkpoint.CONFIG_FILE).is_file():
-    where = f"the converted checkpoint {path}"
-    return _from_dict(json.loads((path / hf_checkpoint.CONFIG_FILE).read_text()), where), where
+  path = pathlib.Path(init_from).expanduser().absolute()
+  try:
+    kind = sources.detect(path)
+    if kind != "run":
+      where = (f"the HF model {path}" if kind == "hf" else
+               f"the converted checkpoint {path}")
+      return sources.model_config(path), where
+  except sources.SourceError as err:
+    raise configlib.ConfigError("init_from", str(err)) from None
   directory = _checkpoint_dir(path)
-  if directory is not None:
-    where = f"the run {directory}"
-    values = _run_model(directory)
-    return (_from_dict(values, where) if values else None), where
-  if (path / "config.json").is_file():
-    where = f"the HF model {path}"
-    return hf_config.from_hf(json.loads((path / "config.json").read_text()))[0], where
-  raise configlib.ConfigError(
-      "init_from", f"= {init_from!r} is neither a c2jax run (no checkpoints/), an HF model "
-      "directory (no config.json) nor a `c2jax convert` output "
-      f"(no {hf_checkpoint.CONFIG_FILE}).")
+  where = f"the run {directory or path}"
+  values = _run_model(directory) if directory is not None else None
+  return (_from_dict(values, where) if values else None), where
 
 
 def resolve_model(phase_model, declared, init_from: str,

@@ -118,8 +118,8 @@ def test_a_checkpoint_without_a_model_config_keeps_the_phase_model(tmp_path, cap
 
 
 @pytest.mark.parametrize("make, match", [
-    (lambda root: root / "missing", "does not exist"),
-    (lambda root: root, "neither a c2jax run"),
+    (lambda root: root / "missing", "is not a directory"),
+    (lambda root: root, "is none of: a c2jax run"),
 ])
 def test_bad_init_from_is_named(tmp_path, make, match):
   with pytest.raises(configlib.ConfigError, match=match) as err:
