@@ -26,6 +26,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "sandbox": ("c2jax.env.command", "run a command in a fresh sandbox over a repository"),
     "agent": ("c2jax.agent.command", "run one model turn's tool calls in a sandbox"),
     "rl": ("c2jax.commands.rl", "asynchronous RL: learner + rollout actors in sandboxes"),
+    "serve": ("c2jax.serve.command", "OpenAI-compatible server over a run or HF checkpoint"),
 }
 
 

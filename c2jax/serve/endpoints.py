@@ -1,0 +1,213 @@
+"""POST /v1/chat/completions and /v1/completions (plain and `stream=true`)."""
+
+from __future__ import annotations
+
+import time
+
+import fastapi
+from fastapi import responses
+
+from c2jax.rollout import Request
+from c2jax.serve import prompts, schema
+from c2jax.serve.app import (ClientGone, Pending, Service, logprob_entries, new_id, read_json,
+                             sse, usage)
+from c2jax.serve.output import Output
+
+
+def _chat_setup(service: Service, payload):
+  request = schema.parse(schema.ChatRequest, payload)
+  request.check_n()
+  service.check_model(request)
+  if request.top_logprobs:
+    raise schema.APIError(400, f"top_logprobs = {request.top_logprobs}: this server "
+                          "reports the sampled token's logprob only; send logprobs=true "
+                          "with top_logprobs 0 or unset.", "top_logprobs")
+  specs = prompts.tool_specs(request)
+  prompt = prompts.chat_prompt(service.tokenizer, request, specs)
+  specials = service.tokenizer.specials
+  stop_ids = (service.tokenizer.token_id(specials.end), service.tokenizer.eos_id)
+  sampling = service.sampling(request, request.limit(), len(prompt), stop_ids)
+  return request, specs, prompt, sampling
+
+
+def _completion_setup(service: Service, payload):
+  request = schema.parse(schema.CompletionRequest, payload)
+  request.check_n()
+  service.check_model(request)
+  for name in ("echo", "suffix", "best_of"):
+    value = getattr(request, name)
+    if value not in (None, False, 1):
+      raise schema.APIError(400, f"{name} = {value!r} is not supported by this server.",
+                            name)
+  prompt = prompts.completion_prompt(service.tokenizer, service.vocab_size, request)
+  sampling = service.sampling(request, request.max_tokens, len(prompt),
+                              (service.tokenizer.eos_id,))
+  return request, prompt, sampling
+
+
+async def _finish(pending: Pending, http: fastapi.Request):
+  """Waits for the Generation of a non-streaming request (cancelling it if the client
+  goes away)."""
+  try:
+    while True:
+      event = await pending.next(http)
+      if event[0] == "done":
+        return event[1]
+  except BaseException:
+    pending.cancel()
+    raise
+
+
+def add_routes(app: fastapi.FastAPI, service: Service) -> None:
+
+  @app.post("/v1/chat/completions")
+  async def chat_completions(http: fastapi.Request):
+    request, specs, prompt, sampling = _chat_setup(service, await read_json(http))
+    request_id = new_id("chatcmpl")
+    output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
+                    stop_strings=sampling.stop_strings, tools=bool(specs),
+                    call_id_prefix="call_" + request_id.split("-")[1][:12])
+    pending = Pending(service, Request(prompt, sampling))
+    created = int(time.time())
+    head = {"id": request_id, "created": created, "model": service.model_name,
+            "system_fingerprint": f"c2jax-v{service.engine.version}"}
+    if request.stream:
+      return responses.StreamingResponse(
+          _chat_stream(service, request, pending, output, head),
+          media_type="text/event-stream")
+    try:
+      generation = await _finish(pending, http)
+    except ClientGone:
+      return responses.Response(status_code=499)
+    service.record("chat.completions", request_id, generation, pending.times, sampling)
+    final, _ = output.final(generation.tokens.tolist(), generation.finish_reason)
+    message = {"role": "assistant",
+               "content": final.content if (final.content or not final.tool_calls) else None}
+    if final.tool_calls:
+      message["tool_calls"] = final.tool_calls
+    choice = {"index": 0, "message": message, "finish_reason": final.finish_reason,
+              "logprobs": None}
+    if final.call_errors:
+      choice["c2jax_tool_call_errors"] = final.call_errors
+    if request.logprobs:
+      choice["logprobs"] = {"content": logprob_entries(service, generation.tokens,
+                                                       generation.logprobs)}
+    return {**head, "object": "chat.completion", "choices": [choice],
+            "usage": usage(generation)}
+
+  @app.post("/v1/completions")
+  async def completions(http: fastapi.Request):
+    request, prompt, sampling = _completion_setup(service, await read_json(http))
+    request_id = new_id("cmpl")
+    output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
+                    stop_strings=sampling.stop_strings, tools=False, call_id_prefix="")
+    pending = Pending(service, Request(prompt, sampling))
+    head = {"id": request_id, "created": int(time.time()), "model": service.model_name}
+    if request.stream:
+      return responses.StreamingResponse(
+          _completion_stream(service, request, pending, output, head),
+          media_type="text/event-stream")
+    try:
+      generation = await _finish(pending, http)
+    except ClientGone:
+      return responses.Response(status_code=499)
+    service.record("completions", request_id, generation, pending.times, sampling)
+    final, _ = output.final(generation.tokens.tolist(), generation.finish_reason)
+    choice = {"index": 0, "text": final.content, "finish_reason": final.finish_reason,
+              "logprobs": None}
+    if request.logprobs is not None:
+      choice["logprobs"] = _completion_logprobs(service, generation.tokens,
+                                                generation.logprobs)
+    return {**head, "object": "text_completion", "choices": [choice],
+            "usage": usage(generation)}
+
+
+def _completion_logprobs(service: Service, tokens, logprobs) -> dict:
+  texts = [service.token_text(int(t)) for t in tokens]
+  offsets, at = [], 0
+  for text in texts:
+    offsets.append(at)
+    at += len(text)
+  return {"tokens": texts, "token_logprobs": [float(x) for x in logprobs],
+          "top_logprobs": None, "text_offset": offsets}
+
+
+async def _events(pending: Pending):
+  """(tokens so far, new tokens, new logprobs, generation or None) per engine event; the
+  request is cancelled if the consumer stops early (client disconnect closes us)."""
+  tokens, finished = [], False
+  try:
+    while True:
+      event = await pending.next()
+      if event[0] == "tokens":
+        tokens.extend(event[1])
+        yield tokens, event[1], event[2], None
+      else:
+        finished = True
+        yield tokens, [], [], event[1]
+        return
+  finally:
+    if not finished:
+      pending.cancel()
+
+
+async def _chat_stream(service, request, pending, output, head):
+  chunk = {**head, "object": "chat.completion.chunk"}
+
+  def piece(delta, finish=None, logprobs=None):
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+    return sse({**chunk, "choices": [choice]})
+
+  yield piece({"role": "assistant", "content": ""})
+  try:
+    async for tokens, new, new_logprobs, generation in _events(pending):
+      if generation is None:
+        text = output.delta(tokens)
+        logprobs = ({"content": logprob_entries(service, new, new_logprobs)}
+                    if request.logprobs else None)
+        if text or logprobs:
+          yield piece({"content": text}, logprobs=logprobs)
+        continue
+      service.record("chat.completions", head["id"], generation, pending.times,
+                     pending.stream.request.sampling)
+      final, rest = output.final(generation.tokens.tolist(), generation.finish_reason)
+      if rest:
+        yield piece({"content": rest})
+      if final.tool_calls:
+        calls = [{"index": k, **call} for k, call in enumerate(final.tool_calls)]
+        yield piece({"tool_calls": calls})
+      yield piece({}, final.finish_reason)
+      options = request.stream_options
+      if options is not None and options.include_usage:
+        yield sse({**chunk, "choices": [], "usage": usage(generation)})
+  except schema.APIError as error:
+    yield sse(error.body())
+  yield sse("[DONE]")
+
+
+async def _completion_stream(service, request, pending, output, head):
+  chunk = {**head, "object": "text_completion"}
+
+  def piece(text, finish=None, logprobs=None):
+    choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
+    return sse({**chunk, "choices": [choice]})
+
+  try:
+    async for tokens, new, new_logprobs, generation in _events(pending):
+      if generation is None:
+        text = output.delta(tokens)
+        logprobs = (_completion_logprobs(service, new, new_logprobs)
+                    if request.logprobs is not None else None)
+        if text or logprobs:
+          yield piece(text, logprobs=logprobs)
+        continue
+      service.record("completions", head["id"], generation, pending.times,
+                     pending.stream.request.sampling)
+      final, rest = output.final(generation.tokens.tolist(), generation.finish_reason)
+      yield piece(rest, final.finish_reason)
+      options = request.stream_options
+      if options is not None and options.include_usage:
+        yield sse({**chunk, "choices": [], "usage": usage(generation)})
+  except schema.APIError as error:
+    yield sse(error.body())
+  yield sse("[DONE]")
