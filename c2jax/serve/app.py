@@ -89,7 +89,7 @@ class Service:
 class Pending:
   """An admitted request seen from the event loop: its stream and event queue."""
 
-  def __init__(self, service: Service, request: Request):
+  def __init__(self, service: Service, request: Request, *, stream: bool):
     loop = asyncio.get_running_loop()
     self.queue: asyncio.Queue = asyncio.Queue()
     self.service = service
@@ -98,7 +98,7 @@ class Pending:
     def deliver(event):
       loop.call_soon_threadsafe(self.queue.put_nowait, event)
 
-    self.stream = service.loop.submit(Stream(request, deliver))
+    self.stream = service.loop.submit(Stream(request, deliver, tokens=stream))
 
   async def next(self, http: fastapi.Request | None = None):
     """The next event; with `http`, raises ClientGone once the client disconnects."""

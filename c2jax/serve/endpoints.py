@@ -67,7 +67,7 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=bool(specs),
                     call_id_prefix="call_" + request_id.split("-")[1][:12])
-    pending = Pending(service, Request(prompt, sampling))
+    pending = Pending(service, Request(prompt, sampling), stream=request.stream)
     created = int(time.time())
     head = {"id": request_id, "created": created, "model": service.model_name,
             "system_fingerprint": f"c2jax-v{service.engine.version}"}
@@ -101,7 +101,7 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
     request_id = new_id("cmpl")
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=False, call_id_prefix="")
-    pending = Pending(service, Request(prompt, sampling))
+    pending = Pending(service, Request(prompt, sampling), stream=request.stream)
     head = {"id": request_id, "created": int(time.time()), "model": service.model_name}
     if request.stream:
       return responses.StreamingResponse(

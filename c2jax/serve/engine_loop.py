@@ -8,8 +8,8 @@ stream. A stream that is cancelled (its client went away) has its sequence cance
 the engine before the next step, which frees its slot.
 
 Events a stream receives, in order: ("tokens", ids, logprobs) zero or more times (the
-tokens sampled since the last event), then exactly one of ("done", Generation) or
-("error", exception).
+tokens sampled since the last event; for a Stream made with tokens=False only once,
+just before "done"), then exactly one of ("done", Generation) or ("error", exception).
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ class Stream:
   cheap and thread-safe (the server passes loop.call_soon_threadsafe into an asyncio
   queue)."""
 
-  def __init__(self, request: Request, deliver: Callable[[Event], None]):
+  def __init__(self, request: Request, deliver: Callable[[Event], None], *,
+               tokens: bool = True):
     self.request = request
     self.deliver = deliver
+    self.tokens = tokens  # False: only the final event (no per-step wake-ups)
     self.seq_id: int | None = None
     self.sent = 0  # tokens already delivered
     self.cancelled = False
@@ -133,6 +135,8 @@ class EngineLoop:
     done = {g.seq_id: g for g in finished}
     for seq_id, stream in list(self._live.items()):
       generation = done.get(seq_id)
+      if generation is None and not stream.tokens:
+        continue
       if generation is not None:
         tokens, logprobs = generation.tokens.tolist(), generation.logprobs.tolist()
       else:

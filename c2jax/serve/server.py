@@ -24,9 +24,12 @@ def _socket(host: str, port: int) -> socket.socket:
   return sock
 
 
-def _server(service: Service, log_level: str) -> uvicorn.Server:
+def _server(service: Service, log_level: str, own_logging: bool) -> uvicorn.Server:
+  # In-process servers (tests, notebooks) leave the host's logging setup alone: uvicorn's
+  # own config would bind handlers to whatever sys.stderr is at that moment.
   config = uvicorn.Config(create_app(service), log_level=log_level, access_log=False,
-                          timeout_graceful_shutdown=1)
+                          timeout_graceful_shutdown=1,
+                          **({} if own_logging else {"log_config": None}))
   return uvicorn.Server(config)
 
 
@@ -38,7 +41,7 @@ class Running:
     self.service = service.start()
     self._sock = _socket(host, port)
     self.host, self.port = host, self._sock.getsockname()[1]
-    self._server = _server(service, log_level)
+    self._server = _server(service, log_level, own_logging=False)
     self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
                                     name="c2jax-http", daemon=True)
     self._thread.start()
@@ -72,7 +75,7 @@ def serve_forever(service: Service, host: str, port: int, log_level: str = "info
         f"({service.engine.num_slots} slots, max_length {service.engine.max_length})",
         flush=True)
   try:
-    _server(service, log_level).run(sockets=[sock])
+    _server(service, log_level, own_logging=True).run(sockets=[sock])
   finally:
     service.close()
     sock.close()
