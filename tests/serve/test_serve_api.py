@@ -172,3 +172,27 @@ def test_too_long_prompt_is_a_400_naming_the_limit(served, client):
   with pytest.raises(openai.BadRequestError, match="maximum context length"):
     client.completions.create(model=MODEL, prompt=[5] * MAX_LENGTH)
   assert chat(client, 0).choices[0].finish_reason == "length"
+
+
+def test_stop_string_cuts_the_content(served, client):
+  full = expected_content(served, served.reference[4])
+  stop = full[3:5]
+  cut = full[:full.index(stop)]
+  response = chat(client, 4, stop=[stop])
+  assert response.choices[0].message.content == cut
+  assert response.choices[0].finish_reason == "stop"
+  streamed = chat(client, 4, stop=stop, stream=True)
+  assert "".join(c.choices[0].delta.content or "" for c in streamed) == cut
+  # The capture keeps every sampled token, the stop string's included.
+  tokens = captured(served, response.id)["completion_ids"]
+  assert stop in served.tokenizer.decode(tokens)
+  np.testing.assert_array_equal(tokens, served.reference[4].tokens[:len(tokens)])
+
+
+def test_streamed_requests_are_captured(served, client):
+  chunks = list(chat(client, 5, stream=True, logprobs=True))
+  logprobs = [e.logprob for c in chunks if c.choices and c.choices[0].logprobs
+              for e in c.choices[0].logprobs.content]
+  row = captured(served, chunks[0].id)
+  np.testing.assert_array_equal(row["completion_ids"], served.reference[5].tokens)
+  np.testing.assert_array_equal(row["logprobs"], np.float32(logprobs))

@@ -146,3 +146,21 @@ def test_output_deltas_concatenate_to_the_final_content(served, script_text, too
   assert streamed + rest == final.content == expected[0]
   if "broken" in script_text:
     assert final.call_errors and final.tool_calls == []
+
+
+def test_client_disconnect_while_waiting_for_a_plain_reply_frees_the_slot(scripted):
+  engine, _, _, _, _, running = scripted
+  body = json.dumps({"model": "scripted", "messages": [{"role": "user", "content": USER}],
+                     "max_tokens": 50_000}).encode()
+  head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+          f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+  with socket.create_connection((running.host, running.port)) as sock:
+    sock.sendall(head + body)
+    deadline = time.time() + 10
+    while engine.free_slots() != 1:
+      assert time.time() < deadline, "the request never started"
+      time.sleep(0.01)
+  deadline = time.time() + 10
+  while engine.free_slots() != 2 or running.service.loop.live:
+    assert time.time() < deadline, "the slot was not freed after the client went away"
+    time.sleep(0.02)
