@@ -14,16 +14,14 @@ import time
 import uuid
 
 import fastapi
-import numpy as np
 from fastapi import responses
 from starlette.exceptions import HTTPException
 
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.rollout import Engine, Request, SamplingParams
 from c2jax.serve import capture as capture_lib
-from c2jax.serve import prompts, schema
+from c2jax.serve import schema
 from c2jax.serve.engine_loop import EngineLoop, Stream
-from c2jax.serve.output import Output
 
 _DISCONNECT_POLL_S = 0.25
 
@@ -193,7 +191,3 @@ def logprob_entries(service: Service, tokens, logprobs) -> list[dict]:
 
 def new_id(prefix: str) -> str:
   return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-def as_ids(array) -> np.ndarray:
-  return np.asarray(array, np.int32)

@@ -34,11 +34,16 @@ def _completion_setup(service: Service, payload):
   request = schema.parse(schema.CompletionRequest, payload)
   request.check_n()
   service.check_model(request)
-  for name in ("echo", "suffix", "best_of"):
-    value = getattr(request, name)
-    if value not in (None, False, 1):
-      raise schema.APIError(400, f"{name} = {value!r} is not supported by this server.",
-                            name)
+  unsupported = {"echo": request.echo, "suffix": request.suffix is not None,
+                 "best_of": request.best_of not in (None, 1)}
+  for name, used in unsupported.items():
+    if used:
+      raise schema.APIError(400, f"{name} = {getattr(request, name)!r} is not supported "
+                            "by this server.", name)
+  if request.logprobs:
+    raise schema.APIError(400, f"logprobs = {request.logprobs}: this server reports the "
+                          "sampled token's logprob only (no alternatives); send logprobs=0.",
+                          "logprobs")
   prompt = prompts.completion_prompt(service.tokenizer, service.vocab_size, request)
   sampling = service.sampling(request, request.max_tokens, len(prompt),
                               (service.tokenizer.eos_id,))

@@ -5,7 +5,6 @@ are computed with the served engine itself before its server starts (the engine 
 owns it afterwards), so tests compare the server with the engine's own results.
 """
 
-import threading
 import time
 
 import numpy as np

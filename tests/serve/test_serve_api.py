@@ -11,7 +11,9 @@ import pytest
 
 from c2jax.serve import read_capture
 from c2jax.serve.output import Output
-from tests.serve.conftest import MAX_LENGTH, MAX_TOKENS, MODEL, USERS, messages
+from tests.serve.conftest import MAX_LENGTH, MAX_TOKENS, MODEL, USERS, VOCAB, messages
+
+VOCAB_OUT = VOCAB + 5
 
 openai = pytest.importorskip("openai")
 
@@ -152,6 +154,14 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, cli
   assert reply["error"]["param"] == param
   assert chat(client, 0).choices[0].message.content == expected_content(
       served, served.reference[0])
+
+
+def test_unsupported_completion_options_are_refused(client):
+  for kwargs, param in [({"logprobs": 2}, "logprobs"), ({"echo": True}, "echo"),
+                        ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [VOCAB_OUT]}, "prompt")]:
+    with pytest.raises(openai.BadRequestError) as raised:
+      client.completions.create(**{"model": MODEL, "prompt": "x", **kwargs})
+    assert raised.value.body["param"] == param
 
 
 def test_unknown_model_and_route(served, client):
