@@ -14,6 +14,7 @@ import time
 import uuid
 
 import fastapi
+from absl import logging
 from fastapi import responses
 from starlette.exceptions import HTTPException
 
@@ -82,6 +83,12 @@ class Service:
 
   def token_text(self, token: int) -> str:
     return self.tokenizer.decode([token])
+
+  def token_bytes(self, token: int) -> bytes:
+    # A model's vocabulary may be padded past the tokenizer's; such ids have no text.
+    if token >= self.tokenizer.vocab_size:
+      return b""
+    return self.tokenizer.token_bytes(token)
 
 
 class Pending:
@@ -163,6 +170,12 @@ def create_app(service: Service) -> fastapi.FastAPI:
     kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
     return error_response(schema.APIError(error.status_code, str(error.detail), kind=kind))
 
+  @app.exception_handler(Exception)
+  async def _internal_error(_, error: Exception):
+    logging.exception("request failed")
+    return error_response(schema.APIError(500, f"internal error: {type(error).__name__}: "
+                                          f"{error}", kind="server_error"))
+
   @app.get("/health")
   async def health():
     return {"status": "ok", "live_requests": service.loop.live}
@@ -183,9 +196,9 @@ def create_app(service: Service) -> fastapi.FastAPI:
 def logprob_entries(service: Service, tokens, logprobs) -> list[dict]:
   entries = []
   for token, logprob in zip(tokens, logprobs):
-    text = service.token_text(int(token))
-    entries.append({"token": text, "logprob": float(logprob),
-                    "bytes": list(text.encode("utf-8")), "top_logprobs": []})
+    entries.append({"token": service.token_text(int(token)), "logprob": float(logprob),
+                    "bytes": list(service.token_bytes(int(token))),
+                    "top_logprobs": []})
   return entries
 
 

@@ -56,6 +56,9 @@ def test_greedy_chat_matches_engine_and_capture(served, client):
   np.testing.assert_allclose(logprobs, teacher[-len(reference.tokens):], atol=1e-4)
   assert [e.token for e in choice.logprobs.content] == [
       served.tokenizer.decode([t]) for t in reference.tokens]
+  # The bytes of the tokens rebuild the text, even where a token splits a character.
+  joined = b"".join(bytes(e.bytes) for e in choice.logprobs.content)
+  assert joined.decode("utf-8", "replace") == served.tokenizer.decode(reference.tokens)
   assert response.usage.prompt_tokens == len(served.prompts[0])
   assert response.usage.completion_tokens == len(reference.tokens)
   assert response.system_fingerprint == "c2jax-v7"
