@@ -26,6 +26,10 @@ _CAPTURE = flags.DEFINE_string("capture", None, "Append per-request token captur
 _NAME = flags.DEFINE_string("served_model_name", None,
                             "Model id clients send (default: the directory's name).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seeds requests that send no seed.")
+_FOLLOW = flags.DEFINE_string("follow_weights", None,
+                              "An RL weight directory (RUN/weights/<run>) to follow: newer "
+                              "published versions are swapped in between decode steps.")
+_POLL = flags.DEFINE_float("weight_poll_s", 2.0, "How often --follow_weights is polled.")
 
 USAGE = "usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N --max_length N]"
 
@@ -51,5 +55,13 @@ def main(argv: list[str]) -> int:
                      detokenize=loaded.tokenizer.decode, seed=_SEED.value)
   service = app.Service(engine, loaded.tokenizer, _NAME.value or loaded.name,
                         vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value)
-  server.serve_forever(service, _HOST.value, _PORT.value)
+  follower = None
+  if _FOLLOW.value:
+    from c2jax.serve import follow  # pylint: disable=g-import-not-at-top
+    follower = follow.WeightFollower(engine, _FOLLOW.value, _POLL.value).start()
+  try:
+    server.serve_forever(service, _HOST.value, _PORT.value)
+  finally:
+    if follower is not None:
+      follower.stop()
   return 0

@@ -107,7 +107,8 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=False, call_id_prefix="")
     pending = Pending(service, Request(prompt, sampling), stream=request.stream)
-    head = {"id": request_id, "created": int(time.time()), "model": service.model_name}
+    head = {"id": request_id, "created": int(time.time()), "model": service.model_name,
+            "system_fingerprint": f"c2jax-v{service.engine.version}"}
     if request.stream:
       return responses.StreamingResponse(
           _completion_stream(service, request, pending, output, head),

@@ -164,3 +164,29 @@ def test_client_disconnect_while_waiting_for_a_plain_reply_frees_the_slot(script
   while engine.free_slots() != 2 or running.service.loop.live:
     assert time.time() < deadline, "the slot was not freed after the client went away"
     time.sleep(0.02)
+
+
+def test_followed_weights_tag_the_tokens_they_sample(served, tmp_path):
+  from c2jax.rl import weights as weights_lib
+  from c2jax.serve import follow
+
+  tokenizer = served.tokenizer
+  engine = ScriptedEngine(tokenizer.encode("ok").tolist() + [tokenizer.eos_id])
+  publisher = weights_lib.WeightPublisher(str(tmp_path / "weights"))
+  follower = follow.WeightFollower(engine, str(tmp_path / "weights"), interval_s=0.05)
+  assert follower.poll_once() is None  # nothing published yet
+  capture = tmp_path / "capture.jsonl"
+  with Running(Service(engine, tokenizer, "scripted", vocab_size=VOCAB,
+                       capture_path=str(capture))) as running:
+    client = openai.OpenAI(base_url=running.base_url, api_key="none", max_retries=0)
+    publisher.publish({"w": np.ones(3, np.float32)}, 5, full=True)
+    follower.start()
+    deadline = time.time() + 10
+    while follower.installed != 5:
+      assert time.time() < deadline, "the follower did not pick up version 5"
+      time.sleep(0.02)
+    response = client.completions.create(model="scripted", prompt="hi", max_tokens=3)
+    follower.stop()
+  assert response.usage.completion_tokens == len(tokenizer.encode("ok")) + 1
+  [row] = read_capture(capture)
+  np.testing.assert_array_equal(row["versions"], [5] * len(row["completion_ids"]))
