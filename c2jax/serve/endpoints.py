@@ -72,14 +72,13 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=bool(specs),
                     call_id_prefix="call_" + request_id.split("-")[1][:12])
-    pending = Pending(service, Request(prompt, sampling), stream=request.stream)
-    created = int(time.time())
-    head = {"id": request_id, "created": created, "model": service.model_name,
+    head = {"id": request_id, "created": int(time.time()), "model": service.model_name,
             "system_fingerprint": f"c2jax-v{service.engine.version}"}
     if request.stream:
       return responses.StreamingResponse(
-          _chat_stream(service, request, pending, output, head),
+          _chat_stream(service, request, Request(prompt, sampling), output, head),
           media_type="text/event-stream")
+    pending = Pending(service, Request(prompt, sampling), stream=False)
     try:
       generation = await _finish(pending, http)
     except ClientGone:
@@ -106,13 +105,13 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
     request_id = new_id("cmpl")
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=False, call_id_prefix="")
-    pending = Pending(service, Request(prompt, sampling), stream=request.stream)
     head = {"id": request_id, "created": int(time.time()), "model": service.model_name,
             "system_fingerprint": f"c2jax-v{service.engine.version}"}
     if request.stream:
       return responses.StreamingResponse(
-          _completion_stream(service, request, pending, output, head),
+          _completion_stream(service, request, Request(prompt, sampling), output, head),
           media_type="text/event-stream")
+    pending = Pending(service, Request(prompt, sampling), stream=False)
     try:
       generation = await _finish(pending, http)
     except ClientGone:
@@ -140,7 +139,9 @@ def _completion_logprobs(service: Service, tokens, logprobs) -> dict:
 
 async def _events(pending: Pending):
   """(tokens so far, new tokens, new logprobs, generation or None) per engine event; the
-  request is cancelled if the consumer stops early (client disconnect closes us)."""
+  request is cancelled if the consumer stops early (client disconnect closes us). The
+  request is submitted by the response generator itself, once the response streams, so
+  a client gone before that never occupies a slot."""
   tokens, finished = [], False
   try:
     while True:
@@ -157,7 +158,8 @@ async def _events(pending: Pending):
       pending.cancel()
 
 
-async def _chat_stream(service, request, pending, output, head):
+async def _chat_stream(service, request, engine_request, output, head):
+  pending = Pending(service, engine_request, stream=True)
   chunk = {**head, "object": "chat.completion.chunk"}
 
   def piece(delta, finish=None, logprobs=None):
@@ -191,7 +193,8 @@ async def _chat_stream(service, request, pending, output, head):
   yield sse("[DONE]")
 
 
-async def _completion_stream(service, request, pending, output, head):
+async def _completion_stream(service, request, engine_request, output, head):
+  pending = Pending(service, engine_request, stream=True)
   chunk = {**head, "object": "text_completion"}
 
   def piece(text, finish=None, logprobs=None):
