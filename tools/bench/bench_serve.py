@@ -6,16 +6,16 @@
 
 One JaxEngine with `--clients` slots (random `--variant` weights) is measured twice in
 the same process:
-  engine  batch decode rate: every request submitted at once, then `step()` until all
-          finish; tokens sampled after the prefills / decode time (bench_decode.py's
-          steady-state number);
+  engine  batch decode rate: `--clients` requests submitted at once, then `step()` until
+          all finish, none stopping early (a full batch every step); tokens sampled after
+          the prefills / decode time (bench_decode.py's steady-state number);
   server  the same engine behind the HTTP server; `--clients` threads each send
           `--rounds` /v1/completions requests in a row through the official openai
           client; completion tokens (from `usage`) / wall time from the first request
           to the last response, so prefill, HTTP, JSON and scheduling all count.
 The ratio of the medians over --repeats interleaved pairs, server / engine, is the
 serving overhead (the goal is >= 0.8). Requests sample
-at temperature 1 with a seed per request and stop only at max_tokens or <|eos|>.
+at temperature 1 with a seed per request; server requests stop at max_tokens or <|eos|>.
 Prints one JSON line.
 """
 
@@ -51,12 +51,13 @@ def _setup(args):
   return cfg, tokenizer, engine, prompts
 
 
-def _engine_rate(engine, tokenizer, prompts, args) -> float:
+def _engine_rate(engine, prompts, args) -> float:
   from c2jax.rollout import Request, SamplingParams
 
   def sampling(seed):
-    return SamplingParams(temperature=1.0, max_tokens=args.max_tokens,
-                          stop_tokens=(tokenizer.eos_id,), seed=seed)
+    # No stop token: every slot decodes all max_tokens, so each step is a full batch
+    # (the server's requests may stop early at <|eos|>, which its rate has to absorb).
+    return SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=seed)
 
   engine.generate([Request(prompts[0], sampling(0))])  # compile prefill and decode
   batch = prompts[:args.clients]
@@ -118,7 +119,7 @@ def main(argv=None) -> dict:
   cfg, tokenizer, engine, prompts = _setup(args)
   engine_rates, server_rates = [], []
   for _ in range(args.repeats):  # interleaved, so load from other processes hits both
-    engine_rates.append(_engine_rate(engine, tokenizer, prompts, args))
+    engine_rates.append(_engine_rate(engine, prompts, args))
     rate, tokens = _server_rate(engine, tokenizer, prompts, args)
     server_rates.append(rate)
   engine_rate, server_rate = statistics.median(engine_rates), statistics.median(server_rates)
