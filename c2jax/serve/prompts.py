@@ -36,7 +36,9 @@ def chat_messages(request: schema.ChatRequest, specs: list[dict]) -> list[dict]:
   """Plain message dicts, with the tool listing added to (or as) the system message."""
   messages = []
   for i, message in enumerate(request.messages):
-    item = {"role": message.role, "content": message.text(i)}
+    # Newer OpenAI clients send system instructions as role "developer".
+    role = "system" if message.role == "developer" else message.role
+    item = {"role": role, "content": message.text(i)}
     if message.tool_calls:
       item["tool_calls"] = [{"id": c.id, "type": "function",
                              "function": {"name": c.function.name,

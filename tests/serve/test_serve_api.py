@@ -209,3 +209,13 @@ def test_streamed_requests_are_captured(served, client):
   row = captured(served, chunks[0].id)
   np.testing.assert_array_equal(row["completion_ids"], served.reference[5].tokens)
   np.testing.assert_array_equal(row["logprobs"], np.float32(logprobs))
+
+
+def test_developer_role_and_text_parts_render_like_system_and_plain_text(served, client):
+  parts = [{"type": "text", "text": USERS[6][:9]}, {"type": "text", "text": USERS[6][9:]}]
+  response = client.chat.completions.create(
+      model=MODEL, temperature=0, max_tokens=MAX_TOKENS, logprobs=True,
+      messages=[{"role": "developer", "content": "You are terse."},
+                {"role": "user", "content": parts}])
+  np.testing.assert_array_equal(captured(served, response.id)["prompt_ids"], served.prompts[6])
+  assert response.choices[0].message.content == expected_content(served, served.reference[6])
