@@ -114,9 +114,8 @@ class Pending:
         if http is not None and await http.is_disconnected():
           raise ClientGone() from None
         continue
-      if event[0] == "tokens" and self.times["first_token"] is None:
-        self.times["first_token"] = time.time()
       if event[0] == "done":
+        self.times["first_token"] = self.stream.first_token
         self.times["finished"] = time.time()
       if event[0] == "error":
         error = event[1]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Callable
 
 from absl import logging
@@ -38,6 +39,7 @@ class Stream:
     self.seq_id: int | None = None
     self.sent = 0  # tokens already delivered
     self.cancelled = False
+    self.first_token: float | None = None  # unix time the first token was sampled
 
 
 class EngineLoop:
@@ -132,9 +134,13 @@ class EngineLoop:
           pass
       return
     self.steps += 1
+    now = time.time()
     done = {g.seq_id: g for g in finished}
     for seq_id, stream in list(self._live.items()):
       generation = done.get(seq_id)
+      if stream.first_token is None and (generation is not None
+                                         or self.engine.progress(seq_id)[0]):
+        stream.first_token = now
       if generation is None and not stream.tokens:
         continue
       if generation is not None:
