@@ -128,6 +128,23 @@ class Pending:
     self.service.loop.cancel(self.stream)
 
 
+async def score(service: Service, tokens) -> list[float]:
+  """Teacher-forced log-probs of tokens[1:] given their prefix (for `echo`)."""
+  loop = asyncio.get_running_loop()
+  future = loop.create_future()
+
+  def deliver(event):
+    loop.call_soon_threadsafe(
+        lambda: future.done() or (future.set_result(event[1]) if event[0] == "scored"
+                                  else future.set_exception(event[1])))
+
+  service.loop.score(tokens, deliver)
+  try:
+    return [float(x) for x in await future]
+  except ValueError as e:
+    raise schema.APIError(400, str(e)) from e
+
+
 class ClientGone(Exception):
   pass
 

@@ -10,7 +10,7 @@ from fastapi import responses
 from c2jax.rollout import Request
 from c2jax.serve import prompts, schema
 from c2jax.serve.app import (ClientGone, Pending, Service, logprob_entries, new_id, read_json,
-                             sse, usage)
+                             score, sse, usage)
 from c2jax.serve.output import Output
 
 
@@ -34,7 +34,8 @@ def _completion_setup(service: Service, payload):
   request = schema.parse(schema.CompletionRequest, payload)
   request.check_n()
   service.check_model(request)
-  unsupported = {"echo": request.echo, "suffix": request.suffix is not None,
+  unsupported = {"echo": request.echo and request.stream,
+                 "suffix": request.suffix is not None,
                  "best_of": request.best_of not in (None, 1)}
   for name, used in unsupported.items():
     if used:
@@ -44,10 +45,14 @@ def _completion_setup(service: Service, payload):
     raise schema.APIError(400, f"logprobs = {request.logprobs}: this server reports the "
                           "sampled token's logprob only (no alternatives); send logprobs=0.",
                           "logprobs")
-  prompt = prompts.completion_prompt(service.tokenizer, service.vocab_size, request)
-  sampling = service.sampling(request, request.max_tokens, len(prompt),
+  if request.max_tokens == 0 and not request.echo:
+    raise schema.APIError(400, "max_tokens = 0 asks for nothing; it is allowed only with "
+                          "echo = true (scoring the prompt).", "max_tokens")
+  prompt, echo_start = prompts.completion_prompt(service.tokenizer, service.vocab_size,
+                                                 request)
+  sampling = service.sampling(request, request.max_tokens or None, len(prompt),
                               (service.tokenizer.eos_id,))
-  return request, prompt, sampling
+  return request, prompt, echo_start, sampling
 
 
 async def _finish(pending: Pending, http: fastapi.Request):
@@ -101,7 +106,8 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
 
   @app.post("/v1/completions")
   async def completions(http: fastapi.Request):
-    request, prompt, sampling = _completion_setup(service, await read_json(http))
+    request, prompt, echo_start, sampling = _completion_setup(service,
+                                                             await read_json(http))
     request_id = new_id("cmpl")
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=False, call_id_prefix="")
@@ -111,20 +117,30 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
       return responses.StreamingResponse(
           _completion_stream(service, request, Request(prompt, sampling), output, head),
           media_type="text/event-stream")
-    pending = Pending(service, Request(prompt, sampling), stream=False)
-    try:
-      generation = await _finish(pending, http)
-    except ClientGone:
-      return responses.Response(status_code=499)
-    service.record("completions", request_id, generation, pending.times, sampling)
-    final, _ = output.final(generation.tokens.tolist(), generation.finish_reason)
-    choice = {"index": 0, "text": final.content, "finish_reason": final.finish_reason,
-              "logprobs": None}
+    if request.max_tokens == 0:  # echo only: score the prompt, sample nothing
+      tokens, logprobs, text, reason = [], [], "", "length"
+      counts = {"prompt_tokens": len(prompt), "completion_tokens": 0,
+                "total_tokens": len(prompt)}
+    else:
+      pending = Pending(service, Request(prompt, sampling), stream=False)
+      try:
+        generation = await _finish(pending, http)
+      except ClientGone:
+        return responses.Response(status_code=499)
+      service.record("completions", request_id, generation, pending.times, sampling)
+      final, _ = output.final(generation.tokens.tolist(), generation.finish_reason)
+      tokens, logprobs = generation.tokens.tolist(), generation.logprobs.tolist()
+      text, reason, counts = final.content, final.finish_reason, usage(generation)
+    if request.echo:
+      # The echoed prompt leaves out the <|bos|> the server put before a text prompt.
+      scored = [None] + (await score(service, prompt) if request.logprobs is not None
+                         else [None] * (len(prompt) - 1))
+      text = service.tokenizer.decode(prompt[echo_start:]) + text
+      tokens, logprobs = prompt[echo_start:].tolist() + tokens, scored[echo_start:] + logprobs
+    choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": None}
     if request.logprobs is not None:
-      choice["logprobs"] = _completion_logprobs(service, generation.tokens,
-                                                generation.logprobs)
-    return {**head, "object": "text_completion", "choices": [choice],
-            "usage": usage(generation)}
+      choice["logprobs"] = _completion_logprobs(service, tokens, logprobs)
+    return {**head, "object": "text_completion", "choices": [choice], "usage": counts}
 
 
 def _completion_logprobs(service: Service, tokens, logprobs) -> dict:
@@ -133,7 +149,8 @@ def _completion_logprobs(service: Service, tokens, logprobs) -> dict:
   for text in texts:
     offsets.append(at)
     at += len(text)
-  return {"tokens": texts, "token_logprobs": [float(x) for x in logprobs],
+  return {"tokens": texts,
+          "token_logprobs": [None if x is None else float(x) for x in logprobs],
           "top_logprobs": None, "text_offset": offsets}
 
 

@@ -49,6 +49,7 @@ class EngineLoop:
     self.engine = engine
     self._inbox: collections.deque[Stream] = collections.deque()
     self._cancels: collections.deque[Stream] = collections.deque()
+    self._jobs: collections.deque = collections.deque()  # (tokens, deliver) to score
     self._wake = threading.Condition()
     self._live: dict[int, Stream] = {}
     self._stopping = False
@@ -85,16 +86,32 @@ class EngineLoop:
       self._cancels.append(stream)
       self._wake.notify()
 
+  def score(self, tokens, deliver: Callable[[Event], None]) -> None:
+    """Teacher-forced log p(x_t | x_<t) of a token sequence, computed on the engine thread
+    between steps; delivers ("scored", float32 [len - 1]) or ("error", exception)."""
+    with self._wake:
+      if self._stopping:
+        raise RuntimeError("the engine loop is stopped; start a new server.")
+      self._jobs.append((list(tokens), deliver))
+      self._wake.notify()
+
   # ---- the engine thread ----------------------------------------------------------------
   def _run(self) -> None:
     while True:
       with self._wake:
-        while not (self._stopping or self._inbox or self._cancels or self.engine.busy):
+        while not (self._stopping or self._inbox or self._cancels or self._jobs
+                   or self.engine.busy):
           self._wake.wait()
         if self._stopping:
           break
         inbox, self._inbox = self._inbox, collections.deque()
         cancels, self._cancels = self._cancels, collections.deque()
+        jobs, self._jobs = self._jobs, collections.deque()
+      for tokens, deliver in jobs:
+        try:
+          deliver(("scored", self.engine.logprobs([tokens])[0]))
+        except Exception as e:  # pylint: disable=broad-except
+          deliver(("error", e))
       for stream in cancels:
         self._drop(stream)
       for stream in inbox:

@@ -65,7 +65,8 @@ def chat_prompt(tokenizer: Tokenizer, request: schema.ChatRequest,
 
 
 def completion_prompt(tokenizer: Tokenizer, vocab_size: int,
-                      request: schema.CompletionRequest) -> np.ndarray:
+                      request: schema.CompletionRequest) -> tuple[np.ndarray, int]:
+  """(prompt ids, where the client's own prompt starts in them: 1 after an added BOS)."""
   prompt = request.prompt
   if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
     if len(prompt) != 1:
@@ -74,7 +75,7 @@ def completion_prompt(tokenizer: Tokenizer, vocab_size: int,
                             "prompt")
     prompt = prompt[0]
   if isinstance(prompt, str):
-    return np.concatenate([[tokenizer.bos_id], tokenizer.encode(prompt)]).astype(np.int32)
+    return np.concatenate([[tokenizer.bos_id], tokenizer.encode(prompt)]).astype(np.int32), 1
   if not prompt:
     raise schema.APIError(400, "prompt is empty; send text or at least one token id.",
                           "prompt")
@@ -82,4 +83,4 @@ def completion_prompt(tokenizer: Tokenizer, vocab_size: int,
   if bad:
     raise schema.APIError(400, f"prompt token id {bad[0]} is outside the model's "
                           f"vocabulary [0, {vocab_size}).", "prompt")
-  return np.asarray(prompt, np.int32)
+  return np.asarray(prompt, np.int32), 0

@@ -121,7 +121,8 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
   prompt: str | list[int] | list[str] | list[list[int]]
-  max_tokens: int | None = pydantic.Field(16, ge=1)  # the OpenAI default for completions
+  # 16 is the OpenAI default for completions; 0 only with echo (score the prompt).
+  max_tokens: int | None = pydantic.Field(16, ge=0)
   logprobs: int | None = pydantic.Field(None, ge=0, le=5)
   echo: bool = False
   best_of: int | None = None

@@ -160,7 +160,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, cli
 
 
 def test_unsupported_completion_options_are_refused(client):
-  for kwargs, param in [({"logprobs": 2}, "logprobs"), ({"echo": True}, "echo"),
+  for kwargs, param in [({"logprobs": 2}, "logprobs"), ({"echo": True, "stream": True}, "echo"),
+                        ({"max_tokens": 0}, "max_tokens"),
                         ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [VOCAB_OUT]}, "prompt")]:
     with pytest.raises(openai.BadRequestError) as raised:
       client.completions.create(**{"model": MODEL, "prompt": "x", **kwargs})
@@ -219,3 +220,24 @@ def test_developer_role_and_text_parts_render_like_system_and_plain_text(served,
                 {"role": "user", "content": parts}])
   np.testing.assert_array_equal(captured(served, response.id)["prompt_ids"], served.prompts[6])
   assert response.choices[0].message.content == expected_content(served, served.reference[6])
+
+
+def test_echo_scores_the_prompt(served, client):
+  prompt, reference = served.prompts[7], served.reference[7]
+  scored = client.completions.create(model=MODEL, prompt=prompt.tolist(), echo=True,
+                                     max_tokens=0, logprobs=0)
+  logprobs = scored.choices[0].logprobs
+  assert logprobs.token_logprobs[0] is None and len(logprobs.token_logprobs) == len(prompt)
+  teacher = served.teacher[7][:len(prompt) - 1]  # log p(prompt[t] | prompt[:t])
+  np.testing.assert_allclose(logprobs.token_logprobs[1:], teacher, atol=1e-4)
+  assert scored.choices[0].text == served.tokenizer.decode(prompt)
+  assert scored.usage.completion_tokens == 0
+  both = client.completions.create(model=MODEL, prompt=prompt.tolist(), echo=True,
+                                   max_tokens=len(reference.tokens), logprobs=0,
+                                   temperature=0)
+  token_logprobs = both.choices[0].logprobs.token_logprobs
+  np.testing.assert_allclose(token_logprobs[1:len(prompt)], teacher, atol=1e-4)
+  np.testing.assert_allclose(token_logprobs[len(prompt):], reference.logprobs, atol=1e-5)
+  assert both.choices[0].text.startswith(served.tokenizer.decode(prompt))
+  text = client.completions.create(model=MODEL, prompt="def main", echo=True, max_tokens=0)
+  assert text.choices[0].text == "def main"  # the server's <|bos|> is not echoed
