@@ -58,13 +58,33 @@ class Output:
     self._tools = tools
     self._call_id_prefix = call_id_prefix
     self.emitted = ""
+    self._committed_tokens, self._committed_text = 0, ""
 
-  def _text(self, tokens: Sequence[int]) -> tuple[str, bool]:
+  def _incremental(self, tokens: list[int]) -> str:
+    """decode(tokens) in O(new tokens) per call while streaming: text is committed up to
+    a character boundary, and each call decodes the new tokens with a few committed ones
+    before them as context (decoders that drop a leading space, or a token that splits a
+    character, need it); if the context does not reproduce, decode everything."""
+    done = self._committed_tokens
+    if len(tokens) < done:
+      done, self._committed_text = 0, ""
+    start = max(0, done - 4)
+    context = self._decode(tokens[start:done]) if done else ""
+    tail = self._decode(tokens[start:])
+    if not tail.startswith(context):
+      return self._decode(tokens)
+    new = tail[len(context):]
+    if new.endswith("\ufffd"):
+      return self._committed_text + new
+    self._committed_tokens, self._committed_text = len(tokens), self._committed_text + new
+    return self._committed_text
+
+  def _text(self, tokens: Sequence[int], final: bool = False) -> tuple[str, bool]:
     """(decoded text cut at a stop string, whether a stop string was found)."""
     tokens = list(tokens)
     if tokens and tokens[-1] in self._stop_ids:
       tokens = tokens[:-1]
-    text = self._decode(tokens)
+    text = self._decode(tokens) if final else self._incremental(tokens)
     cuts = [text.find(s) for s in self._stop_strings if s in text]
     if cuts:
       return text[:min(cuts)], True
@@ -105,7 +125,7 @@ class Output:
 
   def final(self, tokens: Sequence[int], engine_reason: str) -> tuple[Final, str]:
     """(the complete answer, the content not streamed yet)."""
-    text, _ = self._text(tokens)
+    text, _ = self._text(tokens, final=True)
     calls, errors = [], []
     content = text
     if self._tools:

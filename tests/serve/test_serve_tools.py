@@ -134,6 +134,7 @@ def test_client_disconnect_mid_stream_frees_the_slot(scripted):
     ("Hello world. STOP and more", False, ("STOP",), ["Hello world. "]),
     ("  Plan: <tool_call>{\"name\": \"a\"}</tool_call>  done  ", True, (), ["Plan:   done"]),
     ("x <tool_call>{broken</tool_call>", True, (), ["x"]),
+    ("☃ héllo ünïcode ✓ snow", False, ("✓",), ["☃ héllo ünïcode "]),
 ])
 def test_output_deltas_concatenate_to_the_final_content(served, script_text, tools, stops,
                                                         expected):
