@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.rollout import Engine, Request, SamplingParams
 from c2jax.serve import capture as capture_lib
-from c2jax.serve import schema
+from c2jax.serve import prompts, schema
 from c2jax.serve.engine_loop import EngineLoop, Stream
 
 _DISCONNECT_POLL_S = 0.25
@@ -36,6 +36,7 @@ class Service:
     self.vocab_size = vocab_size
     self.loop = EngineLoop(engine)
     self.capture = capture_lib.CaptureWriter(capture_path) if capture_path else None
+    self.turns = prompts.TurnMemory()
     self.created = int(time.time())
 
   def start(self) -> "Service":
@@ -80,6 +81,16 @@ class Service:
     self.capture.write(capture_lib.record(
         request_id=request_id, endpoint=endpoint, model=self.model_name,
         generation=generation, timestamps=times, sampling=settings))
+
+  def remember_turn(self, final, generation) -> None:
+    """Keeps a chat reply's sampled tokens (its closing <|end|> or <|eos|> left to the
+    template) for when the client sends it back as history."""
+    if generation.finish_reason == "stop_string":
+      return  # the client saw text cut before the stop string; its tokens hold more
+    tokens = generation.tokens
+    if generation.finish_reason == "stop_token":
+      tokens = tokens[:-1]
+    self.turns.remember(prompts.turn_key(final.content, final.tool_calls), tokens)
 
   def token_text(self, token: int) -> str:
     return self.tokenizer.decode([token])

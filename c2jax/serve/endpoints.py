@@ -23,7 +23,7 @@ def _chat_setup(service: Service, payload):
                           "reports the sampled token's logprob only; send logprobs=true "
                           "with top_logprobs 0 or unset.", "top_logprobs")
   specs = prompts.tool_specs(request)
-  prompt = prompts.chat_prompt(service.tokenizer, request, specs)
+  prompt = prompts.chat_prompt(service.tokenizer, request, specs, service.turns)
   specials = service.tokenizer.specials
   stop_ids = (service.tokenizer.token_id(specials.end), service.tokenizer.eos_id)
   sampling = service.sampling(request, request.limit(), len(prompt), stop_ids)
@@ -90,6 +90,7 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
       return responses.Response(status_code=499)
     service.record("chat.completions", request_id, generation, pending.times, sampling)
     final, _ = output.final(generation.tokens.tolist(), generation.finish_reason)
+    service.remember_turn(final, generation)
     message = {"role": "assistant",
                "content": final.content if (final.content or not final.tool_calls) else None}
     if final.tool_calls:
@@ -196,6 +197,7 @@ async def _chat_stream(service, request, engine_request, output, head):
       service.record("chat.completions", head["id"], generation, pending.times,
                      pending.stream.request.sampling)
       final, rest = output.final(generation.tokens.tolist(), generation.finish_reason)
+      service.remember_turn(final, generation)
       if rest:
         yield piece({"content": rest})
       if final.tool_calls:

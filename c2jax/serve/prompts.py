@@ -4,12 +4,18 @@ Chat: messages are rendered by the model's chat template (c2jax/data/chat.py), e
 the assistant marker. Tools are listed in the system message exactly as the agent lists
 its own (c2jax/agent/prompt.py: system_message), so a model trained on agent traces sees
 an external harness's tools the way it saw its own; assistant messages with tool_calls
-and `tool` messages render as the agent's turns and observations.
+and `tool` messages render as the agent's turns and observations. An assistant message
+this server itself produced recently is rendered from the exact tokens it sampled
+(TurnMemory), so a multi-turn conversation through the API keeps the policy's own tokens
+as an in-process agent's live sequence does.
 
 Completions: a string prompt is <|bos|> + its encoding; a token-id prompt is used as is.
 """
 
 from __future__ import annotations
+
+import collections
+import json
 
 import numpy as np
 
@@ -55,11 +61,57 @@ def chat_messages(request: schema.ChatRequest, specs: list[dict]) -> list[dict]:
   return messages
 
 
-def chat_prompt(tokenizer: Tokenizer, request: schema.ChatRequest,
-                specs: list[dict]) -> np.ndarray:
+def turn_key(content: str | None, tool_calls: list[dict] | None) -> str | None:
+  """What identifies an assistant message across a round trip through a client: its
+  stripped content and its calls' names and parsed arguments (ids and JSON spacing are
+  the client's business). None when an arguments string is not JSON."""
+  calls = []
+  for call in tool_calls or []:
+    arguments = call["function"].get("arguments", "{}")
+    if isinstance(arguments, str):
+      try:
+        arguments = json.loads(arguments)
+      except json.JSONDecodeError:
+        return None
+    calls.append([call["function"]["name"], arguments])
+  return json.dumps([(content or "").strip(), calls], sort_keys=True)
+
+
+class TurnMemory:
+  """The exact tokens of recent assistant replies, so a client sending a reply back as
+  history gets it rendered as sampled, not re-encoded from text (an LRU of `size`)."""
+
+  def __init__(self, size: int = 4096):
+    self.size = size
+    self._turns: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+
+  def remember(self, key: str | None, tokens: np.ndarray) -> None:
+    if key is None:
+      return
+    self._turns[key] = np.asarray(tokens, np.int32)
+    self._turns.move_to_end(key)
+    while len(self._turns) > self.size:
+      self._turns.popitem(last=False)
+
+  def recall(self, key: str | None) -> np.ndarray | None:
+    if key is None or key not in self._turns:
+      return None
+    self._turns.move_to_end(key)
+    return self._turns[key]
+
+
+def chat_prompt(tokenizer: Tokenizer, request: schema.ChatRequest, specs: list[dict],
+                memory: TurnMemory | None = None) -> np.ndarray:
   messages = chat_messages(request, specs)
+  exact = {}
+  for index, message in enumerate(messages):
+    if memory is not None and message["role"] == "assistant":
+      tokens = memory.recall(turn_key(message["content"], message.get("tool_calls")))
+      if tokens is not None:
+        exact[index] = tokens
   try:
-    return chat.render(tokenizer, messages, add_generation_prompt=True).ids
+    return chat.render(tokenizer, messages, add_generation_prompt=True,
+                       assistant_tokens=exact).ids
   except ValueError as e:
     raise schema.APIError(400, f"messages: {e}", "messages") from e
 

@@ -191,3 +191,34 @@ def test_followed_weights_tag_the_tokens_they_sample(served, tmp_path):
   assert response.usage.completion_tokens == len(tokenizer.encode("ok")) + 1
   [row] = read_capture(capture)
   np.testing.assert_array_equal(row["versions"], [5] * len(row["completion_ids"]))
+
+
+def test_history_keeps_the_exact_sampled_tokens(served):
+  """A turn whose text re-encodes differently (compact JSON, a character split across
+  tokens) comes back in the next prompt as the very tokens that were sampled."""
+  tokenizer = served.tokenizer
+  ids = lambda text: tokenizer.encode(text).tolist()
+  marker = tokenizer.token_id
+  script = (ids("Looking ") + ids("☃")[:1] + ids("☃")[1:] + ids(".\n")
+            + [marker("<tool_call>")] + ids('{"name":"read_file","arguments":{"path":"a"}}')
+            + [marker("</tool_call>"), marker("<|end|>")])
+  engine = ScriptedEngine(script)
+  with Running(Service(engine, tokenizer, "scripted", vocab_size=VOCAB)) as running:
+    client = openai.OpenAI(base_url=running.base_url, api_key="none", max_retries=0)
+    request = [{"role": "user", "content": USER}]
+    reply = ask(client, request).choices[0].message
+    assert json.loads(reply.tool_calls[0].function.arguments) == {"path": "a"}
+    prompt = engine.prompts[-1]
+    history = request + [reply.model_dump(exclude_none=True),
+                         {"role": "tool", "tool_call_id": reply.tool_calls[0].id,
+                          "content": "x = 1"}]
+    ask(client, history)
+    follow = engine.prompts[-1]
+  np.testing.assert_array_equal(follow[:len(prompt) + len(script)],
+                                np.concatenate([prompt, script]))
+  # Re-encoding the returned text would not have given these tokens.
+  system = agent_prompt.system_message("", TOOLS)
+  plain = chat.render(tokenizer, [{"role": "system", "content": system}] + history,
+                      add_generation_prompt=True).ids
+  assert not np.array_equal(plain[:len(prompt) + len(script)],
+                            np.concatenate([prompt, script]))
