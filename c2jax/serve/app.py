@@ -62,7 +62,8 @@ class Service:
     return SamplingParams(temperature=request.temperature, top_k=request.top_k,
                           top_p=request.top_p, max_tokens=min(limit or room, room),
                           stop_tokens=stop_ids, stop_strings=request.stop_strings(),
-                          seed=request.seed)
+                          # The sampler keys on 32-bit seeds; clients send any integer.
+                          seed=None if request.seed is None else request.seed % 2**32)
 
   def check_model(self, request: schema.Sampling) -> None:
     if request.model != self.model_name:

@@ -119,6 +119,9 @@ def test_seeded_sampling_is_reproducible(client):
   assert first.choices[0].message.content == second.choices[0].message.content
   other = chat(client, 3, temperature=1.0, seed=12)
   assert other.choices[0].message.content != first.choices[0].message.content
+  # Any integer is a seed (taken modulo 2**32); a negative one must not upset the engine.
+  wrapped = chat(client, 3, temperature=1.0, seed=11 - 2**32)
+  assert wrapped.choices[0].message.content == first.choices[0].message.content
 
 
 def post(served, path, body: bytes):
