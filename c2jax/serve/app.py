@@ -140,21 +140,46 @@ class Pending:
     self.service.loop.cancel(self.stream)
 
 
-async def score(service: Service, tokens) -> list[float]:
-  """Teacher-forced log-probs of tokens[1:] given their prefix (for `echo`)."""
+async def on_engine(service: Service, fn):
+  """fn(engine), run on the engine thread; a ValueError becomes a 400."""
   loop = asyncio.get_running_loop()
   future = loop.create_future()
 
   def deliver(event):
-    loop.call_soon_threadsafe(
-        lambda: future.done() or (future.set_result(event[1]) if event[0] == "scored"
-                                  else future.set_exception(event[1])))
+    def settle():
+      if future.done():
+        return
+      if event[0] == "result":
+        future.set_result(event[1])
+      else:
+        future.set_exception(event[1])
+    loop.call_soon_threadsafe(settle)
 
-  service.loop.score(tokens, deliver)
+  service.loop.call(fn, deliver)
   try:
-    return [float(x) for x in await future]
+    return await future
   except ValueError as e:
     raise schema.APIError(400, str(e)) from e
+
+
+async def score(service: Service, tokens) -> list[float]:
+  """Teacher-forced log-probs of tokens[1:] given their prefix (for `echo`)."""
+  tokens = list(tokens)
+  values = await on_engine(service, lambda engine: engine.logprobs([tokens])[0])
+  return [float(x) for x in values]
+
+
+async def alternatives(service: Service, prompt, tokens, k: int, temperature: float):
+  """For each sampled token, the k most likely tokens at its position (teacher-forced
+  under the same weights and temperature) as OpenAI top_logprobs entries."""
+  sequence = list(prompt) + list(tokens)
+  ids, values = await on_engine(
+      service, lambda engine: engine.top_logprobs(sequence, k, temperature))
+  first = len(prompt) - 1  # the position whose next-token distribution sampled tokens[0]
+  return [[{"token": service.token_text(int(i)), "logprob": float(v),
+            "bytes": list(service.token_bytes(int(i)))}
+           for i, v in zip(ids[first + n], values[first + n])]
+          for n in range(len(tokens))]
 
 
 class ClientGone(Exception):

@@ -9,8 +9,8 @@ from fastapi import responses
 
 from c2jax.rollout import Request
 from c2jax.serve import prompts, schema
-from c2jax.serve.app import (ClientGone, Pending, Service, logprob_entries, new_id, read_json,
-                             score, sse, usage)
+from c2jax.serve.app import (ClientGone, Pending, Service, alternatives, logprob_entries,
+                             new_id, read_json, score, sse, usage)
 from c2jax.serve.output import Output
 
 
@@ -19,9 +19,12 @@ def _chat_setup(service: Service, payload):
   request.check_n()
   service.check_model(request)
   if request.top_logprobs:
-    raise schema.APIError(400, f"top_logprobs = {request.top_logprobs}: this server "
-                          "reports the sampled token's logprob only; send logprobs=true "
-                          "with top_logprobs 0 or unset.", "top_logprobs")
+    if not hasattr(service.engine, "top_logprobs"):
+      raise schema.APIError(400, "top_logprobs: this engine reports the sampled token's "
+                            "logprob only; leave top_logprobs unset.", "top_logprobs")
+    if request.stream or not request.logprobs:
+      raise schema.APIError(400, "top_logprobs needs logprobs = true and is not "
+                            "available with stream = true.", "top_logprobs")
   specs = prompts.tool_specs(request)
   prompt = prompts.chat_prompt(service.tokenizer, request, specs, service.turns)
   specials = service.tokenizer.specials
@@ -100,8 +103,13 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
     if final.call_errors:
       choice["c2jax_tool_call_errors"] = final.call_errors
     if request.logprobs:
-      choice["logprobs"] = {"content": logprob_entries(service, generation.tokens,
-                                                       generation.logprobs)}
+      entries = logprob_entries(service, generation.tokens, generation.logprobs)
+      if request.top_logprobs:
+        tops = await alternatives(service, generation.prompt_tokens, generation.tokens,
+                                  request.top_logprobs, sampling.temperature)
+        for entry, top in zip(entries, tops):
+          entry["top_logprobs"] = top
+      choice["logprobs"] = {"content": entries}
     return {**head, "object": "chat.completion", "choices": [choice],
             "usage": usage(generation)}
 

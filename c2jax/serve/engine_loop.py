@@ -49,7 +49,7 @@ class EngineLoop:
     self.engine = engine
     self._inbox: collections.deque[Stream] = collections.deque()
     self._cancels: collections.deque[Stream] = collections.deque()
-    self._jobs: collections.deque = collections.deque()  # (tokens, deliver) to score
+    self._jobs: collections.deque = collections.deque()  # (fn, deliver) to run
     self._wake = threading.Condition()
     self._live: dict[int, Stream] = {}
     self._stopping = False
@@ -86,13 +86,13 @@ class EngineLoop:
       self._cancels.append(stream)
       self._wake.notify()
 
-  def score(self, tokens, deliver: Callable[[Event], None]) -> None:
-    """Teacher-forced log p(x_t | x_<t) of a token sequence, computed on the engine thread
-    between steps; delivers ("scored", float32 [len - 1]) or ("error", exception)."""
+  def call(self, fn: Callable[[Engine], object], deliver: Callable[[Event], None]) -> None:
+    """Runs fn(engine) on the engine thread between steps (e.g. scoring a prompt);
+    delivers ("result", value) or ("error", exception)."""
     with self._wake:
       if self._stopping:
         raise RuntimeError("the engine loop is stopped; start a new server.")
-      self._jobs.append((list(tokens), deliver))
+      self._jobs.append((fn, deliver))
       self._wake.notify()
 
   # ---- the engine thread ----------------------------------------------------------------
@@ -107,9 +107,9 @@ class EngineLoop:
         inbox, self._inbox = self._inbox, collections.deque()
         cancels, self._cancels = self._cancels, collections.deque()
         jobs, self._jobs = self._jobs, collections.deque()
-      for tokens, deliver in jobs:
+      for fn, deliver in jobs:
         try:
-          deliver(("scored", self.engine.logprobs([tokens])[0]))
+          deliver(("result", fn(self.engine)))
         except Exception as e:  # pylint: disable=broad-except
           deliver(("error", e))
       for stream in cancels:

@@ -244,3 +244,18 @@ def test_echo_scores_the_prompt(served, client):
   assert both.choices[0].text.startswith(served.tokenizer.decode(prompt))
   text = client.completions.create(model=MODEL, prompt="def main", echo=True, max_tokens=0)
   assert text.choices[0].text == "def main"  # the server's <|bos|> is not echoed
+
+
+def test_top_logprobs_list_the_alternatives(served, client):
+  reference = served.reference[1]
+  response = chat(client, 1, logprobs=True, top_logprobs=3)
+  entries = response.choices[0].logprobs.content
+  assert len(entries) == len(reference.tokens)
+  for entry, token, logprob in zip(entries, reference.tokens, reference.logprobs):
+    values = [alt.logprob for alt in entry.top_logprobs]
+    assert len(values) == 3 and values == sorted(values, reverse=True)
+    # Greedy: the sampled token is the most likely one, with the same log-prob.
+    assert entry.top_logprobs[0].token == served.tokenizer.decode([int(token)])
+    assert values[0] == pytest.approx(float(logprob), abs=1e-4)
+  with pytest.raises(openai.BadRequestError, match="stream"):
+    chat(client, 1, logprobs=True, top_logprobs=2, stream=True).close()
