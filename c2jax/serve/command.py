@@ -1,7 +1,6 @@
 """`c2jax serve --model RUN_OR_HF_DIR`: an OpenAI-compatible server over the JaxEngine.
 
-    c2jax serve --model runs/sft --port 8000 --slots 8 --max_length 4096 \
-        --capture runs/sft/served.jsonl
+    c2jax serve --model runs/sft --port 8000 --slots 8 --capture runs/sft/served.jsonl
 
 Endpoints: GET /v1/models, POST /v1/chat/completions (tools, stream, logprobs),
 POST /v1/completions. Concurrent requests share one engine (continuous batching over
