@@ -48,7 +48,11 @@ def main(argv: list[str]) -> int:
   from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
   from c2jax.serve import app, loading, server  # pylint: disable=g-import-not-at-top
 
-  loaded = loading.load(_MODEL.value)
+  try:
+    loaded = loading.load(_MODEL.value)
+  except (FileNotFoundError, ValueError) as e:
+    print(f"c2jax serve: {e}", file=sys.stderr)
+    return 2
   engine = JaxEngine(loaded.cfg, loaded.params, num_slots=_SLOTS.value,
                      max_length=_MAX_LENGTH.value, version=loaded.version,
                      detokenize=loaded.tokenizer.decode, seed=_SEED.value)
