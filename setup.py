@@ -36,6 +36,10 @@ setup(
         "tensorboardX>=2.6",
         "ml-dtypes>=0.5",
         "matplotlib>=3.8",
+        # c2jax serve (OpenAI-compatible HTTP server) and the OpenAI client (eval harness
+        # against endpoints; the client tests use against c2jax serve).
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
         "openai>=1.40",
     ],
     extras_require={

@@ -28,6 +28,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "agent": ("c2jax.agent.command", "run one model turn's tool calls in a sandbox"),
     "rl": ("c2jax.commands.rl", "asynchronous RL: learner + rollout actors in sandboxes"),
     "eval": ("c2jax.eval.command", "score a checkpoint / endpoint on a suite; `eval report` tables + plot"),
+    "serve": ("c2jax.serve.command", "OpenAI-compatible server over a run or HF checkpoint"),
 }
 
 

@@ -151,17 +151,27 @@ def _pieces(message: dict) -> list[tuple[str, bool]]:
 
 
 def render(tokenizer: Tokenizer | ModelTokenizer, messages: list[dict], *,
-           add_generation_prompt: bool = False) -> Rendered:
+           add_generation_prompt: bool = False,
+           assistant_tokens: dict[int, np.ndarray] | None = None) -> Rendered:
   """Token ids and loss mask of a conversation; with `add_generation_prompt` it ends in
   the assistant marker (a prompt for the next turn) instead of <|eos|>.
 
   A released model's tokenizer renders with its own chat template instead (messages as
   given, mask from its {% generation %} blocks; see chat_template.py).
+
+  assistant_tokens {message index: ids} puts the exact ids a policy sampled for that
+  assistant message in place of its re-encoded text (the closing <|end|> is still
+  added): text -> tokens is not unique, and a model continuing a conversation should see
+  its own earlier turns exactly as it sampled them (token in, token out).
   """
   if isinstance(tokenizer, ModelTokenizer):
+    if assistant_tokens:
+      raise ValueError("render: assistant_tokens (exact sampled ids) works with c2jax's "
+                       "own template only; a model template re-renders assistant text.")
     rendered = chat_template.apply(tokenizer, messages,
                                    add_generation_prompt=add_generation_prompt)
     return Rendered(rendered.ids, rendered.loss_mask)
+  assistant_tokens = assistant_tokens or {}
   specials = tokenizer.specials
   ids, mask = [np.asarray([tokenizer.bos_id], np.int32)], [np.zeros(1, np.int32)]
 
@@ -169,12 +179,15 @@ def render(tokenizer: Tokenizer | ModelTokenizer, messages: list[dict], *,
     ids.append(piece_ids.astype(np.int32))
     mask.append(np.full(len(piece_ids), int(trained), np.int32))
 
-  for message in canonical(messages):
+  for index, message in enumerate(canonical(messages)):
     trained = message["role"] == "assistant"
     add(np.asarray([tokenizer.token_id(specials.role(message["role"]))]), False)
-    for text, is_marker in _pieces(message):
-      add(np.asarray([tokenizer.token_id(text)]) if is_marker else tokenizer.encode(text),
-          trained)
+    if trained and index in assistant_tokens:
+      add(np.asarray(assistant_tokens[index], np.int32), trained)
+    else:
+      for text, is_marker in _pieces(message):
+        add(np.asarray([tokenizer.token_id(text)]) if is_marker else tokenizer.encode(text),
+            trained)
     add(np.asarray([tokenizer.token_id(specials.end)]), trained)
   last = specials.assistant if add_generation_prompt else specials.eos
   add(np.asarray([tokenizer.token_id(last)]), False)

@@ -51,6 +51,24 @@ class SpecialTokens:
 SPECIAL_TOKENS = SpecialTokens()
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+  """The byte-level BPE's character for each byte (GPT-2's table): printable Latin-1
+  bytes stand for themselves, the other bytes for code points 256, 257, ... in order."""
+  printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+               *range(ord("\u00ae"), ord("\u00ff") + 1)]
+  table, extra = {}, 0
+  for byte in range(256):
+    if byte in printable:
+      table[chr(byte)] = byte
+    else:
+      table[chr(256 + extra)] = byte
+      extra += 1
+  return table
+
+
+_UNICODE_TO_BYTE = _byte_level_alphabet()
+
+
 class Tokenizer:
   """Token ids in and out as int32 numpy arrays."""
 
@@ -61,6 +79,7 @@ class Tokenizer:
     self._hf = hf
     # Special-token strings in text are encoded as ordinary characters (not saved to JSON).
     self._hf.encode_special_tokens = True
+    self._added = {t.content for t in hf.get_added_tokens_decoder().values()}
     self.ids = {}
     for token in specials.all():
       token_id = hf.token_to_id(token)
@@ -105,6 +124,18 @@ class Tokenizer:
   def encode_document(self, text: str) -> np.ndarray:
     """A pretraining document: <|bos|> text <|eos|>."""
     return np.concatenate([[self.bos_id], self.encode(text), [self.eos_id]]).astype(np.int32)
+
+  def token_bytes(self, token_id: int) -> bytes:
+    """The raw bytes one token stands for. A byte-level BPE token may hold part of a
+    UTF-8 character, which `decode([token_id])` can only show as U+FFFD; an OpenAI
+    client rebuilds text from these bytes (logprobs' `bytes` field)."""
+    piece = self._hf.id_to_token(int(token_id))
+    if piece is None:
+      raise ValueError(f"token id {token_id} is outside the vocabulary "
+                       f"[0, {self.vocab_size}).")
+    if piece in self._added or not isinstance(self._hf.decoder, decoders.ByteLevel):
+      return self.decode([token_id]).encode("utf-8")
+    return bytes(_UNICODE_TO_BYTE[c] for c in piece)
 
   def save(self, path: str | os.PathLike) -> None:
     tmp = f"{path}.tmp"

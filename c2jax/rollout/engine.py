@@ -202,6 +202,32 @@ class Engine(abc.ABC):
     self._free.append(seq.slot)
     del self._seqs[seq_id]
 
+  def cancel(self, seq_id: int) -> None:
+    """Abandons a queued, running or idle sequence and frees its slot (e.g. a server's
+    client went away mid-generation). Its tokens are dropped; nothing is returned."""
+    seq = self._seqs.pop(seq_id, None)
+    if seq is None:
+      raise ValueError(f"Cannot cancel sequence {seq_id}: it is unknown or already "
+                       "finished and released.")
+    self._queue = collections.deque(s for s in self._queue if s is not seq)
+    if seq.slot is not None:
+      self._free.append(seq.slot)
+    self._unclaimed = [g for g in self._unclaimed if g.seq_id != seq_id]
+
+  def progress(self, seq_id: int) -> tuple[list[int], list[float]]:
+    """(tokens, logprobs) sampled so far by a live sequence's current request: what a
+    streaming consumer can show between steps. The final Generation is authoritative."""
+    seq = self._seqs.get(seq_id)
+    if seq is None:
+      raise ValueError(f"Sequence {seq_id} is unknown or released.")
+    return list(seq.new_tokens), list(seq.logprobs)
+
+  @property
+  def busy(self) -> bool:
+    """True while any request is queued or generating (another `step` has work)."""
+    return bool(self._queue) or any(s.state in ("generating", "draining")
+                                    for s in self._seqs.values())
+
   # ---- scheduling -------------------------------------------------------------------------
   def _admit(self) -> None:
     waiting = collections.deque()

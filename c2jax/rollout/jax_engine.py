@@ -66,6 +66,16 @@ def _decode(cfg, params, cache, tokens_S, lengths_S, active_S, temperature_S, to
   return cache, new_S, logprobs_S, aux["expert_indices"][:, :, 0]
 
 
+def _top(cfg, k, params, tokens_1xC, temperature):
+  """The k most likely next tokens after every position, under the temperature-scaled
+  distribution the sampler reports log-probs in: (ids [C, k], log-probs [C, k])."""
+  logits_CxV = model.forward(cfg, params, tokens_1xC)[0]
+  logp_CxV = sampling_lib.policy_logprobs(logits_CxV, jnp.broadcast_to(
+      temperature, logits_CxV.shape[:1]))
+  values_Cxk, ids_Cxk = jax.lax.top_k(logp_CxV, k)
+  return ids_Cxk, values_Cxk
+
+
 def _score(cfg, params, tokens_1xC):
   logp_1xCxV = jax.nn.log_softmax(model.forward(cfg, params, tokens_1xC), axis=-1)
   return jnp.take_along_axis(logp_1xCxV[0, :-1], tokens_1xC[0, 1:, None], axis=-1)[:, 0]
@@ -86,6 +96,7 @@ class JaxEngine(Engine):
     self._params = jax.device_put(params)
     self._cache = model.init_cache(cfg, num_slots, max_length)
     self._score = jax.jit(functools.partial(_score, cfg))
+    self._top_fns = {}  # k -> jitted _top
     if num_draft_tokens:
       speculative.check_drafter(cfg, params, num_draft_tokens)
       self._mtp_cache = speculative.init_mtp_cache(cfg, num_slots, max_length)
@@ -158,6 +169,24 @@ class JaxEngine(Engine):
     routing = np.asarray(routing_LmxSxK).transpose(1, 0, 2)
     return {s: SlotOutput(new[s:s + 1], logprobs[s:s + 1], routing[s:s + 1])
             for s in np.flatnonzero(batch.active)}
+
+  def top_logprobs(self, tokens: Sequence[int], k: int,
+                   temperature: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forced alternatives: for each position t of `tokens`, the k most likely
+    next tokens and their log-probs at `temperature` ((ids, log-probs), each [len, k]).
+    What an OpenAI `top_logprobs` reply shows next to each sampled token."""
+    if not 1 <= k <= self.cfg.vocab_size:
+      raise ValueError(f"top_logprobs k = {k}; use 1..{self.cfg.vocab_size}.")
+    tokens = np.asarray(tokens, np.int32)
+    largest = self._buckets[-1]
+    length = (self._bucket(len(tokens)) if len(tokens) <= largest
+              else -(-len(tokens) // largest) * largest)
+    padded = np.zeros((1, length), np.int32)
+    padded[0, :len(tokens)] = tokens
+    if k not in self._top_fns:
+      self._top_fns[k] = jax.jit(functools.partial(_top, self.cfg, k))
+    ids, values = self._top_fns[k](self._params, padded, np.float32(temperature))
+    return np.asarray(ids)[:len(tokens)], np.asarray(values)[:len(tokens)]
 
   def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
     results, largest = [], self._buckets[-1]

@@ -142,3 +142,18 @@ def test_load_jsonl(tmp_path):
   path.write_text(json.dumps({"messages": CONVERSATION}) + "\n{broken\n")
   with pytest.raises(ValueError, match="chats.jsonl:2: not valid JSON"):
     chat.load_jsonl(str(path))
+
+
+def test_assistant_tokens_replace_the_re_encoded_turn(tok):
+  messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+              {"role": "user", "content": "again"}]
+  sampled = np.concatenate([tok.encode("hel"), tok.encode("lo")])  # not how "hello" encodes
+  plain = chat.render(tok, messages)
+  exact = chat.render(tok, messages, assistant_tokens={1: sampled})
+  prefix = chat.render(tok, messages[:1], add_generation_prompt=True).ids
+  end = tok.token_id(SPECIAL_TOKENS.end)
+  np.testing.assert_array_equal(exact.ids[:len(prefix) + len(sampled) + 1],
+                                np.concatenate([prefix, sampled, [end]]))
+  assert exact.loss_mask[len(prefix):len(prefix) + len(sampled) + 1].all()
+  assert tok.decode(exact.ids) == tok.decode(plain.ids)
+  np.testing.assert_array_equal(exact.ids[-6:], plain.ids[-6:])

@@ -73,3 +73,16 @@ def test_errors_name_the_fix(tmp_path):
     tokenizer.train_bpe(["x"], 100)
   with pytest.raises(FileNotFoundError, match="no tokenizer file"):
     tokenizer.Tokenizer.load(tmp_path / "missing.json")
+
+
+def test_token_bytes_rebuild_text_split_inside_characters():
+  from c2jax.data import tokenizer as tokenizer_lib
+  tok = tokenizer_lib.train_bpe(["héllo wörld ☃ snow"] * 20, 300)
+  for text in ["héllo ☃ wörld", "a☃b\n\tc", "<|end|> plain"]:
+    pieces = [tok.token_bytes(i) for i in tok.encode(text)]
+    assert b"".join(pieces) == text.encode()
+  assert any(len(p) and p.decode("utf-8", "replace") != p.decode("utf-8", "ignore")
+             for p in (tok.token_bytes(i) for i in tok.encode("☃")))  # a partial char
+  assert tok.token_bytes(tok.token_id("<|end|>")) == b"<|end|>"
+  with pytest.raises(ValueError, match="outside the vocabulary"):
+    tok.token_bytes(10**6)

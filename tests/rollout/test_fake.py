@@ -39,3 +39,27 @@ def test_stops_extend_and_versions():
   with pytest.raises(ValueError, match="non-negative int"):
     engine.update_params("weights", 4)
     engine.step()
+
+
+def test_cancel_frees_the_slot_and_progress_shows_tokens_so_far():
+  engine = make()
+  sampling = SamplingParams(temperature=0, max_tokens=20)
+  running = [engine.submit(Request([1, 2], sampling)) for _ in range(2)]
+  queued = engine.submit(Request([3], sampling))
+  engine.step()
+  engine.step()
+  tokens, logprobs = engine.progress(running[0])
+  assert len(tokens) == len(logprobs) == 3  # one from prefill, one per decode step
+  assert engine.progress(queued) == ([], [])  # both slots taken, still queued
+  engine.cancel(running[0])
+  engine.cancel(queued)
+  with pytest.raises(ValueError, match="unknown"):
+    engine.cancel(queued)
+  # The freed slot takes a new request; its result equals a fresh engine's.
+  later = engine.submit(Request([4], sampling))
+  results = {}
+  while engine.busy:
+    results.update((g.seq_id, g) for g in engine.step())
+  assert set(results) == {running[1], later}
+  [alone] = make().generate([Request([4], sampling)])
+  np.testing.assert_array_equal(results[later].tokens, alone.tokens)

@@ -173,3 +173,24 @@ def test_logprobs_scores_sequences(setup, engine):
   logp, _ = setup.teacher(setup.params, tokens)
   [scored] = engine.logprobs([tokens])
   np.testing.assert_allclose(scored, logp[np.arange(len(tokens) - 1), tokens[1:]], atol=TOL)
+
+
+def test_top_logprobs_agree_with_what_was_sampled(engine):
+  prompt = np.int32([3, 1, 4, 1, 5])
+  for temperature in (0.0, 0.7):
+    [generation] = engine.generate([Request(prompt, SamplingParams(
+        temperature=temperature, max_tokens=5, seed=2))])
+    ids, values = engine.top_logprobs(np.concatenate([prompt, generation.tokens]), 4,
+                                      temperature)
+    assert ids.shape == values.shape == (len(prompt) + 5, 4)
+    assert (np.diff(values, axis=1) <= 0).all()
+    rows = slice(len(prompt) - 1, len(prompt) + 4)  # positions that sampled the tokens
+    for row_ids, row_values, token, logprob in zip(ids[rows], values[rows],
+                                                   generation.tokens, generation.logprobs):
+      if temperature == 0:
+        assert row_ids[0] == token
+      if token in row_ids:
+        np.testing.assert_allclose(row_values[list(row_ids).index(token)], logprob,
+                                   atol=1e-4)
+  with pytest.raises(ValueError, match="top_logprobs k"):
+    engine.top_logprobs(prompt, 0)

@@ -1,0 +1,23 @@
+"""c2jax.serve: an OpenAI-compatible HTTP server over the rollout engine, with token capture.
+
+    c2jax serve --model RUN_OR_HF_DIR --port 8000 [--capture served.jsonl]
+
+In Python (tests, benchmarks, notebooks):
+
+    service = serve.Service(engine, tokenizer, "my-model", vocab_size=cfg.vocab_size,
+                            capture_path="served.jsonl")
+    with serve.Running(service) as running:          # a free port on 127.0.0.1
+      client = openai.OpenAI(base_url=running.base_url, api_key="unused")
+
+Pieces: engine_loop (one thread owns the engine: continuous batching), app / endpoints
+(FastAPI routes), schema (request bodies, OpenAI error body), prompts (messages + tools ->
+token ids, as the agent renders them), output (token ids -> content, tool_calls, stream
+deltas), capture (token-exact JSONL for RL), loading (run or HF directory), server
+(uvicorn).
+"""
+
+from c2jax.serve.app import Service, create_app
+from c2jax.serve.capture import read as read_capture
+from c2jax.serve.server import Running
+
+__all__ = ["Running", "Service", "create_app", "read_capture"]

@@ -1,0 +1,259 @@
+"""The FastAPI app: /v1/models, /v1/chat/completions, /v1/completions over an EngineLoop.
+
+Handlers validate and render on the event loop, hand a rollout Request to the engine
+thread, and await its events (engine_loop.py). A non-streaming handler watches for the
+client going away while it waits; a streaming one notices when its response generator is
+closed; either way the request is cancelled in the engine and its slot freed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+import fastapi
+from absl import logging
+from fastapi import responses
+from starlette.exceptions import HTTPException
+
+from c2jax.data.tokenizer import Tokenizer
+from c2jax.rollout import Engine, Request, SamplingParams
+from c2jax.serve import capture as capture_lib
+from c2jax.serve import prompts, schema
+from c2jax.serve.engine_loop import EngineLoop, Stream
+
+_DISCONNECT_POLL_S = 0.25
+
+
+class Service:
+  """What the app serves: one engine (driven by its own thread), its tokenizer, a name."""
+
+  def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, *,
+               vocab_size: int, capture_path: str | None = None):
+    self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
+    self.vocab_size = vocab_size
+    self.loop = EngineLoop(engine)
+    self.capture = capture_lib.CaptureWriter(capture_path) if capture_path else None
+    self.turns = prompts.TurnMemory()
+    self.created = int(time.time())
+
+  def start(self) -> "Service":
+    self.loop.start()
+    return self
+
+  def close(self) -> None:
+    self.loop.stop()
+    if self.capture is not None:
+      self.capture.close()
+
+  # ---- one request ---------------------------------------------------------------------
+  def sampling(self, request: schema.Sampling, limit: int | None, prompt_length: int,
+               stop_ids: tuple[int, ...]) -> SamplingParams:
+    max_length = self.engine.max_length
+    if prompt_length + 1 > max_length:
+      raise schema.APIError(
+          400, f"This model's maximum context length is {max_length} tokens; the prompt "
+          f"has {prompt_length} tokens, leaving no room to generate. Shorten the "
+          "messages or start the server with a larger --max_length.", "messages",
+          "context_length_exceeded")
+    room = max_length - prompt_length
+    return SamplingParams(temperature=request.temperature, top_k=request.top_k,
+                          top_p=request.top_p, max_tokens=min(limit or room, room),
+                          stop_tokens=stop_ids, stop_strings=request.stop_strings(),
+                          # The sampler keys on 32-bit seeds; clients send any integer.
+                          seed=None if request.seed is None else request.seed % 2**32)
+
+  def check_model(self, request: schema.Sampling) -> None:
+    if request.model != self.model_name:
+      raise schema.APIError(404, f"model {request.model!r} is not served here; this server "
+                            f"serves {self.model_name!r} (see GET /v1/models).", "model",
+                            "model_not_found")
+
+  def record(self, endpoint: str, request_id: str, generation, times: dict,
+             sampling: SamplingParams) -> None:
+    if self.capture is None:
+      return
+    settings = {k: getattr(sampling, k) for k in ("temperature", "top_k", "top_p",
+                                                   "max_tokens", "seed")}
+    settings["stop_tokens"] = list(sampling.stop_tokens)
+    settings["stop_strings"] = list(sampling.stop_strings)
+    self.capture.write(capture_lib.record(
+        request_id=request_id, endpoint=endpoint, model=self.model_name,
+        generation=generation, timestamps=times, sampling=settings))
+
+  def remember_turn(self, final, generation) -> None:
+    """Keeps a chat reply's sampled tokens (its closing <|end|> or <|eos|> left to the
+    template) for when the client sends it back as history."""
+    if generation.finish_reason == "stop_string":
+      return  # the client saw text cut before the stop string; its tokens hold more
+    tokens = generation.tokens
+    if generation.finish_reason == "stop_token":
+      tokens = tokens[:-1]
+    self.turns.remember(prompts.turn_key(final.content, final.tool_calls), tokens)
+
+  def token_text(self, token: int) -> str:
+    return self.tokenizer.decode([token])
+
+  def token_bytes(self, token: int) -> bytes:
+    # A model's vocabulary may be padded past the tokenizer's; such ids have no text.
+    if token >= self.tokenizer.vocab_size:
+      return b""
+    return self.tokenizer.token_bytes(token)
+
+
+class Pending:
+  """An admitted request seen from the event loop: its stream and event queue."""
+
+  def __init__(self, service: Service, request: Request, *, stream: bool):
+    loop = asyncio.get_running_loop()
+    self.queue: asyncio.Queue = asyncio.Queue()
+    self.service = service
+    self.times = {"created": time.time(), "first_token": None, "finished": None}
+
+    def deliver(event):
+      loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    self.stream = service.loop.submit(Stream(request, deliver, tokens=stream))
+
+  async def next(self, http: fastapi.Request | None = None):
+    """The next event; with `http`, raises ClientGone once the client disconnects."""
+    while True:
+      try:
+        event = await asyncio.wait_for(self.queue.get(), _DISCONNECT_POLL_S)
+      except TimeoutError:
+        if http is not None and await http.is_disconnected():
+          raise ClientGone() from None
+        continue
+      if event[0] == "done":
+        self.times["first_token"] = self.stream.first_token
+        self.times["finished"] = time.time()
+      if event[0] == "error":
+        error = event[1]
+        if isinstance(error, ValueError):
+          raise schema.APIError(400, str(error))
+        raise schema.APIError(500, f"the engine failed: {error}", kind="server_error")
+      return event
+
+  def cancel(self) -> None:
+    self.service.loop.cancel(self.stream)
+
+
+async def on_engine(service: Service, fn):
+  """fn(engine), run on the engine thread; a ValueError becomes a 400."""
+  loop = asyncio.get_running_loop()
+  future = loop.create_future()
+
+  def deliver(event):
+    def settle():
+      if future.done():
+        return
+      if event[0] == "result":
+        future.set_result(event[1])
+      else:
+        future.set_exception(event[1])
+    loop.call_soon_threadsafe(settle)
+
+  service.loop.call(fn, deliver)
+  try:
+    return await future
+  except ValueError as e:
+    raise schema.APIError(400, str(e)) from e
+
+
+async def score(service: Service, tokens) -> list[float]:
+  """Teacher-forced log-probs of tokens[1:] given their prefix (for `echo`)."""
+  tokens = list(tokens)
+  values = await on_engine(service, lambda engine: engine.logprobs([tokens])[0])
+  return [float(x) for x in values]
+
+
+async def alternatives(service: Service, prompt, tokens, k: int, temperature: float):
+  """For each sampled token, the k most likely tokens at its position (teacher-forced
+  under the same weights and temperature) as OpenAI top_logprobs entries."""
+  sequence = list(prompt) + list(tokens)
+  ids, values = await on_engine(
+      service, lambda engine: engine.top_logprobs(sequence, k, temperature))
+  first = len(prompt) - 1  # the position whose next-token distribution sampled tokens[0]
+  return [[{"token": service.token_text(int(i)), "logprob": float(v),
+            "bytes": list(service.token_bytes(int(i)))}
+           for i, v in zip(ids[first + n], values[first + n])]
+          for n in range(len(tokens))]
+
+
+class ClientGone(Exception):
+  pass
+
+
+def error_response(error: schema.APIError) -> responses.JSONResponse:
+  return responses.JSONResponse(error.body(), status_code=error.status)
+
+
+async def read_json(http: fastapi.Request):
+  raw = await http.body()
+  try:
+    return json.loads(raw)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise schema.APIError(400, f"the request body is not valid JSON ({e}); send a JSON "
+                          "object with Content-Type: application/json.") from e
+
+
+def sse(payload: dict | str) -> bytes:
+  text = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+  return f"data: {text}\n\n".encode()
+
+
+def usage(generation) -> dict:
+  prompt, completion = len(generation.prompt_tokens), len(generation.tokens)
+  return {"prompt_tokens": prompt, "completion_tokens": completion,
+          "total_tokens": prompt + completion}
+
+
+def create_app(service: Service) -> fastapi.FastAPI:
+  """The ASGI app; `service.start()` must run before requests arrive."""
+  app = fastapi.FastAPI(title="c2jax serve", docs_url=None, redoc_url=None)
+
+  @app.exception_handler(schema.APIError)
+  async def _api_error(_, error: schema.APIError):
+    return error_response(error)
+
+  @app.exception_handler(HTTPException)
+  async def _http_error(_, error: HTTPException):
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    return error_response(schema.APIError(error.status_code, str(error.detail), kind=kind))
+
+  @app.exception_handler(Exception)
+  async def _internal_error(_, error: Exception):
+    logging.exception("request failed")
+    return error_response(schema.APIError(500, f"internal error: {type(error).__name__}: "
+                                          f"{error}", kind="server_error"))
+
+  @app.get("/health")
+  async def health():
+    return {"status": "ok", "live_requests": service.loop.live}
+
+  @app.get("/v1/models")
+  async def models():
+    return {"object": "list", "data": [{
+        "id": service.model_name, "object": "model", "created": service.created,
+        "owned_by": "c2jax", "max_model_len": service.engine.max_length}]}
+
+  # Imported late: the two endpoint modules build on the names above.
+  from c2jax.serve import endpoints  # pylint: disable=g-import-not-at-top
+
+  endpoints.add_routes(app, service)
+  return app
+
+
+def logprob_entries(service: Service, tokens, logprobs) -> list[dict]:
+  entries = []
+  for token, logprob in zip(tokens, logprobs):
+    entries.append({"token": service.token_text(int(token)), "logprob": float(logprob),
+                    "bytes": list(service.token_bytes(int(token))),
+                    "top_logprobs": []})
+  return entries
+
+
+def new_id(prefix: str) -> str:
+  return f"{prefix}-{uuid.uuid4().hex[:24]}"

@@ -1,0 +1,70 @@
+"""`c2jax serve --model RUN_OR_HF_DIR`: an OpenAI-compatible server over the JaxEngine.
+
+    c2jax serve --model runs/sft --port 8000 --slots 8 --capture runs/sft/served.jsonl
+
+Endpoints: GET /v1/models, POST /v1/chat/completions (tools, stream, logprobs),
+POST /v1/completions. Concurrent requests share one engine (continuous batching over
+--slots sequence slots). --capture appends one JSONL line per finished request with the
+exact prompt / completion token ids, sampler log-probs, policy versions and expert
+indices (c2jax/serve/capture.py), so external agent harnesses' episodes can be trained on.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from absl import flags
+
+_MODEL = flags.DEFINE_string("model", None, "A c2jax run directory or an HF model directory.")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
+_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on (0 picks a free one).")
+_SLOTS = flags.DEFINE_integer("slots", 8, "Sequences decoded together (KV cache slots).")
+_MAX_LENGTH = flags.DEFINE_integer("max_length", 2048,
+                                   "Tokens per sequence (prompt + completion).")
+_CAPTURE = flags.DEFINE_string("capture", None, "Append per-request token capture JSONL here.")
+_NAME = flags.DEFINE_string("served_model_name", None,
+                            "Model id clients send (default: the directory's name).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seeds requests that send no seed.")
+_FOLLOW = flags.DEFINE_string("follow_weights", None,
+                              "An RL weight directory (RUN/weights/<run>) to follow: newer "
+                              "published versions are swapped in between decode steps.")
+_POLL = flags.DEFINE_float("weight_poll_s", 2.0, "How often --follow_weights is polled.")
+
+USAGE = "usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N --max_length N]"
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) > 1:
+    print(f"c2jax serve: unexpected arguments {argv[1:]}.\n{USAGE}", file=sys.stderr)
+    return 2
+  if not _MODEL.value:
+    print(f"c2jax serve: --model is required.\n{USAGE}", file=sys.stderr)
+    return 2
+  if _SLOTS.value < 1 or _MAX_LENGTH.value < 2:
+    print(f"c2jax serve: --slots = {_SLOTS.value} and --max_length = {_MAX_LENGTH.value}; "
+          "use at least 1 slot and 2 tokens.", file=sys.stderr)
+    return 2
+  # Heavy imports after the flags are checked, so a typo fails fast.
+  from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
+  from c2jax.serve import app, loading, server  # pylint: disable=g-import-not-at-top
+
+  try:
+    loaded = loading.load(_MODEL.value)
+  except (FileNotFoundError, ValueError) as e:
+    print(f"c2jax serve: {e}", file=sys.stderr)
+    return 2
+  engine = JaxEngine(loaded.cfg, loaded.params, num_slots=_SLOTS.value,
+                     max_length=_MAX_LENGTH.value, version=loaded.version,
+                     detokenize=loaded.tokenizer.decode, seed=_SEED.value)
+  service = app.Service(engine, loaded.tokenizer, _NAME.value or loaded.name,
+                        vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value)
+  follower = None
+  if _FOLLOW.value:
+    from c2jax.serve import follow  # pylint: disable=g-import-not-at-top
+    follower = follow.WeightFollower(engine, _FOLLOW.value, _POLL.value).start()
+  try:
+    server.serve_forever(service, _HOST.value, _PORT.value)
+  finally:
+    if follower is not None:
+      follower.stop()
+  return 0

@@ -1,0 +1,138 @@
+"""OpenAI request -> prompt token ids, laid out as the agent and the SFT data lay them out.
+
+Chat: messages are rendered by the model's chat template (c2jax/data/chat.py), ending in
+the assistant marker. Tools are listed in the system message exactly as the agent lists
+its own (c2jax/agent/prompt.py: system_message), so a model trained on agent traces sees
+an external harness's tools the way it saw its own; assistant messages with tool_calls
+and `tool` messages render as the agent's turns and observations. An assistant message
+this server itself produced recently is rendered from the exact tokens it sampled
+(TurnMemory), so a multi-turn conversation through the API keeps the policy's own tokens
+as an in-process agent's live sequence does.
+
+Completions: a string prompt is <|bos|> + its encoding; a token-id prompt is used as is.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+
+from c2jax.agent import prompt as agent_prompt
+from c2jax.data import chat
+from c2jax.data.tokenizer import Tokenizer
+from c2jax.serve import schema
+
+
+def tool_specs(request: schema.ChatRequest) -> list[dict]:
+  if request.tool_choice not in (None, "auto", "none"):
+    raise schema.APIError(400, f"tool_choice = {request.tool_choice!r}: this server "
+                          "supports 'auto' and 'none' (the model decides when to call "
+                          "tools).", "tool_choice")
+  if not request.tools or request.tool_choice == "none":
+    return []
+  return [{"type": "function", "function": {"name": t.function.name,
+                                            "description": t.function.description,
+                                            "parameters": t.function.parameters}}
+          for t in request.tools]
+
+
+def chat_messages(request: schema.ChatRequest, specs: list[dict]) -> list[dict]:
+  """Plain message dicts, with the tool listing added to (or as) the system message."""
+  messages = []
+  for i, message in enumerate(request.messages):
+    # Newer OpenAI clients send system instructions as role "developer".
+    role = "system" if message.role == "developer" else message.role
+    item = {"role": role, "content": message.text(i)}
+    if message.tool_calls:
+      item["tool_calls"] = [{"id": c.id, "type": "function",
+                             "function": {"name": c.function.name,
+                                          "arguments": c.function.arguments}}
+                            for c in message.tool_calls]
+    if message.tool_call_id is not None:
+      item["tool_call_id"] = message.tool_call_id
+    messages.append(item)
+  if specs:
+    if messages[0]["role"] == "system":
+      messages[0]["content"] = agent_prompt.system_message(messages[0]["content"] or "", specs)
+    else:
+      messages.insert(0, {"role": "system", "content": agent_prompt.system_message("", specs)})
+  return messages
+
+
+def turn_key(content: str | None, tool_calls: list[dict] | None) -> str | None:
+  """What identifies an assistant message across a round trip through a client: its
+  stripped content and its calls' names and parsed arguments (ids and JSON spacing are
+  the client's business). None when an arguments string is not JSON."""
+  calls = []
+  for call in tool_calls or []:
+    arguments = call["function"].get("arguments", "{}")
+    if isinstance(arguments, str):
+      try:
+        arguments = json.loads(arguments)
+      except json.JSONDecodeError:
+        return None
+    calls.append([call["function"]["name"], arguments])
+  return json.dumps([(content or "").strip(), calls], sort_keys=True)
+
+
+class TurnMemory:
+  """The exact tokens of recent assistant replies, so a client sending a reply back as
+  history gets it rendered as sampled, not re-encoded from text (an LRU of `size`)."""
+
+  def __init__(self, size: int = 4096):
+    self.size = size
+    self._turns: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+
+  def remember(self, key: str | None, tokens: np.ndarray) -> None:
+    if key is None:
+      return
+    self._turns[key] = np.asarray(tokens, np.int32)
+    self._turns.move_to_end(key)
+    while len(self._turns) > self.size:
+      self._turns.popitem(last=False)
+
+  def recall(self, key: str | None) -> np.ndarray | None:
+    if key is None or key not in self._turns:
+      return None
+    self._turns.move_to_end(key)
+    return self._turns[key]
+
+
+def chat_prompt(tokenizer: Tokenizer, request: schema.ChatRequest, specs: list[dict],
+                memory: TurnMemory | None = None) -> np.ndarray:
+  messages = chat_messages(request, specs)
+  exact = {}
+  for index, message in enumerate(messages):
+    if memory is not None and message["role"] == "assistant":
+      tokens = memory.recall(turn_key(message["content"], message.get("tool_calls")))
+      if tokens is not None:
+        exact[index] = tokens
+  try:
+    return chat.render(tokenizer, messages, add_generation_prompt=True,
+                       assistant_tokens=exact).ids
+  except ValueError as e:
+    raise schema.APIError(400, f"messages: {e}", "messages") from e
+
+
+def completion_prompt(tokenizer: Tokenizer, vocab_size: int,
+                      request: schema.CompletionRequest) -> tuple[np.ndarray, int]:
+  """(prompt ids, where the client's own prompt starts in them: 1 after an added BOS)."""
+  prompt = request.prompt
+  if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+    if len(prompt) != 1:
+      raise schema.APIError(400, f"prompt holds {len(prompt)} prompts; send one prompt "
+                            "per request (concurrent requests are batched together).",
+                            "prompt")
+    prompt = prompt[0]
+  if isinstance(prompt, str):
+    return np.concatenate([[tokenizer.bos_id], tokenizer.encode(prompt)]).astype(np.int32), 1
+  if not prompt:
+    raise schema.APIError(400, "prompt is empty; send text or at least one token id.",
+                          "prompt")
+  bad = [t for t in prompt if not 0 <= t < vocab_size]
+  if bad:
+    raise schema.APIError(400, f"prompt token id {bad[0]} is outside the model's "
+                          f"vocabulary [0, {vocab_size}).", "prompt")
+  return np.asarray(prompt, np.int32), 0

@@ -1,0 +1,22 @@
+"""tools/bench/bench_serve.py --smoke runs end to end and reports consistent numbers."""
+
+import importlib.util
+import pathlib
+
+import pytest
+
+pytest.importorskip("openai")
+
+
+def test_bench_serve_smoke(capsys):
+  path = pathlib.Path(__file__).parents[2] / "tools" / "bench" / "bench_serve.py"
+  spec = importlib.util.spec_from_file_location("bench_serve", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  result = bench.main(["--smoke", "--clients", "4"])
+  assert result["engine_tokens_per_s"] > 0 and result["server_tokens_per_s"] > 0
+  # 4 clients x 1 round x at most 8 tokens (fewer only if <|eos|> was sampled).
+  assert 4 <= result["server_tokens"] <= 32
+  assert result["ratio"] == pytest.approx(
+      result["server_tokens_per_s"] / result["engine_tokens_per_s"], rel=0.01)
+  assert '"ratio"' in capsys.readouterr().out

@@ -1,0 +1,98 @@
+"""`c2jax serve --model`: a c2jax run directory or an HF directory, loaded and served."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from c2jax import hf
+from c2jax.serve import loading
+from c2jax.train import checkpoint as checkpoint_lib
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture(scope="module")
+def run_dir(served, tmp_path_factory):
+  """A run directory as a training phase leaves it: config.json + an orbax checkpoint."""
+  root = tmp_path_factory.mktemp("run") / "tiny-run"
+  (root / "checkpoints").mkdir(parents=True)
+  tokenizer_file = root / "tokenizer.json"
+  served.tokenizer.save(tokenizer_file)
+  config = {"model": served.cfg.to_dict(),
+            "data": {"tokenizer_file": str(tokenizer_file)}}
+  (root / "config.json").write_text(json.dumps(config))
+  checkpointer = checkpoint_lib.Checkpointer(root / "checkpoints", async_save=False)
+  checkpointer.save(30, {"params": served.params}, {}, config, force=True)
+  checkpointer.close()
+  return root
+
+
+def assert_same_params(a, b):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y),
+                                                       atol=1e-6), a, b)
+
+
+def test_loads_a_run_directory(run_dir, served):
+  loaded = loading.load(str(run_dir))
+  assert loaded.version == 30 and loaded.name == "tiny-run"
+  assert loaded.cfg.vocab_size == served.cfg.vocab_size
+  assert loaded.tokenizer.vocab_size == served.tokenizer.vocab_size
+  assert_same_params(loaded.params, served.params)
+
+
+def test_loads_an_hf_directory(served, tmp_path):
+  hf.save(served.cfg, jax.tree.map(np.asarray, served.params), tmp_path / "hf")
+  served.tokenizer.save(tmp_path / "hf" / "tokenizer.json")
+  loaded = loading.load(str(tmp_path / "hf"))
+  assert loaded.version == 0
+  assert_same_params(loaded.params, served.params)
+
+
+def test_load_errors_name_the_problem(tmp_path, run_dir):
+  with pytest.raises(FileNotFoundError, match="no config.json"):
+    loading.load(str(tmp_path))
+  (tmp_path / "config.json").write_text("{}")
+  with pytest.raises(ValueError, match="neither a c2jax run"):
+    loading.load(str(tmp_path))
+  config = json.loads((run_dir / "config.json").read_text())
+  config["model"]["vocab_size"] = 100  # smaller than the tokenizer
+  bad = tmp_path / "bad"
+  (bad / "checkpoints").mkdir(parents=True)
+  (bad / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match="vocab_size is 100"):
+    loading.load(str(bad))
+
+
+def test_cli_serves_a_run(run_dir, tmp_path):
+  capture = tmp_path / "served.jsonl"
+  env = {**os.environ, "PYTHONPATH": os.getcwd()}
+  process = subprocess.Popen(
+      [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
+       f"--model={run_dir}", "--port=0", "--slots=2", "--max_length=96",
+       f"--capture={capture}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+  try:
+    deadline, url = time.time() + 120, None
+    while url is None:
+      line = process.stdout.readline()
+      assert line or process.poll() is None, "c2jax serve exited before listening"
+      assert time.time() < deadline, "c2jax serve did not start in time"
+      if " on http://" in line:
+        url = line.split(" on ")[1].split()[0]
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+    assert [m.id for m in client.models.list().data] == ["tiny-run"]
+    response = client.chat.completions.create(
+        model="tiny-run", messages=[{"role": "user", "content": "hi"}], temperature=0,
+        max_tokens=4)
+    assert response.system_fingerprint == "c2jax-v30"
+    [line] = capture.read_text().splitlines()
+    assert json.loads(line)["id"] == response.id
+  finally:
+    process.terminate()
+    process.wait(30)
