@@ -8,7 +8,7 @@ from array_record.python import array_record_module
 
 from c2jax.data import corpus, reader, records
 
-from conftest import TREE, options
+from data_testlib import TREE, options
 
 
 def _all_records(directory: pathlib.Path) -> dict[str, list[dict]]:

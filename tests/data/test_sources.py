@@ -4,7 +4,7 @@ import pytest
 
 from c2jax.data import sources
 
-from conftest import git_checkout
+from data_testlib import git_checkout
 
 
 def test_language_by_extension_and_name():
