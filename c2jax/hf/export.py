@@ -200,8 +200,11 @@ def _generation_config(hf: dict) -> dict:
 
 def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                step: int | None = None, dtype: str | None = None,
+               quantize: str | None = None,
                max_shard_bytes: int = convert.DEFAULT_SHARD_BYTES, log=print) -> dict:
-  """Writes the run's parameters at `step` (newest if None) as an HF directory."""
+  """Writes the run's parameters at `step` (newest if None) as an HF directory;
+  `quantize` ('fp8', 'fp8-ue8m0', 'int4': c2jax.hf.quantized.EXPORT_SCHEMES) writes a
+  released model's quantised layout instead of plain weights."""
   run = pathlib.Path(run_dir).expanduser()
   out = pathlib.Path(out_dir).expanduser()
   if dtype is not None and dtype not in DTYPES:
@@ -247,7 +250,8 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
       odd = sorted("/".join(p) for p in set(saved_paths) ^ set(expected))
       raise ExportError(f"the parameters of step {step} do not match its model config "
                         f"(e.g. {odd[:3]}); was the checkpoint written by another model?")
-    convert.write_hf(source, cfg, out, max_shard_bytes, base, leaf_major=True)
+    convert.write_hf(source, cfg, out, max_shard_bytes, base, leaf_major=True,
+                     quantize=quantize)
   finally:
     manager.close()
   hf = json.loads((out / "config.json").read_text())
@@ -256,4 +260,5 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
   files = _copy_side_files(side_dir, out) if side_dir else _write_run_tokenizer(job, out, log)
   shards = sorted(out.glob("*.safetensors"))
   return {"step": step, "shards": len(shards), "bytes": sum(p.stat().st_size for p in shards),
-          "dtype": cfg.param_dtype, "mtp_layers": cfg.num_mtp_layers, "files": files}
+          "dtype": cfg.param_dtype, "quantize": quantize, "mtp_layers": cfg.num_mtp_layers,
+          "files": files}

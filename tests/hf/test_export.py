@@ -130,6 +130,30 @@ def test_orbax_restore_fallback_writes_the_same_tensors(run, tmp_path, monkeypat
     np.testing.assert_array_equal(fast.read(name), slow.read(name), err_msg=name)
 
 
+def test_export_requantises_to_the_released_fp8_layout(run, tmp_path):
+  """--quantize fp8: DeepSeek's block-scaled layout, which loads back (dequantised) within
+  FP8's rounding of the plain export."""
+  from c2jax.hf import export, quant_formats, quantized, safetensors_io
+
+  root, _, _ = run
+  summary = export.export_run(root / "run", tmp_path / "fp8", dtype="float32",
+                              quantize="fp8")
+  assert summary["quantize"] == "fp8"
+  config = json.loads((tmp_path / "fp8" / "config.json").read_text())
+  assert config["quantization_config"]["quant_method"] == "fp8"
+  stored = safetensors_io.SafetensorsReader(tmp_path / "fp8")
+  scaled = [n for n in stored.names() if n.endswith("weight_scale_inv")]
+  assert scaled and all(stored.tensors[n[:-len("_scale_inv")]].dtype == quant_formats.FP8
+                        for n in scaled)
+  _, plain = hf.load(root / "out")
+  _, fp8 = hf.load(tmp_path / "fp8")
+  for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(plain),
+                               jax.tree_util.tree_leaves_with_path(fp8)):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    assert np.abs(a - b).max() <= np.abs(a).max() / 8, jax.tree_util.keystr(path)
+  assert quantized.scheme_from_config(config) == quantized.export_scheme("fp8")
+
+
 @pytest.mark.parametrize("case", ["deepseek_v3_grouped_yarn", "qwen3_moe_norm"])
 def test_a_run_without_hf_origin_exports_its_params_and_tokenizer(case, tmp_path):
   """Both HF architectures; the tokenizer is the run's own (config.data.tokenizer_file)."""
