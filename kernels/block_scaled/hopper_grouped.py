@@ -188,3 +188,83 @@ def fp8_gmm(lhs_RxC, lhs_scales_RxNB, rhs_GxPxC, rhs_scales_GxPxNB, group_sizes_
   )
   return kernel(first_T, last_T, offsets_Gp1, lhs_RxC, lhs_scales_NBxR, rhs_GxPxC,
                 rhs_scales_GxNBxP)
+
+
+def fp8_tgmm(lhs_KxM, lhs_scales_KxNB, rhs_NxM, rhs_scales_NxNB, group_sizes_G, *,
+             out_dtype=jnp.float32, interpret=False):
+  """out[g, k, n] = sum over tokens m of group g of lhs[k, m] rhs[n, m], block-scaled.
+
+  Both operands are quantised along the token axis M (last, padded to NB * 32); K and N
+  must be multiples of 64 (fused_grouped pads). Empty groups give zeros.
+  """
+  _check(lhs_KxM, lhs_scales_KxNB, 'lhs')
+  _check(rhs_NxM, rhs_scales_NxNB, 'rhs')
+  rows, tokens = lhs_KxM.shape
+  cols = rhs_NxM.shape[0]
+  num_groups = group_sizes_G.shape[0]
+  block_rows, block_cols = _BLOCK_ROWS, _pick_cols(cols, 'N (output columns)')
+  if rows % block_rows:
+    raise ValueError(f"fp8_tgmm needs K={rows} padded to a multiple of {block_rows}.")
+  grid_r, grid_p = rows // block_rows, cols // block_cols
+  offsets_Gp1 = offsets(group_sizes_G, tokens)
+  first_block_G = offsets_Gp1[:-1] // SCALE_BLOCK
+  num_blocks_G = jnp.where(offsets_Gp1[1:] > offsets_Gp1[:-1],
+                           pl.cdiv(offsets_Gp1[1:], SCALE_BLOCK) - first_block_G, 0)
+  lhs_scales_NBxK = lhs_scales_KxNB.astype(jnp.float32).T
+  rhs_scales_NBxN = rhs_scales_NxNB.astype(jnp.float32).T
+
+  def body(offsets_ref, first_block_ref, num_blocks_ref, lhs_gmem, lhs_s_gmem, rhs_gmem,
+           rhs_s_gmem, out_gmem):
+    @plgpu.nd_loop((num_groups, grid_r, grid_p), collective_axes='sm')
+    def _tile(loop_info):
+      g, ri, pi = loop_info.index
+      start, end = offsets_ref[g], offsets_ref[g + 1]
+      block0, num_blocks = first_block_ref[g], num_blocks_ref[g]
+
+      def step(idx, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, carry):
+        i = idx[0]
+
+        @pl.when((i == 0) | (i == num_blocks - 1))  # only edge blocks hold other groups
+        def _zero_other_groups():
+          token_ids = (block0 + i) * SCALE_BLOCK + plgpu.layout_cast(
+              lax.broadcasted_iota(jnp.int32, (block_rows, SCALE_BLOCK), 1),
+              plgpu.Layout.WGMMA)
+          keep = (token_ids >= start) & (token_ids < end)
+          lhs_smem[...] = jnp.where(keep, lhs_smem[...], 0).astype(lhs_smem.dtype)
+          plgpu.commit_smem()
+
+        partial = _block_product(lhs_smem, rhs_smem, block_rows, block_cols)
+        return carry + partial * lhs_s_smem[0, :][:, None] * rhs_s_smem[0, :][None, :]
+
+      def run(acc):
+        return plgpu.emit_pipeline(
+            step,
+            grid=(num_blocks,),
+            in_specs=[
+                plgpu.BlockSpec((block_rows, SCALE_BLOCK), lambda i: (ri, block0 + i),
+                                transforms=_swizzle(SCALE_BLOCK, lhs_KxM.dtype)),
+                plgpu.BlockSpec((1, block_rows), lambda i: (block0 + i, ri)),
+                plgpu.BlockSpec((block_cols, SCALE_BLOCK), lambda i: (pi, block0 + i),
+                                transforms=_swizzle(SCALE_BLOCK, rhs_NxM.dtype)),
+                plgpu.BlockSpec((1, block_cols), lambda i: (block0 + i, pi)),
+            ],
+            max_concurrent_steps=_PIPELINE_DEPTH,
+            init_carry=acc,
+        )(lhs_gmem, lhs_s_gmem, rhs_gmem, rhs_s_gmem)
+
+      acc = lax.cond(num_blocks > 0, run, lambda acc: acc,
+                     jnp.zeros((block_rows, block_cols), jnp.float32))
+      _store_tile(acc, out_gmem.at[g, pl.ds(ri * block_rows, block_rows),
+                                   pl.ds(pi * block_cols, block_cols)], out_dtype)
+
+  kernel = plgpu.kernel(
+      body,
+      out_type=jax.ShapeDtypeStruct((num_groups, rows, cols), out_dtype),
+      grid=(_num_programs(interpret),),
+      grid_names=('sm',),
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+      interpret=interpret_params(interpret),
+  )
+  return kernel(offsets_Gp1, first_block_G, num_blocks_G, lhs_KxM, lhs_scales_NBxK,
+                rhs_NxM, rhs_scales_NBxN)
