@@ -15,8 +15,9 @@ reduced-precision FP8 accumulation (DeepSeek-V3 report section 3.3.2) is bounded
 
   fp8_gmm  (forward and input gradient): out[r] = lhs[r] . rhs[group(r)]^T, groups along
     rows. A row tile may straddle groups; it loops over the groups it touches (ranges found
-    outside the kernel) and masks the row SCALES of other groups with a select (a [rows]
-    vector per step, not the whole tile), so NaN scales of other groups cannot leak in.
+    outside the kernel), runs the K pipeline per group into a fresh carry and selects that
+    group's rows once at the end (one select per group and tile, not per K step; a select,
+    not a zero scale, so one expert's NaN scale cannot reach another expert's rows).
   fp8_tgmm (weight gradient): out[g] = lhs[:, rows of g] . rhs[:, rows of g]^T, groups
     along the contraction (tokens). The pipeline walks only group g's token blocks; the
     first and last may hold other groups' tokens, whose FP8 values are zeroed in SMEM.
@@ -147,30 +148,30 @@ def fp8_gmm(lhs_RxC, lhs_scales_RxNB, rhs_GxPxC, rhs_scales_GxPxNB, group_sizes_
 
       def group_body(g, acc):
         start, end = offsets_ref[g], offsets_ref[g + 1]
-        in_group = (row_ids >= start) & (row_ids < end)
 
         def step(_, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, carry):
           partial = _block_product(lhs_smem, rhs_smem, block_rows, block_cols)
-          row_scale = jnp.where(in_group, lhs_s_smem[0, :], 0.0)
-          return carry + partial * row_scale[:, None] * rhs_s_smem[0, :][None, :]
+          return carry + partial * lhs_s_smem[0, :][:, None] * rhs_s_smem[0, :][None, :]
 
-        def run(acc):
-          return plgpu.emit_pipeline(
-              step,
-              grid=(num_blocks,),
-              in_specs=[
-                  plgpu.BlockSpec((block_rows, SCALE_BLOCK), lambda kb: (ri, kb),
-                                  transforms=_swizzle(SCALE_BLOCK, lhs_RxC.dtype)),
-                  plgpu.BlockSpec((1, block_rows), lambda kb: (kb, ri)),
-                  plgpu.BlockSpec((block_cols, SCALE_BLOCK), lambda kb: (pi, kb),
-                                  transforms=_swizzle(SCALE_BLOCK, rhs_GxPxC.dtype)),
-                  plgpu.BlockSpec((1, block_cols), lambda kb: (kb, pi)),
-              ],
-              max_concurrent_steps=_PIPELINE_DEPTH,
-              init_carry=acc,
-          )(lhs_gmem, lhs_s_gmem, rhs_gmem.at[g], rhs_s_gmem.at[g])
-
-        return lax.cond(end > start, run, lambda acc: acc, acc)
+        group_acc = plgpu.emit_pipeline(
+            step,
+            grid=(num_blocks,),
+            in_specs=[
+                plgpu.BlockSpec((block_rows, SCALE_BLOCK), lambda kb: (ri, kb),
+                                transforms=_swizzle(SCALE_BLOCK, lhs_RxC.dtype)),
+                plgpu.BlockSpec((1, block_rows), lambda kb: (kb, ri)),
+                plgpu.BlockSpec((block_cols, SCALE_BLOCK), lambda kb: (pi, kb),
+                                transforms=_swizzle(SCALE_BLOCK, rhs_GxPxC.dtype)),
+                plgpu.BlockSpec((1, block_cols), lambda kb: (kb, pi)),
+            ],
+            max_concurrent_steps=_PIPELINE_DEPTH,
+            init_carry=jnp.zeros((block_rows, block_cols), jnp.float32),
+        )(lhs_gmem, lhs_s_gmem, rhs_gmem.at[g], rhs_s_gmem.at[g])
+        # Rows of other groups were multiplied by this group's weights: select, never
+        # scale by zero, so a NaN scale of one expert cannot reach another's rows. An
+        # empty group selects nothing.
+        in_group = (row_ids >= start) & (row_ids < end)
+        return jnp.where(in_group[:, None], group_acc, acc)
 
       acc = lax.fori_loop(first_ref[ri], last_ref[ri] + 1, group_body,
                           jnp.zeros((block_rows, block_cols), jnp.float32))
@@ -236,8 +237,12 @@ def fp8_tgmm(lhs_KxM, lhs_scales_KxNB, rhs_NxM, rhs_scales_NxNB, group_sizes_G, 
         partial = _block_product(lhs_smem, rhs_smem, block_rows, block_cols)
         return carry + partial * lhs_s_smem[0, :][:, None] * rhs_s_smem[0, :][None, :]
 
-      def run(acc):
-        return plgpu.emit_pipeline(
+      out_tile = out_gmem.at[g, pl.ds(ri * block_rows, block_rows),
+                             pl.ds(pi * block_cols, block_cols)]
+
+      @pl.when(num_blocks > 0)
+      def _run():
+        acc = plgpu.emit_pipeline(
             step,
             grid=(num_blocks,),
             in_specs=[
@@ -249,13 +254,13 @@ def fp8_tgmm(lhs_KxM, lhs_scales_KxNB, rhs_NxM, rhs_scales_NxNB, group_sizes_G, 
                 plgpu.BlockSpec((1, block_cols), lambda i: (block0 + i, pi)),
             ],
             max_concurrent_steps=_PIPELINE_DEPTH,
-            init_carry=acc,
+            init_carry=jnp.zeros((block_rows, block_cols), jnp.float32),
         )(lhs_gmem, lhs_s_gmem, rhs_gmem, rhs_s_gmem)
+        _store_tile(acc, out_tile, out_dtype)
 
-      acc = lax.cond(num_blocks > 0, run, lambda acc: acc,
-                     jnp.zeros((block_rows, block_cols), jnp.float32))
-      _store_tile(acc, out_gmem.at[g, pl.ds(ri * block_rows, block_rows),
-                                   pl.ds(pi * block_cols, block_cols)], out_dtype)
+      @pl.when(num_blocks == 0)  # an empty group's weight gradient is zero
+      def _zeros():
+        _store_tile(jnp.zeros((block_rows, block_cols), jnp.float32), out_tile, out_dtype)
 
   kernel = plgpu.kernel(
       body,
