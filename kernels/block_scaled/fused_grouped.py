@@ -11,17 +11,21 @@ operand quantised along its own contraction axis, as grouped.py):
   forward  out  = fp8_gmm(x, W)         x along K (per token), W[g] along K
   backward dlhs = fp8_gmm(dout, W^T)    dout along N, W[g] along N; scatter-added to T
            drhs = fp8_tgmm(x, dout)     x along M, dout along M (the sorted copies)
-Kernels (PATHS): 'hopper_fused' the Pallas Mosaic GPU kernels of hopper_grouped.py
+Kernels: grouped.py's path 'hopper_fused' runs the Pallas Mosaic GPU kernels of hopper_grouped.py
 (WGMMA on sm_90; Mosaic GPU interpret mode on CPU, for tests). The portable reference is
 grouped.py's dequantise path, which computes the same math with a float grouped GEMM, and
 fused_reference.py, the same in float64 numpy.
 
-Blackwell (sm_100): not built here. This jax (0.12) exposes the primitive:
-`plgpu.tcgen05_mma(acc, a, b, a_scale=..., b_scale=...)` (jax/_src/pallas/mosaic_gpu/
-primitives.py) takes TMEM scale refs and runs block-scaled MMA, and GPU interpret mode
-simulates it (interpret/gpu_callbacks.py, TcGen05Mma). What remains is a kernel that
-copies E8M0 scales SMEM -> TMEM (`plgpu.async_copy_scales_to_tmem`) in the layout
-tcgen05 expects and the grouped tiling above; until then sm_100 takes the dequantise path.
+Blackwell (sm_100, MXFP8 and NVFP4 forward): not built. This jax (0.12.0) exposes the
+hardware primitive, `plgpu.tcgen05_mma(acc, a, b, a_scale=, b_scale=)` with TMEM scale
+refs filled by `plgpu.async_copy_scales_to_tmem` (jax/_src/pallas/mosaic_gpu/
+primitives.py), but its CPU simulation is missing, so a kernel could not be verified here:
+Mosaic GPU interpret mode's `TcGen05Mma.__call__` (interpret/gpu_callbacks.py) asserts
+`a_scale_key is None` ("TODO: Support scales and sparse metadata"), and the interpreter's
+equation dispatch (interpret/jaxpr_interpret.py) has no case for
+`async_copy_scales_to_tmem_p`. Until both exist (or a GPU is at hand) sm_100 takes the
+dequantise path (default_grouped_path). Note WGMMA is sm_90a-only: these Hopper kernels
+do not run on Blackwell.
 """
 
 import functools
@@ -117,9 +121,6 @@ def _bwd(out_dtype, interpret, residuals, dout_MxN):
 
 
 _fused.defvjp(_fwd, _bwd)
-
-PATHS = ('hopper_fused',)
-
 
 def supports(recipe_forward, recipe_backward):
   """Whether the fused kernels implement a recipe (MXFP8 E4M3 both ways)."""
