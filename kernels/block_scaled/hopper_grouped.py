@@ -91,6 +91,23 @@ def _block_product(a_smem, b_smem, rows, cols):
   return pl.run_scoped(scope, plgpu.ACC((rows, cols)))
 
 
+def _zeros_acc(rows, cols):
+  return plgpu.layout_cast(jnp.zeros((rows, cols), jnp.float32), plgpu.Layout.WGMMA)
+
+
+def _promote(carry, partial, row_scales_smem, col_scales_smem):
+  """carry + partial * row_scale[:, None] * col_scale[None, :]: the per-block promotion.
+
+  The scale tiles are [1, rows] and [1, cols] in SMEM, loaded straight into the WGMMA
+  accumulator's row and column layouts so the broadcast needs no shuffles.
+  """
+  rows, cols = partial.shape
+  row_scale = plgpu.load(row_scales_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(1))
+  col_scale = plgpu.load(col_scales_smem.at[0], layout=plgpu.Layout.WGMMA.reduce(0))
+  return carry + (partial * lax.broadcast_in_dim(row_scale, (rows, cols), [0])
+                  * lax.broadcast_in_dim(col_scale, (rows, cols), [1]))
+
+
 def _store_tile(acc, out_gmem_tile, out_dtype):
   @functools.partial(pl.run_scoped, out_smem=plgpu.SMEM(acc.shape, out_dtype))
   def _store(out_smem):
@@ -144,14 +161,15 @@ def fp8_gmm(lhs_RxC, lhs_scales_RxNB, rhs_GxPxC, rhs_scales_GxPxNB, group_sizes_
     def _tile(loop_info):
       ri, pi = loop_info.index
       row0 = ri * block_rows
-      row_ids = row0 + lax.broadcasted_iota(jnp.int32, (block_rows,), 0)
+      row_ids = row0 + plgpu.broadcasted_iota(jnp.int32, (block_rows, block_cols), 0,
+                                              layout=plgpu.Layout.WGMMA)
 
       def group_body(g, acc):
         start, end = offsets_ref[g], offsets_ref[g + 1]
 
         def step(_, lhs_smem, lhs_s_smem, rhs_smem, rhs_s_smem, carry):
           partial = _block_product(lhs_smem, rhs_smem, block_rows, block_cols)
-          return carry + partial * lhs_s_smem[0, :][:, None] * rhs_s_smem[0, :][None, :]
+          return _promote(carry, partial, lhs_s_smem, rhs_s_smem)
 
         group_acc = plgpu.emit_pipeline(
             step,
@@ -165,16 +183,16 @@ def fp8_gmm(lhs_RxC, lhs_scales_RxNB, rhs_GxPxC, rhs_scales_GxPxNB, group_sizes_
                 plgpu.BlockSpec((1, block_cols), lambda kb: (kb, pi)),
             ],
             max_concurrent_steps=_PIPELINE_DEPTH,
-            init_carry=jnp.zeros((block_rows, block_cols), jnp.float32),
+            init_carry=_zeros_acc(block_rows, block_cols),
         )(lhs_gmem, lhs_s_gmem, rhs_gmem.at[g], rhs_s_gmem.at[g])
         # Rows of other groups were multiplied by this group's weights: select, never
         # scale by zero, so a NaN scale of one expert cannot reach another's rows. An
         # empty group selects nothing.
         in_group = (row_ids >= start) & (row_ids < end)
-        return jnp.where(in_group[:, None], group_acc, acc)
+        return jnp.where(in_group, group_acc, acc)
 
       acc = lax.fori_loop(first_ref[ri], last_ref[ri] + 1, group_body,
-                          jnp.zeros((block_rows, block_cols), jnp.float32))
+                          _zeros_acc(block_rows, block_cols))
       _store_tile(acc, out_gmem.at[pl.ds(row0, block_rows), pl.ds(pi * block_cols,
                                                                   block_cols)], out_dtype)
 
@@ -227,15 +245,14 @@ def fp8_tgmm(lhs_KxM, lhs_scales_KxNB, rhs_NxM, rhs_scales_NxNB, group_sizes_G, 
 
         @pl.when((i == 0) | (i == num_blocks - 1))  # only edge blocks hold other groups
         def _zero_other_groups():
-          token_ids = (block0 + i) * SCALE_BLOCK + plgpu.layout_cast(
-              lax.broadcasted_iota(jnp.int32, (block_rows, SCALE_BLOCK), 1),
-              plgpu.Layout.WGMMA)
+          token_ids = (block0 + i) * SCALE_BLOCK + plgpu.broadcasted_iota(
+              jnp.int32, (block_rows, SCALE_BLOCK), 1, layout=plgpu.Layout.WGMMA)
           keep = (token_ids >= start) & (token_ids < end)
           lhs_smem[...] = jnp.where(keep, lhs_smem[...], 0).astype(lhs_smem.dtype)
           plgpu.commit_smem()
 
         partial = _block_product(lhs_smem, rhs_smem, block_rows, block_cols)
-        return carry + partial * lhs_s_smem[0, :][:, None] * rhs_s_smem[0, :][None, :]
+        return _promote(carry, partial, lhs_s_smem, rhs_s_smem)
 
       out_tile = out_gmem.at[g, pl.ds(ri * block_rows, block_rows),
                              pl.ds(pi * block_cols, block_cols)]
@@ -254,13 +271,13 @@ def fp8_tgmm(lhs_KxM, lhs_scales_KxNB, rhs_NxM, rhs_scales_NxNB, group_sizes_G, 
                 plgpu.BlockSpec((1, block_cols), lambda i: (block0 + i, pi)),
             ],
             max_concurrent_steps=_PIPELINE_DEPTH,
-            init_carry=jnp.zeros((block_rows, block_cols), jnp.float32),
+            init_carry=_zeros_acc(block_rows, block_cols),
         )(lhs_gmem, lhs_s_gmem, rhs_gmem, rhs_s_gmem)
         _store_tile(acc, out_tile, out_dtype)
 
       @pl.when(num_blocks == 0)  # an empty group's weight gradient is zero
       def _zeros():
-        _store_tile(jnp.zeros((block_rows, block_cols), jnp.float32), out_tile, out_dtype)
+        _store_tile(_zeros_acc(block_rows, block_cols), out_tile, out_dtype)
 
   kernel = plgpu.kernel(
       body,
