@@ -108,10 +108,14 @@ def block_scaled_grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *, recipe='mx
     if not _fused_supports(recipe):
       raise ValueError(f"path='hopper_fused' implements recipe 'mxfp8' only, got "
                        f"{recipe!r}; use path='dequantize' for it.")
+    interpret = jax.default_backend() == 'cpu'  # Mosaic GPU interpret mode (tests)
+    if not interpret and matmul.default_path() != 'hopper_fp8':
+      raise ValueError(f"path='hopper_fused' runs WGMMA kernels that need a Hopper GPU "
+                       f"(compute capability 9.x); this is {jax.devices()[0]}. Leave "
+                       "path=None to pick the path for this device.")
     return fused_grouped.fused_grouped_matmul(
         lhs_MxK, rhs_GxKxN, group_sizes_G, rows=rows,
-        preferred_element_type=preferred_element_type,
-        interpret=jax.default_backend() == 'cpu')
+        preferred_element_type=preferred_element_type, interpret=interpret)
   if rows is not None:
     lhs_MxK = jnp.take(lhs_MxK, rows, axis=0)
   impl = grouped_api.check_args(lhs_MxK, rhs_GxKxN, group_sizes_G, impl)

@@ -165,5 +165,5 @@ def test_dequantize_path_with_rows_matches_float64_reference():
   rows, sizes = np.array([5, 0, 0, 2, 4, 1, 3]), np.array([3, 0, 4], np.int32)
   out = kernels.block_scaled_grouped_matmul(jnp.asarray(x), jnp.asarray(w), jnp.asarray(sizes),
                                             rows=jnp.asarray(rows), path='dequantize',
-                                            impl='reference')
+                                            impl='ragged_dot')
   _close(out, fused_reference.forward(x, w, sizes, rows))
