@@ -23,7 +23,9 @@ primitives.py), but its CPU simulation is missing, so a kernel could not be veri
 Mosaic GPU interpret mode's `TcGen05Mma.__call__` (interpret/gpu_callbacks.py) asserts
 `a_scale_key is None` ("TODO: Support scales and sparse metadata"), and the interpreter's
 equation dispatch (interpret/jaxpr_interpret.py) has no case for
-`async_copy_scales_to_tmem_p`. Until both exist (or a GPU is at hand) sm_100 takes the
+`async_copy_scales_to_tmem_p`, so it re-binds it on host arrays and fails with
+"async_copy_scales_to_tmem source must be an SMEM ref" (both seen with a one-tile probe
+kernel on 2026-11-24). Until both exist (or a GPU is at hand) sm_100 takes the
 dequantise path (default_grouped_path). Note WGMMA is sm_90a-only: these Hopper kernels
 do not run on Blackwell.
 """
