@@ -167,3 +167,13 @@ def test_dequantize_path_with_rows_matches_float64_reference():
                                             rows=jnp.asarray(rows), path='dequantize',
                                             impl='ragged_dot')
   _close(out, fused_reference.forward(x, w, sizes, rows))
+
+
+def test_fused_grouped_matmul_names_bad_arguments():
+  lhs, rhs, sizes = jnp.zeros((8, 32)), jnp.zeros((2, 32, 64)), jnp.array([4, 4])
+  with pytest.raises(ValueError, match=r'need rhs \[len\(group_sizes\), 32, N\]'):
+    fused_grouped.fused_grouped_matmul(lhs, jnp.zeros((3, 32, 64)), sizes)
+  with pytest.raises(ValueError, match='rows must be a 1-D integer array'):
+    fused_grouped.fused_grouped_matmul(lhs, rhs, sizes, rows=jnp.zeros((8,)))
+  with pytest.raises(ValueError, match=r'expects lhs \[M, K\]'):
+    fused_grouped.fused_grouped_matmul(lhs[None], rhs, sizes)
