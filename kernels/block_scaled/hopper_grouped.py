@@ -143,7 +143,7 @@ def fp8_gmm(lhs_RxC, lhs_scales_RxNB, rhs_GxPxC, rhs_scales_GxPxNB, group_sizes_
   _check(lhs_RxC, lhs_scales_RxNB, 'lhs')
   _check(rhs_GxPxC, rhs_scales_GxPxNB, 'rhs')
   rows, contraction = lhs_RxC.shape
-  num_groups, cols, _ = rhs_GxPxC.shape
+  cols = rhs_GxPxC.shape[1]
   num_blocks = contraction // SCALE_BLOCK
   block_rows, block_cols = _BLOCK_ROWS, _pick_cols(cols, 'P (output columns)')
   if rows % block_rows:
