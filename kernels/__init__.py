@@ -7,7 +7,9 @@
   BLOCK_FORMATS ('mxfp8_e4m3', 'mxfp8_e5m2', 'nvfp4') (kernels/block_scaled/formats.py).
 - block_scaled_matmul(a, b, *, recipe='mxfp8', path=None, preferred_element_type=None)
   and block_scaled_grouped_matmul(lhs, rhs, group_sizes, *, recipe='mxfp8', impl=None,
-  preferred_element_type=None); recipes in BLOCK_SCALED_RECIPES.
+  path=None, rows=None, preferred_element_type=None); recipes in BLOCK_SCALED_RECIPES.
+  The grouped path 'hopper_fused' (default on sm_90 for 'mxfp8') runs FP8 WGMMA kernels
+  with the block scales applied inside (kernels/block_scaled/fused_grouped.py).
 """
 
 from c2jax_kernels.block_scaled import FORMATS as BLOCK_FORMATS

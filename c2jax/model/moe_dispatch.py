@@ -17,7 +17,11 @@ and both gradients) runs under the c2jax.quant recipe `quant` (cfg.quant).
 Register a new one with `DISPATCH['name'] = fn`; config validation reads the keys.
 
 Products with the float32 gate weights and the sum over k happen in float32, as HF
-does; the result is cast back to x's dtype.
+does; the result is cast back to x's dtype. Under a block-scaled recipe the sorted
+dispatches hand the tokens to the first two grouped GEMMs UNSORTED with their sort order
+(`rows`), so the recipe quantises each token to MXFP8 once before the dispatch gather,
+and expert outputs come back in bfloat16 for the combine (Composer 2's MoE recipe); the
+dense reference rounds its expert outputs to bfloat16 the same way.
 
 Einsum legend: T tokens, D hidden, E experts, F expert width, K experts per token,
 M = T*K token copies.
@@ -47,6 +51,12 @@ class ExpertWeights(NamedTuple):
   down_ExFxD: jax.Array
 
 
+def combine_dtype(quant: str, dtype) -> jnp.dtype:
+  """Dtype of the expert outputs entering the combine: bfloat16 under block-scaled
+  recipes (the report combines in BF16), the model dtype otherwise."""
+  return jnp.dtype(dtype) if quant == "none" else jnp.dtype(jnp.bfloat16)
+
+
 def dense(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
           quant: str = "none") -> jax.Array:
   """Every expert on every token, then a weighted sum (O(T*E*F) work): the reference."""
@@ -55,7 +65,9 @@ def dense(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
   expert_dot = functools.partial(quantlib.dot, quant)
   gate_ExTxF = jax.vmap(expert_dot, in_axes=(None, 0))(x_TxD, experts.gate_ExDxF)
   up_ExTxF = jax.vmap(expert_dot, in_axes=(None, 0))(x_TxD, experts.up_ExDxF)
-  out_ExTxD = jax.vmap(expert_dot)(jax.nn.silu(gate_ExTxF) * up_ExTxF, experts.down_ExFxD)
+  down_dot = functools.partial(expert_dot,
+                               preferred_element_type=combine_dtype(quant, x_TxD.dtype))
+  out_ExTxD = jax.vmap(down_dot)(jax.nn.silu(gate_ExTxF) * up_ExTxF, experts.down_ExFxD)
   # Unchosen experts get weight 0; a replayed duplicate index adds its weights, as in HF.
   combine_TxE = jnp.einsum(
       "tk,tke->te", weights_TxK, jax.nn.one_hot(indices_TxK, num_experts, dtype=jnp.float32))
@@ -72,15 +84,16 @@ def sorted_by_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
   expert_M = indices_TxK.reshape(-1)
   # Stable sort keeps each expert's tokens in token order (deterministic results).
   order_M = jnp.argsort(expert_M, stable=True)
-  x_MxD = jnp.take(x_TxD, order_M // top_k, axis=0)
+  rows_M = order_M // top_k  # the token behind each sorted copy: the dispatch gather
   group_sizes_E = jnp.bincount(expert_M, length=num_experts).astype(jnp.int32)
 
-  def grouped(lhs_MxC, rhs_ExCxN):
-    return quantlib.grouped_dot(quant, lhs_MxC, rhs_ExCxN, group_sizes_E, impl=impl)
+  def grouped(lhs, rhs_ExCxN, **kwargs):
+    return quantlib.grouped_dot(quant, lhs, rhs_ExCxN, group_sizes_E, impl=impl, **kwargs)
 
-  gate_MxF = grouped(x_MxD, experts.gate_ExDxF)
-  up_MxF = grouped(x_MxD, experts.up_ExDxF)
-  out_MxD = grouped(jax.nn.silu(gate_MxF) * up_MxF, experts.down_ExFxD)
+  gate_MxF = grouped(x_TxD, experts.gate_ExDxF, rows=rows_M)
+  up_MxF = grouped(x_TxD, experts.up_ExDxF, rows=rows_M)
+  out_MxD = grouped(jax.nn.silu(gate_MxF) * up_MxF, experts.down_ExFxD,
+                    preferred_element_type=combine_dtype(quant, x_TxD.dtype))
 
   # Inverse permutation by scatter (cheaper than a second sort), then gather back.
   unsort_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(order_M.shape[0]))

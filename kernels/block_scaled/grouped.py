@@ -13,6 +13,16 @@ block-scaled GEMM; for NVFP4 the float32 per-token scale picks up a bf16 roundin
 relative), negligible against E2M1's own 2^-2. Blocks along the token axis (weight
 gradient) follow row order and may straddle two groups; each block still gets a scale
 covering its own values.
+
+Paths (GROUPED_PATHS), one math:
+  'dequantize'    the above: portable (CPU, TPU, any GPU), the reference.
+  'hopper_fused'  fused_grouped.py: FP8 E4M3 operands through WGMMA, per-block scales
+                  applied to the FP32 accumulator inside Pallas Mosaic GPU kernels (MXFP8
+                  only; Mosaic GPU interpret mode when JAX's backend is the CPU).
+default_grouped_path picks 'hopper_fused' on compute capability 9.x for the 'mxfp8'
+recipe and 'dequantize' everywhere else (sm_100: see fused_grouped.py's docstring).
+`rows` (token index of each sorted row) quantises lhs per token before the dispatch gather
+on the fused path; on the dequantise path the gather happens first (same values).
 """
 
 import functools
@@ -22,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax_kernels.block_scaled import formats
+from c2jax_kernels.block_scaled import fused_grouped
 from c2jax_kernels.block_scaled import matmul
 from c2jax_kernels.grouped_matmul import api as grouped_api
 
@@ -65,10 +76,48 @@ def _bwd(recipe, impl, out_dtype, residuals, dout_MxN):
 _grouped.defvjp(_fwd, _bwd)
 
 
+GROUPED_PATHS = ('dequantize', 'hopper_fused')
+
+
+def _fused_supports(recipe):
+  spec = matmul.get_recipe(recipe)
+  return fused_grouped.supports(spec.forward, spec.backward)
+
+
+def default_grouped_path(recipe, device=None):
+  """'hopper_fused' on sm_90 for recipes the fused kernels implement, else 'dequantize'."""
+  on_hopper = matmul.default_path(device) == 'hopper_fp8'
+  return 'hopper_fused' if on_hopper and _fused_supports(recipe) else 'dequantize'
+
+
 def block_scaled_grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *, recipe='mxfp8',
-                                impl=None, preferred_element_type=None):
-  """grouped_matmul (same contract and impls) on block-quantised operands."""
+                                impl=None, path=None, rows=None,
+                                preferred_element_type=None):
+  """grouped_matmul (same contract and impls) on block-quantised operands.
+
+  path: a name in GROUPED_PATHS or None for default_grouped_path(recipe); impl is the
+  float grouped GEMM of the 'dequantize' path. rows: optional [M] token index per sorted
+  row, lhs then holds the [T, K] tokens before dispatch.
+  """
   matmul.get_recipe(recipe)
+  path = path or default_grouped_path(recipe)
+  if path not in GROUPED_PATHS:
+    raise ValueError(f"Unknown block-scaled grouped path {path!r}; choose one of "
+                     f"{GROUPED_PATHS}.")
+  if path == 'hopper_fused':
+    if not _fused_supports(recipe):
+      raise ValueError(f"path='hopper_fused' implements recipe 'mxfp8' only, got "
+                       f"{recipe!r}; use path='dequantize' for it.")
+    interpret = jax.default_backend() == 'cpu'  # Mosaic GPU interpret mode (tests)
+    if not interpret and matmul.default_path() != 'hopper_fp8':
+      raise ValueError(f"path='hopper_fused' runs WGMMA kernels that need a Hopper GPU "
+                       f"(compute capability 9.x); this is {jax.devices()[0]}. Leave "
+                       "path=None to pick the path for this device.")
+    return fused_grouped.fused_grouped_matmul(
+        lhs_MxK, rhs_GxKxN, group_sizes_G, rows=rows,
+        preferred_element_type=preferred_element_type, interpret=interpret)
+  if rows is not None:
+    lhs_MxK = jnp.take(lhs_MxK, rows, axis=0)
   impl = grouped_api.check_args(lhs_MxK, rhs_GxKxN, group_sizes_G, impl)
   out_dtype = jnp.dtype(preferred_element_type or lhs_MxK.dtype)
   return _grouped(lhs_MxK, rhs_GxKxN, group_sizes_G.astype(jnp.int32), recipe, impl,
