@@ -1,0 +1,112 @@
+"""`c2jax eval` pointed at a running `c2jax serve` scores what the in-process engine
+scores: the same random `tiny` model (an HF directory), greedy, on procgen tasks; per
+(task, sample) the same prompt and completion tokens, transcript and pass/fail."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import pytest
+
+from c2jax import model
+from c2jax.agent import config as agent_config
+from c2jax.agent import prompt as prompt_lib
+from c2jax.data import tokenizer as tokenizer_lib
+from c2jax.eval import runner
+from c2jax.hf import convert
+from c2jax.model import variants
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "configs"))
+import eval as eval_config  # pylint: disable=wrong-import-position,redefined-builtin
+
+MAX_LENGTH = 1024
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("served") / "tiny-served"
+  texts = [prompt_lib.system_message(agent_config.SYSTEM_PROMPT, [])] * 8
+  tok = tokenizer_lib.train_bpe(texts + ["def f(x):\n    return x + 1\n"] * 8, 400)
+  # The model's vocabulary is the tokenizer's, so every greedy token is text (ids past
+  # the tokenizer would decode to nothing and leave nothing to compare).
+  cfg = variants.get("tiny")
+  cfg.vocab_size = tok.vocab_size
+  convert.save(cfg, model.init(cfg, jax.random.key(1)), directory)
+  tok.save(directory / "tokenizer.json")
+  return directory
+
+
+@pytest.fixture(scope="module")
+def served(hf_dir, tmp_path_factory):
+  capture = tmp_path_factory.mktemp("capture") / "served.jsonl"
+  process = subprocess.Popen(
+      [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
+       f"--model={hf_dir}", "--port=0", "--slots=4", f"--max_length={MAX_LENGTH}",
+       f"--capture={capture}"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+      env=dict(os.environ, PYTHONPATH=ROOT))
+  try:
+    deadline, url = time.time() + 180, None
+    while url is None:
+      line = process.stdout.readline()
+      assert line or process.poll() is None, "c2jax serve exited before listening"
+      assert time.time() < deadline, "c2jax serve did not start in time"
+      if " on http://" in line:
+        url = line.split(" on ")[1].split()[0]
+    yield url, capture
+  finally:
+    process.terminate()
+    process.wait(30)
+
+
+def _config(**overrides):
+  cfg = eval_config.get_config("procgen,tiny")
+  values = {"suite.args.count": 3, "eval.samples": 1, "eval.ks": (1,),
+            "eval.progress": False, "agent.temperature": 0.0, "agent.max_turns": 2,
+            "agent.max_turn_tokens": 12, "policy.max_length": MAX_LENGTH,
+            "policy.slots": 4, **overrides}
+  for key, value in values.items():
+    node, *path = key.split(".")
+    target = cfg[node]
+    for part in path[:-1]:
+      target = target[part]
+    target[path[-1]] = value
+  return cfg
+
+
+def _by_key(workdir, name):
+  lines = (workdir / name).read_text().splitlines()
+  return {(r["task_id"], r["sample"]): r for r in map(json.loads, lines)}
+
+
+@pytest.mark.parametrize("tool_calls", ["native", "text"])
+def test_eval_through_serve_matches_the_engine(tmp_path, hf_dir, served, tool_calls):
+  url, capture = served
+  engine_dir, served_dir = tmp_path / "engine", tmp_path / "served"
+  runner.run(_config(**{"policy.kind": "engine", "policy.run": str(hf_dir)}),
+             str(engine_dir))
+  runner.run(_config(**{"policy.kind": "openai", "policy.base_url": url,
+                        "policy.model": hf_dir.name, "policy.api_key_env": "",
+                        "policy.tool_calls": tool_calls}), str(served_dir))
+  engine, remote = _by_key(engine_dir, "results.jsonl"), _by_key(served_dir, "results.jsonl")
+  assert sorted(engine) == sorted(remote) and len(engine) == 3
+  for key, mine in engine.items():
+    theirs = remote[key]
+    assert theirs["infra_error"] is None, theirs
+    for field in ("score", "solved", "passed", "turns", "tool_calls", "finish_reason",
+                  "completion_tokens", "prompt_tokens"):
+      assert mine[field] == theirs[field], (key, field, mine[field], theirs[field])
+  transcripts = (_by_key(engine_dir, "transcripts.jsonl"),
+                 _by_key(served_dir, "transcripts.jsonl"))
+  # Native mode sends the tools as specs, so its transcript's system message is the bare
+  # prompt; serve lists them in the system message as the agent does (prompt_tokens above).
+  first = 1 if tool_calls == "native" else 0
+  for key in engine:
+    ours, theirs = (t[key]["messages"] for t in transcripts)
+    assert any(m["role"] == "assistant" and m["content"] for m in ours), ours
+    assert ours[first:] == theirs[first:], key
+  assert len(capture.read_text().splitlines()) >= 3
