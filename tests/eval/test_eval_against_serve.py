@@ -64,11 +64,17 @@ def served(hf_dir, tmp_path_factory):
 
 
 def _config(**overrides):
-  cfg = eval_config.get_config("procgen,tiny")
-  values = {"suite.args.count": 3, "eval.samples": 1, "eval.ks": (1,),
-            "eval.progress": False, "agent.temperature": 0.0, "agent.max_turns": 2,
-            "agent.max_turn_tokens": 12, "policy.max_length": MAX_LENGTH,
-            "policy.slots": 4, **overrides}
+  return _override(eval_config.get_config("procgen,tiny"), {
+      "suite.args.count": 3, "eval.samples": 1, "eval.ks": (1,), "eval.progress": False,
+      "agent.temperature": 0.0, "agent.max_turns": 2, "agent.max_turn_tokens": 12,
+      "policy.max_length": MAX_LENGTH, "policy.slots": 4, **overrides})
+
+
+def _scored_config(**overrides):
+  return _override(eval_config.get_config("state_tracking,tiny"), overrides)
+
+
+def _override(cfg, values):
   for key, value in values.items():
     node, *path = key.split(".")
     target = cfg[node]
@@ -110,3 +116,27 @@ def test_eval_through_serve_matches_the_engine(tmp_path, hf_dir, served, tool_ca
     assert any(m["role"] == "assistant" and m["content"] for m in ours), ours
     assert ours[first:] == theirs[first:], key
   assert len(capture.read_text().splitlines()) >= 3
+
+
+def test_state_tracking_through_serve_matches_the_engine(tmp_path, hf_dir, served):
+  """The base-model suite over /v1/completions: the same greedy answers and scores. The
+  budget is capped so both sides write max_new_tokens (the engine budgets from the
+  answer's tokens, an endpoint from its bytes; a random model never closes the fence)."""
+  url, _ = served
+  args = {"suite.args.max_new_tokens": 16, "suite.args.count": 3,
+          "policy.max_length": MAX_LENGTH, "eval.progress": False}
+  engine_dir, served_dir = tmp_path / "engine", tmp_path / "served"
+  runner.run(_scored_config(**args, **{"policy.run": str(hf_dir)}), str(engine_dir))
+  runner.run(_scored_config(**args, **{"policy.kind": "openai", "policy.base_url": url,
+                                       "policy.model": hf_dir.name,
+                                       "policy.api_key_env": ""}), str(served_dir))
+  engine, remote = _by_key(engine_dir, "results.jsonl"), _by_key(served_dir, "results.jsonl")
+  assert sorted(engine) == sorted(remote) and len(engine) == 3
+  # The engine skips (as infra errors, retried with a larger max_length) cases whose
+  # prompt leaves no room for the whole true answer; an endpoint cannot tell, and tries.
+  both = [k for k in engine if engine[k]["infra_error"] is None]
+  assert both and all(remote[k]["infra_error"] is None for k in both)
+  for key in both:
+    mine, theirs = engine[key], remote[key]
+    for field in ("score", "exact", "answer", "prompt_tokens", "completion_tokens"):
+      assert mine[field] == theirs[field], (key, field, mine[field], theirs[field])
