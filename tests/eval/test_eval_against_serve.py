@@ -89,12 +89,19 @@ def _by_key(workdir, name):
   return {(r["task_id"], r["sample"]): r for r in map(json.loads, lines)}
 
 
+@pytest.fixture(scope="module")
+def engine_dir(hf_dir, tmp_path_factory):
+  """The in-process engine's run, once for both tool-call modes."""
+  workdir = tmp_path_factory.mktemp("engine")
+  runner.run(_config(**{"policy.kind": "engine", "policy.run": str(hf_dir)}), str(workdir))
+  return workdir
+
+
 @pytest.mark.parametrize("tool_calls", ["native", "text"])
-def test_eval_through_serve_matches_the_engine(tmp_path, hf_dir, served, tool_calls):
+def test_eval_through_serve_matches_the_engine(tmp_path, hf_dir, served, engine_dir,
+                                               tool_calls):
   url, capture = served
-  engine_dir, served_dir = tmp_path / "engine", tmp_path / "served"
-  runner.run(_config(**{"policy.kind": "engine", "policy.run": str(hf_dir)}),
-             str(engine_dir))
+  served_dir = tmp_path / "served"
   runner.run(_config(**{"policy.kind": "openai", "policy.base_url": url,
                         "policy.model": hf_dir.name, "policy.api_key_env": "",
                         "policy.tool_calls": tool_calls}), str(served_dir))
