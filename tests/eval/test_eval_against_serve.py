@@ -1,6 +1,10 @@
 """`c2jax eval` pointed at a running `c2jax serve` scores what the in-process engine
 scores: the same random `tiny` model (an HF directory), greedy, on procgen tasks; per
-(task, sample) the same prompt and completion tokens, transcript and pass/fail."""
+(task, sample) the same prompt and completion tokens, transcript and pass/fail.
+
+The random policy answers in one turn without tool calls, so these episodes exercise the
+first turn; the multi-turn rendering of both tool-call modes is checked token for token
+in tests/serve/test_serve_text_protocol.py and test_serve_tools.py."""
 
 import json
 import os
@@ -9,15 +13,20 @@ import sys
 import time
 
 import jax
+import numpy as np
 import pytest
 
 from c2jax import model
 from c2jax.agent import config as agent_config
+from c2jax.agent import conversation
 from c2jax.agent import prompt as prompt_lib
 from c2jax.data import tokenizer as tokenizer_lib
+from c2jax.env import tasks as tasks_lib
+from c2jax.env import tools as tools_lib
 from c2jax.eval import runner
 from c2jax.hf import convert
 from c2jax.model import variants
+from c2jax.serve import capture as capture_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "configs"))
@@ -122,7 +131,15 @@ def test_eval_through_serve_matches_the_engine(tmp_path, hf_dir, served, engine_
     ours, theirs = (t[key]["messages"] for t in transcripts)
     assert any(m["role"] == "assistant" and m["content"] for m in ours), ours
     assert ours[first:] == theirs[first:], key
-  assert len(capture.read_text().splitlines()) >= 3
+  # Token for token: each task's first prompt, as serve rendered it, is the agent loop's.
+  cfg = _config()
+  tok = tokenizer_lib.Tokenizer.load(hf_dir / "tokenizer.json")
+  specs = tools_lib.Toolbox(None, agent_config.toolset(cfg.agent)).specs()
+  captured = {tuple(row["prompt_ids"].tolist()) for row in capture_lib.read(capture)}
+  for task in tasks_lib.load_jsonl(served_dir / "tasks" / "tasks.jsonl"):
+    ids = conversation.make_conversation(tok, cfg.agent).start(cfg.agent.system_prompt,
+                                                               specs, task.prompt)
+    assert tuple(np.asarray(ids).tolist()) in captured, task.id
 
 
 def test_state_tracking_through_serve_matches_the_engine(tmp_path, hf_dir, served):
