@@ -32,7 +32,7 @@ from c2jax.agent import config as agent_config
 from c2jax.eval import policies, runner, suites
 
 TEST_ARGS = ("procgen", "eager_editing", "instruction_following", "procgen,tiny",
-             "codebase_ppl,tiny,run=runs/tiny/pretrain", "state_tracking,run=runs/tiny/pretrain")
+             "state_tracking,run=runs/tiny/pretrain", "state_tracking,tiny,run=runs/x")
 
 
 def get_config(arg: str = "procgen"):

@@ -28,6 +28,7 @@ import time
 import ml_collections
 import numpy as np
 
+from c2jax import config as configlib
 from c2jax.eval.base import codebase as codebase_lib
 from c2jax.eval.base import perplexity as perplexity_lib
 from c2jax.eval.base import state_cases
@@ -43,6 +44,27 @@ def codebase_ppl_defaults() -> ml_collections.ConfigDict:
       max_file_bytes=1 << 20))
 
 
+def _check_dir(cfg, key: str, what: str) -> None:
+  value = configlib.get(cfg, key)
+  if value and not os.path.isdir(os.path.expanduser(value)):
+    raise configlib.ConfigError(key, f"= {value!r} is not a directory; {what}.")
+
+
+def check_codebase_ppl(cfg) -> None:
+  """The suite's arguments, before any model is loaded (cfg: the whole eval config)."""
+  if not cfg.suite.args.repo:
+    raise configlib.ConfigError("suite.args.repo", "is empty; set it to the root of the "
+                                "held-out repository whose files are scored.")
+  _check_dir(cfg, "suite.args.repo", "pass the held-out repository's root")
+  configlib.check_positive(cfg, "suite.args.batch_size")
+  configlib.check_positive(cfg, "suite.args.max_file_bytes")
+  window, stride = cfg.suite.args.window, cfg.suite.args.stride
+  if not (isinstance(window, int) and isinstance(stride, int) and 1 <= stride < window):
+    raise configlib.ConfigError("suite.args.stride", f"= {stride} with window = {window}; "
+                                "use integers 1 <= stride < window (window - stride is the "
+                                "least left context a scored token sees).")
+
+
 def _engine_parts(policy, suite: str):
   if not all(hasattr(policy, k) for k in ("model_cfg", "params", "tokenizer")):
     raise ValueError(f"suite {suite!r} needs the model itself (config.policy.kind='engine' "
@@ -54,9 +76,6 @@ def _engine_parts(policy, suite: str):
 def codebase_ppl(args, policy, out_dir, done):
   """Every file's NLL in one rolling-window pass; files already recorded are skipped (a
   partly recorded repository is scored again and only its missing files appended)."""
-  if not args.repo:
-    raise ValueError("suite codebase_ppl needs config.suite.args.repo: the root of the "
-                     "held-out repository whose files are scored.")
   model_cfg, params, tokenizer = _engine_parts(policy, "codebase_ppl")
   options = codebase_lib.CodebaseOptions(extensions=tuple(args.extensions),
                                          max_file_bytes=args.max_file_bytes)
@@ -110,13 +129,35 @@ def state_tracking_defaults() -> ml_collections.ConfigDict:
       max_new_tokens_factor=1.5, max_new_tokens_slack=32, max_new_tokens=4096, chunk=0))
 
 
+def check_state_tracking(cfg) -> None:
+  """The suite's arguments, before any model is loaded (cfg: the whole eval config)."""
+  args = cfg.suite.args
+  if args.repo and args.cases_path:
+    raise configlib.ConfigError("suite.args.repo", "and suite.args.cases_path are both set; "
+                                "cases come from one: a git repository or a cases JSONL.")
+  _check_dir(cfg, "suite.args.repo", "pass a local git repository (or leave it empty for "
+             "generated cases)")
+  if args.cases_path and not os.path.isfile(os.path.expanduser(args.cases_path)):
+    raise configlib.ConfigError("suite.args.cases_path", f"= {args.cases_path!r} is not a "
+                                "file; write one with tools/build_state_tracking.py.")
+  for key in ("count", "max_new_tokens", "max_new_tokens_factor", "min_diffs"):
+    configlib.check_positive(cfg, f"suite.args.{key}")
+  configlib.check_positive(cfg, "suite.args.chunk", allow_zero=True)
+  configlib.check_positive(cfg, "suite.args.max_new_tokens_slack", allow_zero=True)
+  if args.max_diffs < args.min_diffs:
+    raise configlib.ConfigError("suite.args.max_diffs", f"= {args.max_diffs} is below "
+                                f"suite.args.min_diffs = {args.min_diffs}.")
+  for key in ("procedural_diffs", "procedural_functions"):
+    low_high = tuple(args[key])
+    if len(low_high) != 2 or not 1 <= low_high[0] <= low_high[1]:
+      raise configlib.ConfigError(f"suite.args.{key}", f"= {low_high}; use an inclusive "
+                                  "range (low, high) with 1 <= low <= high.")
+
+
 def _cases(args, out_dir) -> list[state_cases.Case]:
   listing = os.path.join(out_dir, CASES_FILE)
   if os.path.exists(listing):
     return state_cases.load_jsonl(listing)
-  if args.repo and args.cases_path:
-    raise ValueError("suite state_tracking: set one of config.suite.args.repo (a git "
-                     "repository) or suite.args.cases_path (a cases JSONL), not both.")
   if args.cases_path:
     cases = state_cases.load_jsonl(args.cases_path)[:args.count]
   elif args.repo:

@@ -48,6 +48,8 @@ def validate(cfg) -> None:
   configlib.check_choice(cfg, "suite.name", suites.suite_names())
   suite = suites.get_suite(cfg.suite.name)
   configlib.check_keys(cfg.suite.args, suite.defaults(), "suite.args.")
+  if suite.check is not None:
+    suite.check(cfg)
   configlib.check_keys(cfg.policy, policies.default_config(), "policy.")
   configlib.check_keys(cfg.eval, default_config(), "eval.")
   agent_config.validate(cfg.agent)

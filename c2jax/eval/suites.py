@@ -46,6 +46,8 @@ class Suite:
   policies: tuple[str, ...] | None = None
   metrics: Callable[[list[dict]], dict] | None = None
   columns: tuple[str, ...] = ()
+  # check(cfg) raises ConfigError for bad suite.args, before anything is loaded.
+  check: Callable | None = None
 
 
 _SUITES: dict[str, Suite] = {}
@@ -55,7 +57,7 @@ def register_suite(name: str, *, defaults: Callable[[], ml_collections.ConfigDic
                    oracle: bool = False, kind: str = "agent",
                    policies: tuple[str, ...] | None = None,
                    metrics: Callable[[list[dict]], dict] | None = None,
-                   columns: tuple[str, ...] = ()):
+                   columns: tuple[str, ...] = (), check: Callable | None = None):
   if kind not in KINDS:
     raise ValueError(f"register_suite({name!r}): kind must be one of {KINDS}, got {kind!r}.")
 
@@ -63,7 +65,7 @@ def register_suite(name: str, *, defaults: Callable[[], ml_collections.ConfigDic
     if name in _SUITES:
       raise ValueError(f"Suite {name!r} is registered twice.")
     _SUITES[name] = Suite(name, kind, fn, defaults, oracle, (fn.__doc__ or "").strip(),
-                          policies, metrics, columns)
+                          policies, metrics, columns, check)
     return fn
   return wrap
 
@@ -149,6 +151,7 @@ def _instruction_following(args, out_dir):
 
 @register_suite("codebase_ppl", defaults=base_suites.codebase_ppl_defaults, kind="scored",
                 policies=("engine",), metrics=base_suites.codebase_ppl_metrics,
+                check=base_suites.check_codebase_ppl,
                 columns=("files", "tokens", "perplexity", "bits_per_byte", "nll_per_token",
                          "window", "stride", "tokens_per_second"))
 def _codebase_ppl(args, policy, out_dir, done):
@@ -160,6 +163,7 @@ def _codebase_ppl(args, policy, out_dir, done):
 @register_suite("state_tracking", defaults=base_suites.state_tracking_defaults,
                 kind="scored", oracle=True, policies=("engine", "openai", "oracle"),
                 metrics=base_suites.state_tracking_metrics,
+                check=base_suites.check_state_tracking,
                 columns=("cases", "mean_score", "stderr", "mean_normalised_distance",
                          "exact_match", "completion_tokens", "skipped"))
 def _state_tracking(args, policy, out_dir, done):

@@ -147,8 +147,19 @@ def test_state_tracking_oracle_scores_one_on_git_cases(tmp_path):
   assert record["source"] == "git" and record["diffs"] == 3
 
 
-def test_perplexity_needs_an_engine_policy(tmp_path):
+def test_bad_settings_are_config_errors_before_any_model_loads(tmp_path):
   cfg = _config("codebase_ppl", **{"policy.kind": "openai", "policy.base_url": "http://x",
                                    "policy.model": "m", "suite.args.repo": str(tmp_path)})
   with pytest.raises(configlib.ConfigError, match="logits.*engine"):
-    runner.run(cfg, str(tmp_path / "run"))
+    runner.validate(cfg)
+  cfg = _config("codebase_ppl,run=/nowhere")
+  assert cfg.policy.kind == "engine" and cfg.policy.run == "/nowhere"
+  with pytest.raises(configlib.ConfigError, match="suite.args.repo: is empty"):
+    runner.validate(cfg)
+  cfg.suite.args.repo, cfg.suite.args.stride = str(tmp_path), cfg.suite.args.window
+  with pytest.raises(configlib.ConfigError, match="suite.args.stride"):
+    runner.validate(cfg)
+  cfg = _config("state_tracking,run=/nowhere", **{"suite.args.repo": str(tmp_path),
+                                                  "suite.args.cases_path": "x.jsonl"})
+  with pytest.raises(configlib.ConfigError, match="both set"):
+    runner.validate(cfg)
