@@ -137,7 +137,7 @@ def _git_repo(root):
   return root
 
 
-def test_state_tracking_oracle_scores_one_on_git_cases(tmp_path):
+def test_state_tracking_oracle_scores_one_on_git_and_generated_cases(tmp_path):
   repo = _git_repo(tmp_path / "git")
   cfg = _config("state_tracking", **{"policy.kind": "oracle", "suite.args.repo": str(repo),
                                      "eval.progress": False})
@@ -145,6 +145,10 @@ def test_state_tracking_oracle_scores_one_on_git_cases(tmp_path):
   assert summary["metrics"]["cases"] == 1 and summary["metrics"]["mean_score"] == 1.0
   (record,) = _records(tmp_path / "run")
   assert record["source"] == "git" and record["diffs"] == 3
+  generated = runner.run(_config("state_tracking", **{"policy.kind": "oracle",
+                                                       "eval.progress": False}),
+                         str(tmp_path / "generated"))
+  assert generated["metrics"]["cases"] == 16 and generated["metrics"]["exact_match"] == 1.0
 
 
 def test_bad_settings_are_config_errors_before_any_model_loads(tmp_path):
