@@ -9,11 +9,21 @@ Variants (the suite; its arguments are config.suite.args):
   terminal_bench         Harbor / Terminal-Bench task folders: --config.suite.args.path=DIR
   eager_editing          questions that must be answered without editing any file
   instruction_following  bug fixes under explicit, graded constraints
+  codebase_ppl           base model: perplexity of a held-out repository
+                         (--config.suite.args.repo=DIR; window, stride); engine policy only
+  state_tracking         base model: rebuild a file from its diffs (LoCoDiff-style); cases
+                         from --config.suite.args.repo=GIT_REPO, .cases_path=JSONL, or generated
 Policies (config.policy.kind): oracle (default: checks the harness; 100% expected),
 engine (--config.policy.run=RUN_DIR), openai (--config.policy.base_url=URL
 --config.policy.model=NAME --config.policy.api_key_env=VAR).
 Append ',tiny' for the CPU settings of configs/rl.py's tiny agent (short turns, the
-three tools its SFT traces use), e.g. configs/eval.py:procgen,tiny.
+three tools its SFT traces use), e.g. configs/eval.py:procgen,tiny; for the base-model
+suites, short windows and cases.
+Append ',run=RUN_DIR' to score a c2jax run or HF directory on the engine (the same as
+--config.policy.kind=engine --config.policy.run=RUN_DIR).
+The base-model suites default to policy.kind='engine' and one greedy sample per case:
+  c2jax eval --config=configs/eval.py:codebase_ppl --workdir=DIR \
+      --config.policy.run=RUN --config.suite.args.repo=HELD_OUT_REPO
 """
 
 import ml_collections
@@ -21,18 +31,21 @@ import ml_collections
 from c2jax.agent import config as agent_config
 from c2jax.eval import policies, runner, suites
 
-TEST_ARGS = ("procgen", "eager_editing", "instruction_following", "procgen,tiny")
+TEST_ARGS = ("procgen", "eager_editing", "instruction_following", "procgen,tiny",
+             "state_tracking,run=runs/tiny/pretrain", "state_tracking,tiny,run=runs/x")
 
 
 def get_config(arg: str = "procgen"):
   parts = [p for p in (arg or "procgen").split(",") if p]
-  suite, options = parts[0], set(parts[1:])
+  suite, options = parts[0], set(p for p in parts[1:] if not p.startswith("run="))
+  runs = [p[len("run="):] for p in parts[1:] if p.startswith("run=")]
   if suite not in suites.suite_names():
     raise ValueError(f"configs/eval.py: unknown suite {suite!r}; choose one of "
                      f"{suites.suite_names()}.")
   unknown = sorted(options - {"tiny"})
   if unknown:
-    raise ValueError(f"configs/eval.py: unknown option(s) {unknown}; the only option is 'tiny'.")
+    raise ValueError(f"configs/eval.py: unknown option(s) {unknown}; the options are 'tiny' "
+                     "and 'run=RUN_DIR'.")
   c = ml_collections.ConfigDict()
   c.suite = ml_collections.ConfigDict({"name": suite, "args": suites.get_suite(suite).defaults()})
   c.policy = policies.default_config()
@@ -41,7 +54,16 @@ def get_config(arg: str = "procgen"):
   c.eval.samples = 4
   c.eval.ks = (1, 2, 4)
   c.agent.temperature = 1.0
-  if "tiny" in options:
+  if suites.get_suite(suite).kind == "scored":
+    c.policy.kind = "engine"
+    c.eval.samples, c.eval.ks = 1, (1,)  # greedy: one sample per case says it all
+  if "tiny" in options and suite == "codebase_ppl":
+    c.suite.args.window, c.suite.args.stride, c.policy.max_length = 64, 32, 512
+  elif "tiny" in options and suite == "state_tracking":
+    c.suite.args.count, c.suite.args.max_new_tokens = 3, 48
+    c.suite.args.procedural_diffs, c.suite.args.procedural_functions = (1, 2), (1, 2)
+    c.policy.max_length = 1536
+  elif "tiny" in options:
     # configs/rl.py:tiny's agent, so an RL or agent-SFT run of `tiny` is scored as trained.
     c.agent.tools = ("read_file", "edit_file", "finish")
     c.agent.max_turns = 4
@@ -51,4 +73,6 @@ def get_config(arg: str = "procgen"):
     c.policy.slots = 16
     if suite == "procgen":
       c.suite.args.difficulties = (0,)
+  if runs:
+    c.policy.kind, c.policy.run = "engine", runs[-1]
   return c

@@ -91,9 +91,18 @@ class EnginePolicy:
 
   def __init__(self, engine, tokenizer, agent_cfg, label: str = "engine",
                sandbox_factory=None):
-    self.engine, self.tokenizer, self.agent_cfg = engine, tokenizer, agent_cfg
+    """engine: a rollout.Engine, or a function making one on first use (a suite that
+    only scores logits, such as codebase_ppl, never allocates the engine's KV cache)."""
+    self._engine = engine
+    self.tokenizer, self.agent_cfg = tokenizer, agent_cfg
     self.sandbox_factory = sandbox_factory
     self.label = label
+
+  @property
+  def engine(self):
+    if callable(self._engine) and not hasattr(self._engine, "generate"):
+      self._engine = self._engine()
+    return self._engine
 
   @classmethod
   def from_run(cls, run_dir: str, agent_cfg, *, slots: int, max_length: int,
@@ -104,8 +113,8 @@ class EnginePolicy:
     if max_length > model_cfg.max_position:
       raise ValueError(f"config.policy.max_length = {max_length} exceeds the model's "
                        f"max_position = {model_cfg.max_position}.")
-    engine = JaxEngine(model_cfg, params, num_slots=slots, max_length=max_length,
-                       detokenize=tokenizer.decode)
+    engine = lambda: JaxEngine(model_cfg, params, num_slots=slots, max_length=max_length,
+                               detokenize=tokenizer.decode)
     policy = cls(engine, tokenizer, agent_cfg, label or pathlib.Path(run_dir).name)
     policy.model_cfg, policy.params = model_cfg, params  # for scored (base-model) suites
     return policy

@@ -79,6 +79,33 @@ class OpenAIPolicy:
       # model's output broke the request. The episode ends there; it is the model's.
       return None, f"rejected: HTTP {e.status_code}: {str(e)[:300]}"
 
+  def complete_text(self, prompt: str, *, max_tokens: int, stop: list[str]) -> dict:
+    """One greedy plain-text completion (/v1/completions: no chat template, as base
+    checkpoints are evaluated): {'text', 'finish_reason', 'prompt_tokens',
+    'completion_tokens'}, or {'infra_error'} for a failure retrying might cure."""
+    openai = self._openai
+    try:
+      response = self.client.completions.create(
+          model=self.cfg.model, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+          stop=stop[:4] or None)
+    except (openai.APITimeoutError, openai.APIConnectionError, openai.RateLimitError,
+            openai.InternalServerError) as e:
+      return {"infra_error": f"endpoint: {type(e).__name__}: {e}"[:2000]}
+    except (openai.AuthenticationError, openai.PermissionDeniedError,
+            openai.NotFoundError) as e:
+      raise EndpointConfigError(f"the endpoint {self.cfg.base_url} refused "
+                                f"config.policy.model = {self.cfg.model!r} or the key in "
+                                f"${self.cfg.api_key_env}: {e}") from e
+    except openai.APIStatusError as e:
+      if e.status_code >= 500:
+        return {"infra_error": f"endpoint: HTTP {e.status_code}: {e}"[:2000]}
+      return {"infra_error": f"rejected: HTTP {e.status_code}: {str(e)[:300]} (a prompt "
+                             "over the endpoint's context is retried after you raise it)"}
+    choice, usage = response.choices[0], response.usage
+    return {"text": choice.text or "", "finish_reason": choice.finish_reason,
+            "prompt_tokens": usage.prompt_tokens if usage else None,
+            "completion_tokens": usage.completion_tokens if usage else None}
+
   # ---- one episode ----------------------------------------------------------------------
   def episode(self, job: episode_lib.Job) -> episode_lib.Outcome:
     task, cfg, started = job.task, self.agent_cfg, time.monotonic()

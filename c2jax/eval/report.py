@@ -1,10 +1,12 @@
 """`c2jax eval report DIR [DIR...]`: one table across eval runs and a Pareto plot.
 
 Each run is re-summarised from its results.jsonl (so a run still in progress or killed
-reports what it has). Writes OUT.md (markdown table), OUT.json (the same rows, full
-precision) and OUT.png: accuracy against median completion tokens, one labelled point per
-run with standard-error bars, the Pareto front (no other run is both more accurate and
-cheaper in tokens) joined by a line.
+reports what it has). Runs of scored suites (base-model evals) get a table per suite with
+the suite's own metrics (perplexity, bits/byte; mean character similarity, exact match).
+Writes OUT.md (markdown tables), OUT.json (the same rows, full precision) and OUT.png:
+accuracy against median completion tokens, one labelled point per run with standard-error
+bars, the Pareto front (no other run is both more accurate and cheaper in tokens) joined
+by a line.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 import pathlib
 import re
 
-from c2jax.eval import metrics, results
+from c2jax.eval import metrics, results, suites
 
 _COLUMNS = (("run", "run"), ("suite", "suite"), ("policy", "policy"), ("tasks", "tasks"),
             ("episodes", "episodes"), ("accuracy", "accuracy"), ("± se", "accuracy_stderr"),
@@ -46,6 +48,9 @@ def run_row(workdir) -> dict:
   for k in ks:
     row[f"pass@{k}"], row[f"best_of_{k}"] = overall[f"pass@{k}"], overall[f"best_of_{k}"]
   row["pinned"] = json.loads(pinned_path.read_text()) if pinned_path.exists() else None
+  suite = suites.get_suite(row["suite"]) if row["suite"] in suites.suite_names() else None
+  if suite is not None and suite.metrics is not None:
+    row["metrics"] = suite.metrics(records)
   return row
 
 
@@ -57,15 +62,35 @@ def _cell(value) -> str:
   return str(value)
 
 
-def markdown(rows: list[dict]) -> str:
-  extra = sorted({k for r in rows for k in r if k.startswith(("pass@", "best_of_"))},
-                 key=lambda k: (k.startswith("best_of_"), int(re.sub(r"\D", "", k))))
-  columns = list(_COLUMNS[:7]) + [(k, k) for k in extra] + list(_COLUMNS[7:])
+def _table(columns, rows) -> list[str]:
   lines = ["| " + " | ".join(title for title, _ in columns) + " |",
            "|" + "|".join("---" for _ in columns) + "|"]
   for row in rows:
     lines.append("| " + " | ".join(_cell(row.get(key)) for _, key in columns) + " |")
+  return lines
+
+
+def markdown(rows: list[dict]) -> str:
+  """One table of the agent-suite runs, then one per scored suite with its metrics."""
+  agent_rows = [r for r in rows if "metrics" not in r]
+  lines = _agent_table(agent_rows) if agent_rows else []
+  for name in sorted({r["suite"] for r in rows if "metrics" in r}):
+    group = [r for r in rows if "metrics" in r and r["suite"] == name]
+    columns = [("run", "run"), ("policy", "policy")] + [
+        (c, c) for c in suites.get_suite(name).columns]
+    if lines:
+      lines.append("")
+    lines += [f"**{name}**", ""]
+    lines += _table(columns, [dict(r["metrics"], run=r["run"], policy=r["policy"])
+                              for r in group])
   return "\n".join(lines) + "\n"
+
+
+def _agent_table(rows: list[dict]) -> list[str]:
+  extra = sorted({k for r in rows for k in r if k.startswith(("pass@", "best_of_"))},
+                 key=lambda k: (k.startswith("best_of_"), int(re.sub(r"\D", "", k))))
+  columns = list(_COLUMNS[:7]) + [(k, k) for k in extra] + list(_COLUMNS[7:])
+  return _table(columns, rows)
 
 
 def pareto_front(rows: list[dict]) -> list[dict]:

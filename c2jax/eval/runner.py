@@ -48,6 +48,8 @@ def validate(cfg) -> None:
   configlib.check_choice(cfg, "suite.name", suites.suite_names())
   suite = suites.get_suite(cfg.suite.name)
   configlib.check_keys(cfg.suite.args, suite.defaults(), "suite.args.")
+  if suite.check is not None:
+    suite.check(cfg)
   configlib.check_keys(cfg.policy, policies.default_config(), "policy.")
   configlib.check_keys(cfg.eval, default_config(), "eval.")
   agent_config.validate(cfg.agent)
@@ -58,6 +60,12 @@ def validate(cfg) -> None:
   if not ks or any(not isinstance(k, int) or k < 1 or k > cfg.eval.samples for k in ks):
     raise configlib.ConfigError("eval.ks", f"= {ks} must be integers in [1, eval.samples = "
                                 f"{cfg.eval.samples}]; raise eval.samples for larger k.")
+  if suite.policies is not None and cfg.policy.kind not in suite.policies:
+    raise configlib.ConfigError("policy.kind", f"is {cfg.policy.kind!r} but suite "
+                                f"{suite.name!r} runs only with {list(suite.policies)}"
+                                + (" (it needs the model's logits: an engine policy with "
+                                   "policy.run = a c2jax run or HF directory)"
+                                   if suite.policies == ("engine",) else "") + ".")
   if cfg.policy.kind == "oracle" and not suite.oracle:
     raise configlib.ConfigError("policy.kind", f"is 'oracle' but suite {suite.name!r} has "
                                 "no oracle; pick an engine or openai policy.")
@@ -214,5 +222,7 @@ def run_scored(cfg, suite, policy, workdir) -> dict:
     records = store.records()
   summary = metrics.summarize(records, (1,))
   summary["policy"], summary["suite"] = policy.label, suite.name
+  if suite.metrics is not None:
+    summary["metrics"] = suite.metrics(records)
   results.write_summary(workdir, summary)
   return summary

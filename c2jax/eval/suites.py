@@ -28,7 +28,7 @@ import ml_collections
 
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
-from c2jax.eval import targeted
+from c2jax.eval import base_suites, targeted
 
 KINDS = ("agent", "scored")
 
@@ -41,20 +41,31 @@ class Suite:
   defaults: Callable[[], ml_collections.ConfigDict]
   oracle: bool  # the scripted oracle policy can solve every task (it must score 100%)
   doc: str
+  # scored suites: the policy kinds that can run it (None: all), and the suite's own
+  # metrics from its result records (summary.json's `metrics`, the report's columns).
+  policies: tuple[str, ...] | None = None
+  metrics: Callable[[list[dict]], dict] | None = None
+  columns: tuple[str, ...] = ()
+  # check(cfg) raises ConfigError for bad suite.args, before anything is loaded.
+  check: Callable | None = None
 
 
 _SUITES: dict[str, Suite] = {}
 
 
 def register_suite(name: str, *, defaults: Callable[[], ml_collections.ConfigDict],
-                   oracle: bool = False, kind: str = "agent"):
+                   oracle: bool = False, kind: str = "agent",
+                   policies: tuple[str, ...] | None = None,
+                   metrics: Callable[[list[dict]], dict] | None = None,
+                   columns: tuple[str, ...] = (), check: Callable | None = None):
   if kind not in KINDS:
     raise ValueError(f"register_suite({name!r}): kind must be one of {KINDS}, got {kind!r}.")
 
   def wrap(fn):
     if name in _SUITES:
       raise ValueError(f"Suite {name!r} is registered twice.")
-    _SUITES[name] = Suite(name, kind, fn, defaults, oracle, (fn.__doc__ or "").strip())
+    _SUITES[name] = Suite(name, kind, fn, defaults, oracle, (fn.__doc__ or "").strip(),
+                          policies, metrics, columns, check)
     return fn
   return wrap
 
@@ -136,6 +147,30 @@ def _eager_editing(args, out_dir):
 def _instruction_following(args, out_dir):
   """Bug fixes under explicit constraints (edit only file X, no shell, word limits)."""
   return targeted.instruction_suite(out_dir, args.count, args.seed)
+
+
+@register_suite("codebase_ppl", defaults=base_suites.codebase_ppl_defaults, kind="scored",
+                policies=("engine",), metrics=base_suites.codebase_ppl_metrics,
+                check=base_suites.check_codebase_ppl,
+                columns=("files", "tokens", "perplexity", "bits_per_byte", "nll_per_token",
+                         "window", "stride", "tokens_per_second"))
+def _codebase_ppl(args, policy, out_dir, done):
+  """Codebase perplexity (report App. B) of the repository suite.args.repo: its files in
+  path order, NLL under a rolling window; per-file and pooled perplexity and bits/byte."""
+  return base_suites.codebase_ppl(args, policy, out_dir, done)
+
+
+@register_suite("state_tracking", defaults=base_suites.state_tracking_defaults,
+                kind="scored", oracle=True, policies=("engine", "openai", "oracle"),
+                metrics=base_suites.state_tracking_metrics,
+                check=base_suites.check_state_tracking,
+                columns=("cases", "mean_score", "stderr", "mean_normalised_distance",
+                         "exact_match", "completion_tokens", "skipped"))
+def _state_tracking(args, policy, out_dir, done):
+  """State tracking (report App. B, LoCoDiff-style): rebuild a file from its first
+  version and its diffs; cases from suite.args.repo's git history, suite.args.cases_path,
+  or generated."""
+  return base_suites.state_tracking(args, policy, out_dir, done)
 
 
 def build_tasks(suite: Suite, args, out_dir: str) -> list[tasks_lib.Task]:

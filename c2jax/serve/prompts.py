@@ -9,6 +9,12 @@ this server itself produced recently is rendered from the exact tokens it sample
 (TurnMemory), so a multi-turn conversation through the API keeps the policy's own tokens
 as an in-process agent's live sequence does.
 
+Clients that speak the text tool protocol (c2jax's <tool_call> blocks in the assistant's
+content, results sent back as a user message of <tool_result> blocks, e.g. `c2jax eval`
+with policy.tool_calls=text) get the same layout: such a turn is read as an assistant
+message with tool_calls and the results as the `tool` messages answering them
+(`from_text_protocol`), so the prompt's tokens are those of the in-process agent.
+
 Completions: a string prompt is <|bos|> + its encoding; a token-id prompt is used as is.
 """
 
@@ -16,10 +22,12 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 
 import numpy as np
 
 from c2jax.agent import prompt as agent_prompt
+from c2jax.agent import protocol
 from c2jax.data import chat
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.serve import schema
@@ -38,8 +46,75 @@ def tool_specs(request: schema.ChatRequest) -> list[dict]:
           for t in request.tools]
 
 
+_RESULT_RE = re.compile(re.escape(protocol.TOOL_RESULT_START) +
+                        r' name="([^"]*)" status="(ok|error)">\n(.*?)\n' +
+                        re.escape(protocol.TOOL_RESULT_END), re.DOTALL)
+
+
+def _text_calls(content: str) -> list[dict] | None:
+  """The calls of a text-protocol turn, or None when it has none or any is malformed (the
+  template then refuses the message with its own error)."""
+  if protocol.TOOL_CALL_START not in content:
+    return None
+  turn = protocol.parse_turn(content)
+  if not turn.calls or not all(isinstance(c, protocol.ToolCall) for c in turn.calls):
+    return None
+  return [{"name": c.name, "arguments": c.arguments, "content": turn.content}
+          for c in turn.calls]
+
+
+def _text_results(content: str) -> list[tuple[str, bool, str]] | None:
+  """(name, ok, output) of a user message made only of newline-joined <tool_result>
+  blocks (c2jax.env.tools.Observation.render), or None."""
+  results, pos = [], 0
+  while pos < len(content):
+    match = _RESULT_RE.match(content, pos)
+    if match is None:
+      return None
+    results.append((match.group(1), match.group(2) == "ok", match.group(3)))
+    pos = match.end()
+    if pos < len(content):
+      if content[pos] != "\n":
+        return None
+      pos += 1
+  return results or None
+
+
+def from_text_protocol(messages: list[dict]) -> list[dict]:
+  """Text-protocol turns as assistant tool_calls + tool messages (module docstring). A
+  user message of results converts only when it answers the preceding turn's calls one
+  for one, by name; anything else is left as sent."""
+  out, pending = [], []
+  for i, message in enumerate(messages):
+    role, content = message["role"], message.get("content") or ""
+    if role == "assistant" and not message.get("tool_calls"):
+      calls = _text_calls(content)
+      if calls:
+        message = dict(message, content=calls[0]["content"], tool_calls=[
+            {"id": f"call_text_{i}_{k}", "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
+            for k, c in enumerate(calls)])
+      pending = message.get("tool_calls") or []
+    elif role == "user" and pending:
+      results = _text_results(content)
+      if results and [name for name, _, _ in results] == [
+          c["function"]["name"] for c in pending]:
+        out += [{"role": "tool", "tool_call_id": call["id"],
+                 "content": output if ok else f"ERROR: {output}"}
+                for call, (_, ok, output) in zip(pending, results)]
+        pending = []
+        continue
+      pending = []
+    elif role != "tool":
+      pending = []
+    out.append(message)
+  return out
+
+
 def chat_messages(request: schema.ChatRequest, specs: list[dict]) -> list[dict]:
-  """Plain message dicts, with the tool listing added to (or as) the system message."""
+  """Plain message dicts, with the tool listing added to (or as) the system message.
+  Each assistant message keeps the key of its text as sent under "_key" (TurnMemory);
+  chat_prompt takes it out before rendering."""
   messages = []
   for i, message in enumerate(request.messages):
     # Newer OpenAI clients send system instructions as role "developer".
@@ -52,7 +127,10 @@ def chat_messages(request: schema.ChatRequest, specs: list[dict]) -> list[dict]:
                             for c in message.tool_calls]
     if message.tool_call_id is not None:
       item["tool_call_id"] = message.tool_call_id
+    if role == "assistant":
+      item["_key"] = turn_key(item["content"], item.get("tool_calls"))
     messages.append(item)
+  messages = from_text_protocol(messages)
   if specs:
     if messages[0]["role"] == "system":
       messages[0]["content"] = agent_prompt.system_message(messages[0]["content"] or "", specs)
@@ -105,8 +183,9 @@ def chat_prompt(tokenizer: Tokenizer, request: schema.ChatRequest, specs: list[d
   messages = chat_messages(request, specs)
   exact = {}
   for index, message in enumerate(messages):
+    key = message.pop("_key", None)
     if memory is not None and message["role"] == "assistant":
-      tokens = memory.recall(turn_key(message["content"], message.get("tool_calls")))
+      tokens = memory.recall(key)
       if tokens is not None:
         exact[index] = tokens
   try:

@@ -45,13 +45,15 @@ class StateTrackingOptions:
     When it ends with an opened fence line, the completion is read as the block's body.
   diff_template: fields {index} (from 1), {num_diffs}, {diff}.
   max_new_tokens: the generation budget is min(room left in the engine,
-    max_new_tokens_factor * tokens of the truth + max_new_tokens_slack).
+    max_new_tokens_factor * tokens of the truth + max_new_tokens_slack, max_new_tokens_cap)
+    (cap 0: none).
   add_bos: start the prompt with BOS, as the documents of pretraining do.
   """
   template: str = DEFAULT_TEMPLATE
   diff_template: str = DEFAULT_DIFF_TEMPLATE
   max_new_tokens_factor: float = 1.5
   max_new_tokens_slack: int = 32
+  max_new_tokens_cap: int = 0
   stop_strings: tuple[str, ...] = ("\n" + FENCE,)
   add_bos: bool = True
 
@@ -65,9 +67,14 @@ class StateTrackingOptions:
         raise ValueError(f"StateTrackingOptions.{name} = {template[:60]!r}...: fields may "
                          f"only be {sorted(fields)} (write literal braces as {{{{ }}}}); "
                          f"got {e!r}.") from e
-    if self.max_new_tokens_factor <= 0 or self.max_new_tokens_slack < 0:
-      raise ValueError("StateTrackingOptions: max_new_tokens_factor must be > 0 and "
-                       "max_new_tokens_slack >= 0.")
+    if (self.max_new_tokens_factor <= 0 or self.max_new_tokens_slack < 0
+        or self.max_new_tokens_cap < 0):
+      raise ValueError("StateTrackingOptions: max_new_tokens_factor must be > 0, "
+                       "max_new_tokens_slack >= 0 and max_new_tokens_cap >= 0.")
+
+  def budget(self, truth_tokens: int) -> int:
+    wanted = int(self.max_new_tokens_factor * truth_tokens + self.max_new_tokens_slack)
+    return min(wanted, self.max_new_tokens_cap) if self.max_new_tokens_cap else wanted
 
   @property
   def opens_block(self) -> bool:
@@ -168,6 +175,47 @@ class StateTrackingResult:
             "per_case": [dataclasses.asdict(c) for c in self.cases]}
 
 
+def prepare(max_length: int, tokenizer, cases: Sequence[Case],
+            options: StateTrackingOptions = StateTrackingOptions(), *, seed: int = 0
+            ) -> tuple[list[Request], list[Case], list[str]]:
+  """(requests, the cases they belong to, ids of skipped cases) for an engine of
+  `max_length`: cases whose prompt leaves no room to write the true final content and
+  close the block are skipped (see `run`)."""
+  requests, kept, skipped = [], [], []
+  stops = (tokenizer.eos_id,)
+  for case in cases:
+    prompt = tokenizer.encode(render_prompt(case, options))
+    if options.add_bos:
+      prompt = np.concatenate([np.int32([tokenizer.bos_id]), prompt])
+    truth_tokens = len(tokenizer.encode(case.final))
+    wanted = options.budget(truth_tokens)
+    room = max_length - len(prompt) - 1
+    if room < truth_tokens + 2:  # the answer and a closing fence could not fit
+      skipped.append(case.id)
+      continue
+    sampling = SamplingParams(temperature=0.0, max_tokens=max(1, min(wanted, room)),
+                              stop_tokens=stops, stop_strings=options.stop_strings,
+                              seed=seed)
+    requests.append(Request(prompt, sampling))
+    kept.append(case)
+  return requests, kept, skipped
+
+
+def score_generations(tokenizer, cases: Sequence[Case], generations,
+                      options: StateTrackingOptions = StateTrackingOptions()
+                      ) -> list[CaseResult]:
+  """Each case's answer read from its engine Generation, scored against the truth."""
+  stops = (tokenizer.eos_id,)
+  results = []
+  for case, generation in zip(cases, generations, strict=True):
+    tokens = [t for t in generation.tokens.tolist() if t not in stops]
+    answer = extract_answer(tokenizer.decode(tokens), options.opens_block)
+    results.append(CaseResult(case.id, score_answer(answer, case.final),
+                              answer == case.final, len(generation.prompt_tokens),
+                              len(generation.tokens), generation.finish_reason, answer))
+  return results
+
+
 def run(engine, tokenizer, cases: Sequence[Case],
         options: StateTrackingOptions = StateTrackingOptions(), *,
         seed: int = 0) -> StateTrackingResult:
@@ -182,33 +230,10 @@ def run(engine, tokenizer, cases: Sequence[Case],
     raise ValueError("state tracking got no cases; build them with "
                      "tools/build_state_tracking.py or state_cases.procedural_cases().")
   began = time.perf_counter()
-  requests, kept, skipped = [], [], []
-  stops = (tokenizer.eos_id,)
-  for case in cases:
-    prompt = tokenizer.encode(render_prompt(case, options))
-    if options.add_bos:
-      prompt = np.concatenate([np.int32([tokenizer.bos_id]), prompt])
-    truth_tokens = len(tokenizer.encode(case.final))
-    wanted = int(options.max_new_tokens_factor * truth_tokens + options.max_new_tokens_slack)
-    room = engine.max_length - len(prompt) - 1
-    if room < truth_tokens + 2:  # the answer and a closing fence could not fit
-      skipped.append(case.id)
-      continue
-    sampling = SamplingParams(temperature=0.0, max_tokens=max(1, min(wanted, room)),
-                              stop_tokens=stops, stop_strings=options.stop_strings,
-                              seed=seed)
-    requests.append(Request(prompt, sampling))
-    kept.append(case)
+  requests, kept, skipped = prepare(engine.max_length, tokenizer, cases, options, seed=seed)
   if not kept:
     raise ValueError(f"every case's prompt is longer than the engine's max_length "
                      f"{engine.max_length}; build the engine with a larger max_length or "
                      "make shorter cases (build_state_tracking.py --max-chars).")
-  generations = engine.generate(requests)
-  results = []
-  for case, generation in zip(kept, generations):
-    tokens = [t for t in generation.tokens.tolist() if t not in stops]
-    answer = extract_answer(tokenizer.decode(tokens), options.opens_block)
-    results.append(CaseResult(case.id, score_answer(answer, case.final),
-                              answer == case.final, len(generation.prompt_tokens),
-                              len(generation.tokens), generation.finish_reason, answer))
+  results = score_generations(tokenizer, kept, engine.generate(requests), options)
   return StateTrackingResult(tuple(results), tuple(skipped), time.perf_counter() - began)
