@@ -117,3 +117,14 @@ def remove_tree(location) -> None:
   import tensorstore as ts  # pylint: disable=g-import-not-at-top
 
   ts.KvStore.open(kvstore_spec(location)).result().delete_range(ts.KvStore.KeyRange()).result()
+
+
+def children(location) -> list[str]:
+  """Names directly below `location` (files and folders; [] when it does not exist)."""
+  local = local_path(location)
+  if local is not None:
+    return sorted(os.listdir(local)) if local.is_dir() else []
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+
+  keys = ts.KvStore.open(kvstore_spec(location)).result().list().result()
+  return sorted({key.decode().split("/", 1)[0] for key in keys})

@@ -77,3 +77,14 @@ def test_weights_and_checkpoints_round_trip_through_a_file_url(tmp_path):
 
 def jax_add(tree, value):
   return {k: v + jnp.asarray(value, v.dtype) for k, v in tree.items()}
+
+
+def test_children_and_remove_tree_on_a_url(tmp_path):
+  url = f"file://{tmp_path}/root"
+  weights_lib.WeightPublisher(storage.join(url, "from-step-000000")).publish(
+      {"w": jnp.zeros((2,))}, 0, full=True)
+  (tmp_path / "root" / "other").mkdir()
+  assert storage.children(url) == ["from-step-000000", "other"]
+  assert storage.children(f"file://{tmp_path}/missing") == []
+  storage.remove_tree(storage.join(url, "from-step-000000"))
+  assert storage.children(url) == ["other"]

@@ -21,14 +21,13 @@ import functools
 import json
 import pathlib
 import queue as queue_lib
-import shutil
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax import data, model
+from c2jax import data, model, storage
 from c2jax.agent import loop as agent_loop
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
@@ -45,6 +44,7 @@ from c2jax.train import model_source
 from c2jax.train import optimizer as optimizer_lib
 from c2jax.train.step import TrainState
 
+_WEIGHTS_PREFIX = "from-step-"  # one weights directory per learner incarnation
 _HELDOUT_SEED_OFFSET = 1_000_000  # held-out repositories never share a seed with training
 
 
@@ -188,7 +188,7 @@ def train(cfg, workdir) -> dict:
   state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
   # Copies: the step donates the state's buffers.
   ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl.coef > 0 else None
-  checkpointer = checkpoint_lib.Checkpointer(run.dirs.checkpoints,
+  checkpointer = checkpoint_lib.Checkpointer(rollouts.checkpoint_location(cfg, run.dirs),
                                              keep=cfg.learner.keep_checkpoints,
                                              every=cfg.learner.checkpoint_every)
   mesh = data_parallel_mesh()
@@ -210,9 +210,12 @@ def train(cfg, workdir) -> dict:
 
   # A fresh weight directory per incarnation: versions published after the checkpoint
   # we resumed from belong to a discarded future.
-  shutil.rmtree(run.dirs.weights, ignore_errors=True)
-  weights_dir = run.dirs.weights / f"from-step-{step:06d}"
-  publisher = weights_lib.WeightPublisher(str(weights_dir), full_every=cfg.actors.full_every)
+  weights_root = rollouts.weights_location(cfg, run.dirs)
+  for name in storage.children(weights_root):
+    if name.startswith(_WEIGHTS_PREFIX):  # only this run's: the root may hold others
+      storage.remove_tree(storage.join(weights_root, name))
+  weights_dir = storage.join(weights_root, f"{_WEIGHTS_PREFIX}{step:06d}")
+  publisher = weights_lib.WeightPublisher(weights_dir, full_every=cfg.actors.full_every)
   publisher.publish(state.params, step, full=True)
 
   writer = metrics_lib.MetricsWriter(run.dirs.root, resume_step=step)
