@@ -20,11 +20,13 @@ any node) see the run only through the hub and a storage URL:
 from __future__ import annotations
 
 import io
-import os
+import json
 import pathlib
 import shutil
 import tarfile
 import tempfile
+
+import ml_collections
 
 from c2jax.rl import infra, rollouts
 from c2jax.rl.group_store import Group
@@ -38,9 +40,6 @@ class RunHub:
   """The learner-side end of the link (a Ray actor; see the module docstring)."""
 
   def __init__(self, workdir: str, config_json: str):
-    import ml_collections  # pylint: disable=g-import-not-at-top
-    import json  # pylint: disable=g-import-not-at-top
-
     self.dirs = rollouts.RunDirs(pathlib.Path(workdir))
     cfg = ml_collections.ConfigDict(json.loads(config_json))
     self.pool, self.queue = self.dirs.pool(), self.dirs.queue(cfg)
@@ -81,10 +80,6 @@ class RunHub:
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
       tar.add(path, arcname=".")
     return buffer.getvalue()
-
-  def append_log(self, actor_id: str, text: str) -> None:
-    with (self.dirs.actors / f"{actor_id}.log").open("a") as f:
-      f.write(text)
 
 
 class _Remote:
@@ -136,11 +131,13 @@ class RepoCache:
   def __init__(self, ray, hub, actor_id: str):
     self._remote = _Remote(ray, hub)
     self.root = pathlib.Path(tempfile.mkdtemp(prefix=f"c2jax-{actor_id}-repos-"))
+    self._fetched = 0
 
   def localize(self, payload: dict) -> dict:
     """The payload with its task's repository replaced by a local copy."""
     task = dict(payload["task"])
-    target = self.root / f"{len(os.listdir(self.root)):06d}"
+    target = self.root / f"{self._fetched:06d}"
+    self._fetched += 1
     with tarfile.open(fileobj=io.BytesIO(self._remote._call("repo_archive", task["repo"])),
                       mode="r:gz") as tar:
       tar.extractall(target, filter="data")
@@ -157,9 +154,6 @@ class RepoCache:
 def run_actor(hub, config_json: str, tokenizer, actor_id: str, weights_url: str) -> int:
   """The body of one Ray actor task: c2jax.rl.actor.serve with the run reached through
   `hub` and weights read from `weights_url`."""
-  import json  # pylint: disable=g-import-not-at-top
-
-  import ml_collections  # pylint: disable=g-import-not-at-top
   import ray  # pylint: disable=g-import-not-at-top
 
   from c2jax.rl import actor  # pylint: disable=g-import-not-at-top
