@@ -88,3 +88,16 @@ def test_children_and_remove_tree_on_a_url(tmp_path):
   assert storage.children(f"file://{tmp_path}/missing") == []
   storage.remove_tree(storage.join(url, "from-step-000000"))
   assert storage.children(url) == ["other"]
+
+
+def test_the_rl_job_refuses_a_bad_location_naming_its_key():
+  from c2jax import config as configlib  # pylint: disable=g-import-not-at-top
+  from c2jax.rl import job  # pylint: disable=g-import-not-at-top
+
+  cfg = configlib.load_config_file("configs/rl.py", "test")
+  cfg.actors.weights_dir = "gs://bucket/run/weights"
+  cfg.learner.checkpoint_dir = "file:///abs/ckpt"
+  job.validate(cfg)
+  cfg.learner.checkpoint_dir = "ftp://host/ckpt"
+  with pytest.raises(configlib.ConfigError, match="learner.checkpoint_dir.*'ftp'"):
+    job.validate(cfg)
