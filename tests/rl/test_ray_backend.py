@@ -1,9 +1,13 @@
 """`actors.backend = 'ray'` end to end on a local Ray cluster: two actors in Ray worker
 processes reach the run only through Ray (leases, repositories, groups, infra counts)
-and a file:// URL (weights); the learner checkpoints to another file:// URL."""
+and a file:// URL (weights); the learner checkpoints to another file:// URL. One actor's
+worker is killed mid-rollout: its prompt goes back to the pool and the actor restarts."""
 
 import os
 import pathlib
+import signal
+import threading
+import time
 
 import pytest
 
@@ -29,8 +33,31 @@ def local_ray():
   ray.shutdown()
 
 
+def _actor_workers() -> list[int]:
+  """Pids of Ray worker processes running an actor (Ray titles them ray::run_actor)."""
+  pids = []
+  for proc in pathlib.Path("/proc").iterdir():
+    try:
+      if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::run_actor"):
+        pids.append(int(proc.name))
+    except OSError:
+      continue
+  return pids
+
+
+def _kill_one_actor_mid_rollout(workdir: pathlib.Path, killed: list, stop: threading.Event):
+  leased = workdir / "pool" / "leased"
+  while not stop.is_set():
+    if leased.exists() and any(leased.rglob("*.json")) and _actor_workers():
+      pid = _actor_workers()[0]
+      os.kill(pid, signal.SIGKILL)
+      killed.append(pid)
+      return
+    time.sleep(0.1)
+
+
 @pytest.mark.slow
-def test_ray_actors_feed_the_learner_without_a_shared_disk(tmp_path, local_ray):
+def test_ray_actors_feed_the_learner_without_a_shared_disk(tmp_path, local_ray, capsys):
   cfg = configlib.load_config_file(str(REPO / "configs/rl.py"), "test")
   cfg.data.cache_dir = str(tmp_path / "data")
   cfg.data.vocab_size = 1024
@@ -45,9 +72,18 @@ def test_ray_actors_feed_the_learner_without_a_shared_disk(tmp_path, local_ray):
   cfg.learner.checkpoint_dir = f"file://{bucket}/ckpt/"
   workdir = tmp_path / "run"
 
-  summary = trainer.train(cfg, str(workdir))
+  killed, stop = [], threading.Event()
+  killer = threading.Thread(target=_kill_one_actor_mid_rollout, args=(workdir, killed, stop))
+  killer.start()
+  try:
+    summary = trainer.train(cfg, str(workdir))
+  finally:
+    stop.set()
+    killer.join()
 
   assert summary["step"] == STEPS
+  output = capsys.readouterr().out
+  assert killed and " died (status 1); " in output and "restart 1/" in output, output[-3000:]
   # Checkpoints and weights went to the URLs, not into the run directory (nor into a
   # directory named 'file:' under the working directory).
   assert str(STEPS) in os.listdir(bucket / "ckpt")
