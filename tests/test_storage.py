@@ -101,3 +101,19 @@ def test_the_rl_job_refuses_a_bad_location_naming_its_key():
   cfg.learner.checkpoint_dir = "ftp://host/ckpt"
   with pytest.raises(configlib.ConfigError, match="learner.checkpoint_dir.*'ftp'"):
     job.validate(cfg)
+
+
+def test_a_resumed_learner_gets_a_fresh_weights_folder_and_keeps_others(tmp_path):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+
+  from c2jax.rl import rollouts  # pylint: disable=g-import-not-at-top
+
+  root = tmp_path / "bucket"
+  (root / "from-step-000000" / "manifests").mkdir(parents=True)
+  (root / "another-run").mkdir()
+  cfg = ml_collections.ConfigDict({"actors": {"weights_dir": f"file://{root}/"}})
+  dirs = rollouts.RunDirs(tmp_path / "run")
+  assert rollouts.fresh_weights_dir(cfg, dirs, 3) == f"file://{root}/from-step-000003"
+  assert sorted(p.name for p in root.iterdir()) == ["another-run"]
+  cfg.actors.weights_dir = ""
+  assert rollouts.fresh_weights_dir(cfg, dirs, 0) == str(tmp_path / "run/weights/from-step-000000")

@@ -4,8 +4,8 @@
 
 The learner starts actors (as local processes running `run`, or as Ray tasks running
 `serve` through c2jax.rl.ray_link on machines that share no disk with it) and restarts
-them if they die. An actor holds one engine; each
-leased prompt becomes `config.rl.group_size` concurrent episodes in its slots. Between
+them if they die. An actor holds one engine; each leased prompt becomes
+`config.rl.group_size` concurrent episodes in its slots. Between
 decode steps it polls the weight directory and swaps in newer weights in flight, so
 tokens sampled later in a rollout carry newer policy versions. A finished group is put
 on the queue (blocking while the queue is full: back-pressure), then the lease is

@@ -29,6 +29,9 @@ from c2jax.rl.group_queue import GroupQueue
 from c2jax.rl.task_pool import TaskPool
 
 
+_WEIGHTS_PREFIX = "from-step-"  # one weights folder per learner incarnation
+
+
 @dataclasses.dataclass(frozen=True)
 class RunDirs:
   root: pathlib.Path
@@ -70,10 +73,16 @@ def checkpoint_location(cfg, dirs: RunDirs) -> str:
   return storage.resolve(cfg.learner.checkpoint_dir or dirs.checkpoints)
 
 
-def weights_location(cfg, dirs: RunDirs) -> str:
-  """Where weights are published: one subdirectory per learner incarnation below it
-  (config.actors.weights_dir)."""
-  return storage.resolve(cfg.actors.weights_dir or dirs.weights)
+def fresh_weights_dir(cfg, dirs: RunDirs, step: int) -> str:
+  """The weights directory (or URL) of a learner incarnation starting at `step`, below
+  config.actors.weights_dir (default <workdir>/weights). Earlier incarnations' folders
+  are deleted first: versions they published after the checkpoint being resumed belong
+  to a discarded future. Other folders under a shared root are left alone."""
+  root = storage.resolve(cfg.actors.weights_dir or dirs.weights)
+  for name in storage.children(root):
+    if name.startswith(_WEIGHTS_PREFIX):
+      storage.remove_tree(storage.join(root, name))
+  return storage.join(root, f"{_WEIGHTS_PREFIX}{step:06d}")
 
 
 def load_config(dirs: RunDirs) -> ml_collections.ConfigDict:

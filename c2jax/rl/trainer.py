@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax import data, model, storage
+from c2jax import data, model
 from c2jax.agent import loop as agent_loop
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
@@ -44,7 +44,6 @@ from c2jax.train import model_source
 from c2jax.train import optimizer as optimizer_lib
 from c2jax.train.step import TrainState
 
-_WEIGHTS_PREFIX = "from-step-"  # one weights directory per learner incarnation
 _HELDOUT_SEED_OFFSET = 1_000_000  # held-out repositories never share a seed with training
 
 
@@ -210,11 +209,7 @@ def train(cfg, workdir) -> dict:
 
   # A fresh weight directory per incarnation: versions published after the checkpoint
   # we resumed from belong to a discarded future.
-  weights_root = rollouts.weights_location(cfg, run.dirs)
-  for name in storage.children(weights_root):
-    if name.startswith(_WEIGHTS_PREFIX):  # only this run's: the root may hold others
-      storage.remove_tree(storage.join(weights_root, name))
-  weights_dir = storage.join(weights_root, f"{_WEIGHTS_PREFIX}{step:06d}")
+  weights_dir = rollouts.fresh_weights_dir(cfg, run.dirs, step)
   publisher = weights_lib.WeightPublisher(weights_dir, full_every=cfg.actors.full_every)
   publisher.publish(state.params, step, full=True)
 
