@@ -149,8 +149,15 @@ class RayActors(Actors):
     self._ray = ray
     if not ray.is_initialized():
       ray.init(address=os.environ.get("RAY_ADDRESS"))
-    from c2jax import data  # pylint: disable=g-import-not-at-top
+    from c2jax import data, storage  # pylint: disable=g-import-not-at-top
     from c2jax.rl import ray_link  # pylint: disable=g-import-not-at-top
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) > 1 and storage.local_path(weights_dir) is not None:
+      print(f"rl: warning: weights go to {weights_dir}, a local path, but the Ray cluster "
+            f"has {len(nodes)} nodes; actors on other nodes can read it only through a "
+            "shared mount. Set config.actors.weights_dir to a gs:// or s3:// URL.",
+            flush=True)
 
     here = scheduling_strategies.NodeAffinitySchedulingStrategy(
         ray.get_runtime_context().get_node_id(), soft=False)
