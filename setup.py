@@ -47,7 +47,9 @@ setup(
         # committed fixtures (tools/make_hf_fixtures.py) and live comparisons run in a
         # separate venv where the CPU torch wheel exists.
         # setuptools: tests/test_install_names.py installs a copy of the project offline.
-        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "setuptools>=70"],
+        # ray: tests/rl/test_ray_backend.py runs the Ray actor backend on a local cluster.
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "setuptools>=70",
+                 "ray>=2.9"],
         # Rollout actors as Ray tasks across machines: --config.actors.backend=ray.
         "ray": ["ray>=2.9"],
     },

@@ -2,9 +2,10 @@
 
     python -m c2jax.rl.actor --workdir=RUN --actor_id=actor0 --weights=RUN/weights/<run>
 
-The learner starts actors (as local processes, or as Ray tasks running `run` on other
-machines that share RUN) and restarts them if they die. An actor holds one engine; each
-leased prompt becomes `config.rl.group_size` concurrent episodes in its slots. Between
+The learner starts actors (as local processes running `run`, or as Ray tasks running
+`serve` through c2jax.rl.ray_link on machines that share no disk with it) and restarts
+them if they die. An actor holds one engine; each leased prompt becomes
+`config.rl.group_size` concurrent episodes in its slots. Between
 decode steps it polls the weight directory and swaps in newer weights in flight, so
 tokens sampled later in a rollout carry newer policy versions. A finished group is put
 on the queue (blocking while the queue is full: back-pressure), then the lease is
@@ -71,16 +72,27 @@ def _wait_for_weights(subscriber, timeout_s: float = 600.0):
 
 
 def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = None) -> int:
-  """The actor loop; returns 0 when the pool has no prompts left."""
-  import jax  # pylint: disable=g-import-not-at-top
-
-  from c2jax import data
-  from c2jax.rl import weights as weights_lib
-  from c2jax.rollout import JaxEngine
+  """The actor loop over a run directory this machine sees (the process backend)."""
+  from c2jax import data  # pylint: disable=g-import-not-at-top
 
   dirs = rollouts.RunDirs(pathlib.Path(workdir))
   cfg = rollouts.load_config(dirs)
   tokenizer = data.prepare_from_config(cfg.data, progress=False).tokenizer()
+  return serve(cfg, dirs, dirs.pool(), dirs.queue(cfg), tokenizer, actor_id, weights_dir,
+               parent_pid)
+
+
+def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
+          parent_pid: int | None = None, repos=None) -> int:
+  """Leases prompts from `pool` and puts their groups on `queue` until the pool has no
+  prompts left (returns 0). `dirs` receives infra counts (a RunDirs, or a stand-in
+  with `record_infra`); `repos`, when given, fetches each task's repository to local
+  disk (c2jax.rl.ray_link: no shared file system)."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from c2jax.rl import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
+
   subscriber = weights_lib.WeightSubscriber(weights_dir)
   params, version = _wait_for_weights(subscriber)
   params = jax.tree.map(jax.numpy.asarray, params)
@@ -88,7 +100,6 @@ def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = 
                      max_length=cfg.actors.max_length, version=version,
                      detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()))
   sync = _WeightSync(engine, subscriber, params, cfg.actors.weight_poll_s)
-  pool, queue = dirs.pool(), dirs.queue(cfg)
 
   def on_step():
     if parent_pid is not None and os.getppid() != parent_pid:
@@ -107,8 +118,14 @@ def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = 
       time.sleep(0.2)
       continue
     task_id, payload = leased
-    outcome = roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id, task_id,
-                              payload, on_step)
+    if repos is not None:
+      payload = repos.localize(payload)
+    try:
+      outcome = roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id, task_id,
+                                payload, on_step)
+    finally:
+      if repos is not None:
+        repos.forget(payload)
     if outcome == "engine_error":
       return 1  # the engine's state is suspect: exit, and the learner restarts us
 

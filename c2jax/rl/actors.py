@@ -1,7 +1,8 @@
 """Starting, watching and restarting rollout actors: local processes or Ray tasks.
 
-Both backends run the same `c2jax.rl.actor.run` loop against the run directory; they
-differ only in where it runs. `check()` is called by the learner while it waits for
+Both backends run the same actor loop (`c2jax.rl.actor.serve`): local processes read
+the run directory; Ray tasks reach it only through Ray (c2jax.rl.ray_link), so they
+may run on machines without a shared file system. `check()` is called by the learner while it waits for
 groups: a dead actor's leased prompts go back to the pool (except those whose group
 already reached the queue), and the actor is restarted up to `config.actors.restarts`
 times before the run fails with the actor's last output.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import abc
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -33,7 +33,7 @@ class ActorFailure(RuntimeError):
 
 class Actors(abc.ABC):
 
-  def __init__(self, cfg, dirs: rollouts.RunDirs, weights_dir: pathlib.Path):
+  def __init__(self, cfg, dirs: rollouts.RunDirs, weights_dir: str):
     self.cfg, self.dirs, self.weights_dir = cfg, dirs, weights_dir
     self.ids = [f"actor{i}" for i in range(cfg.actors.count)]
     self.restarts = {actor_id: 0 for actor_id in self.ids}
@@ -132,27 +132,54 @@ class ProcessActors(Actors):
 
 @register("ray")
 class RayActors(Actors):
-  """Actors as Ray tasks (`pip install ray`): the same loop on any node of a Ray cluster
-  whose nodes see the run directory (shared file system) and the weight directory."""
+  """Actors as Ray tasks (`pip install c2jax[ray]`) on any node of a Ray cluster
+  (RAY_ADDRESS, or a local one). They share no disk with the learner: prompts, task
+  repositories, finished groups and infra counts travel through a hub pinned to the
+  learner's node (c2jax.rl.ray_link), weights through config.actors.weights_dir (a
+  gs:// / s3:// / file:// URL that every node can read)."""
 
   def __init__(self, cfg, dirs, weights_dir):
     try:
       import ray  # pylint: disable=g-import-not-at-top
+      from ray.util import scheduling_strategies  # pylint: disable=g-import-not-at-top
     except ImportError as err:
-      raise ImportError("config.actors.backend = 'ray' needs Ray: pip install ray "
+      raise ImportError("config.actors.backend = 'ray' needs Ray: pip install 'c2jax[ray]' "
                         "(or use the default backend 'process').") from err
     super().__init__(cfg, dirs, weights_dir)
     self._ray = ray
     if not ray.is_initialized():
       ray.init(address=os.environ.get("RAY_ADDRESS"))
-    from c2jax.rl import actor  # pylint: disable=g-import-not-at-top
+    from c2jax import data, storage  # pylint: disable=g-import-not-at-top
+    from c2jax.rl import ray_link  # pylint: disable=g-import-not-at-top
 
-    self._remote = ray.remote(max_retries=0)(actor.run)
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    if len(nodes) > 1 and storage.local_path(weights_dir) is not None:
+      print(f"rl: warning: weights go to {weights_dir}, a local path, but the Ray cluster "
+            f"has {len(nodes)} nodes; actors on other nodes can read it only through a "
+            "shared mount. Set config.actors.weights_dir to a gs:// or s3:// URL.",
+            flush=True)
+
+    here = scheduling_strategies.NodeAffinitySchedulingStrategy(
+        ray.get_runtime_context().get_node_id(), soft=False)
+    # Threads: each actor waits on at most one call; spare ones for the learner's.
+    self._hub = ray.remote(ray_link.RunHub).options(
+        num_cpus=0, max_concurrency=2 * cfg.actors.count + 2, scheduling_strategy=here,
+    ).remote(str(dirs.root), cfg.to_json())
+    self._config_json = cfg.to_json()
+    self._tokenizer = ray.put(data.prepare_from_config(cfg.data, progress=False).tokenizer())
+    import jax  # pylint: disable=g-import-not-at-top
+
+    env = {}
+    if jax.default_backend() == "cpu":
+      env["XLA_FLAGS"] = ("--xla_cpu_multi_thread_eigen=false "
+                          "intra_op_parallelism_threads=1")
+    self._remote = ray.remote(ray_link.run_actor).options(
+        num_cpus=1, max_retries=0, runtime_env={"env_vars": env} if env else None)
     self.tasks: dict[str, object] = {}
 
   def _spawn(self, actor_id: str) -> None:
-    self.tasks[actor_id] = self._remote.remote(str(self.dirs.root), actor_id,
-                                               str(self.weights_dir))
+    self.tasks[actor_id] = self._remote.remote(self._hub, self._config_json, self._tokenizer,
+                                               actor_id, str(self.weights_dir))
 
   def _exited(self) -> dict[str, int]:
     exited = {}
@@ -162,7 +189,8 @@ class RayActors(Actors):
         try:
           exited[actor_id] = int(self._ray.get(ref) or 0)
         except Exception as err:  # pylint: disable=broad-except
-          (self.dirs.actors / f"{actor_id}.log").open("a").write(f"\n{err}\n")
+          with (self.dirs.actors / f"{actor_id}.log").open("a") as log:
+            log.write(f"\n{err}\n")
           exited[actor_id] = 1
         del self.tasks[actor_id]
     return exited
@@ -171,6 +199,9 @@ class RayActors(Actors):
     for ref in self.tasks.values():
       self._ray.cancel(ref, force=True)
     self.tasks.clear()
+    if self._hub is not None:
+      self._ray.kill(self._hub)
+      self._hub = None
 
 
 def make_actors(cfg, dirs, weights_dir) -> Actors:

@@ -34,6 +34,8 @@ def record(dirs, actor_id: str, **increments: int) -> dict[str, int]:
   unknown = sorted(set(increments) - set(COUNTERS))
   if unknown:
     raise ValueError(f"Unknown infra counters {unknown}; use {COUNTERS}.")
+  if hasattr(dirs, "record_infra"):  # an actor without the run directory (ray_link)
+    return dirs.record_infra(actor_id, **increments)
   path = _path(dirs, actor_id)
   counts = dict.fromkeys(COUNTERS, 0)
   if path.exists():

@@ -18,7 +18,7 @@ from __future__ import annotations
 import ml_collections
 
 from c2jax import config as configlib
-from c2jax import data
+from c2jax import data, storage
 from c2jax.agent import config as agent_config
 from c2jax.model import config as model_config
 from c2jax.model import lineage, variants
@@ -39,10 +39,16 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
       seed=0, steps=20, learning_rate=1e-5, warmup_steps=0, b1=0.9, b2=0.999, clip_norm=1.0,
       groups_per_step=2, checkpoint_every=5, keep_checkpoints=3, log_every=1,
       # Seconds to wait for a group before checking on the actors again.
-      wait_s=1.0))
+      wait_s=1.0,
+      # Where checkpoints go: '' = <workdir>/checkpoints, or a path or orbax URL
+      # (gs://, s3://, file://; c2jax.storage).
+      checkpoint_dir=""))
   c.actors = ml_collections.ConfigDict(dict(
       count=2, backend="process", slots=8, max_length=1024, weight_poll_s=0.5,
-      full_every=16, restarts=3))
+      full_every=16, restarts=3,
+      # Where published weights go: '' = <workdir>/weights, or a tensorstore URL
+      # (gs://, s3://, file://) every actor can read; Ray actors on other machines need one.
+      weights_dir=""))
   c.tasks = ml_collections.ConfigDict(dict(
       source="procgen", difficulties=(1, 2, 3, 4), train_count=64, heldout_count=16,
       seed=0))
@@ -72,6 +78,12 @@ def validate(cfg) -> None:
   from c2jax.rl import actors  # pylint: disable=g-import-not-at-top
 
   configlib.check_choice(cfg, "actors.backend", actors.ACTOR_BACKENDS)
+  for key in ("learner.checkpoint_dir", "actors.weights_dir"):
+    if configlib.get(cfg, key):
+      try:
+        storage.resolve(configlib.get(cfg, key), f"config.{key}")
+      except storage.StorageLocationError as err:
+        raise configlib.ConfigError(key, str(err)) from None
   configlib.check_choice(cfg, "tasks.source", ("procgen",))
   from c2jax.env import procgen  # pylint: disable=g-import-not-at-top
 

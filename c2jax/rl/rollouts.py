@@ -6,9 +6,11 @@ storage):
   tasks/repos/         procedural repositories; tasks/heldout.jsonl the held-out tasks
   pool/                prompts waiting for / leased to actors (task_pool.TaskPool)
   queue/               finished groups (group_queue.GroupQueue)
-  weights/<run>/       published weights of the current learner incarnation
+  weights/<run>/       published weights of the current learner incarnation (or under
+                       config.actors.weights_dir, a URL, for actors without this disk)
   actors/<id>.log      each actor's output
-  checkpoints/, metrics.jsonl, events.*   the learner's
+  checkpoints/, metrics.jsonl, events.*   the learner's (checkpoints may go to
+                       config.learner.checkpoint_dir instead)
 """
 
 from __future__ import annotations
@@ -21,9 +23,13 @@ import zlib
 import ml_collections
 import numpy as np
 
+from c2jax import storage
 from c2jax.rl import groups as groups_lib
 from c2jax.rl.group_queue import GroupQueue
 from c2jax.rl.task_pool import TaskPool
+
+
+_WEIGHTS_PREFIX = "from-step-"  # one weights folder per learner incarnation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +66,23 @@ class RunDirs:
   def queue(self, cfg) -> GroupQueue:
     return GroupQueue(self.root / "queue", cfg.rl.queue.capacity, cfg.rl.queue.max_lag,
                       cfg.rl.queue.poll_s)
+
+
+def checkpoint_location(cfg, dirs: RunDirs) -> str:
+  """The learner's checkpoint directory or URL (config.learner.checkpoint_dir)."""
+  return storage.resolve(cfg.learner.checkpoint_dir or dirs.checkpoints)
+
+
+def fresh_weights_dir(cfg, dirs: RunDirs, step: int) -> str:
+  """The weights directory (or URL) of a learner incarnation starting at `step`, below
+  config.actors.weights_dir (default <workdir>/weights). Earlier incarnations' folders
+  are deleted first: versions they published after the checkpoint being resumed belong
+  to a discarded future. Other folders under a shared root are left alone."""
+  root = storage.resolve(cfg.actors.weights_dir or dirs.weights)
+  for name in storage.children(root):
+    if name.startswith(_WEIGHTS_PREFIX):
+      storage.remove_tree(storage.join(root, name))
+  return storage.join(root, f"{_WEIGHTS_PREFIX}{step:06d}")
 
 
 def load_config(dirs: RunDirs) -> ml_collections.ConfigDict:

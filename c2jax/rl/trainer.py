@@ -21,7 +21,6 @@ import functools
 import json
 import pathlib
 import queue as queue_lib
-import shutil
 import time
 
 import jax
@@ -188,7 +187,7 @@ def train(cfg, workdir) -> dict:
   state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
   # Copies: the step donates the state's buffers.
   ref_params = jax.tree.map(jnp.copy, params) if cfg.rl.kl.coef > 0 else None
-  checkpointer = checkpoint_lib.Checkpointer(run.dirs.checkpoints,
+  checkpointer = checkpoint_lib.Checkpointer(rollouts.checkpoint_location(cfg, run.dirs),
                                              keep=cfg.learner.keep_checkpoints,
                                              every=cfg.learner.checkpoint_every)
   mesh = data_parallel_mesh()
@@ -210,9 +209,8 @@ def train(cfg, workdir) -> dict:
 
   # A fresh weight directory per incarnation: versions published after the checkpoint
   # we resumed from belong to a discarded future.
-  shutil.rmtree(run.dirs.weights, ignore_errors=True)
-  weights_dir = run.dirs.weights / f"from-step-{step:06d}"
-  publisher = weights_lib.WeightPublisher(str(weights_dir), full_every=cfg.actors.full_every)
+  weights_dir = rollouts.fresh_weights_dir(cfg, run.dirs, step)
+  publisher = weights_lib.WeightPublisher(weights_dir, full_every=cfg.actors.full_every)
   publisher.publish(state.params, step, full=True)
 
   writer = metrics_lib.MetricsWriter(run.dirs.root, resume_step=step)

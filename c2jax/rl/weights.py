@@ -39,7 +39,6 @@ newest full snapshot and the deltas that follow it).
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 import zlib
@@ -48,6 +47,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import tensorstore as ts
+
+from c2jax import storage
 
 FORMAT = "c2jax.weights/1"
 _DIGITS = 12
@@ -61,12 +62,8 @@ class WeightSyncError(RuntimeError):
 
 
 def open_store(directory) -> ts.KvStore:
-  """The kvstore rooted at `directory` (local path or kvstore URL)."""
-  text = os.fspath(directory)
-  # Keys are appended to the path verbatim, so it must end in '/' to act as a folder.
-  spec = (text.rstrip("/") + "/" if "://" in text else
-          {"driver": "file", "path": os.path.join(os.path.abspath(text), "")})
-  return ts.KvStore.open(spec).result()
+  """The kvstore rooted at `directory` (local path or URL: c2jax.storage)."""
+  return ts.KvStore.open(storage.kvstore_spec(directory)).result()
 
 
 def _manifest_key(version: int) -> str:

@@ -22,6 +22,8 @@ import pathlib
 import jax
 import orbax.checkpoint as ocp
 
+from c2jax import storage
+
 
 class CheckpointRestoreError(RuntimeError):
   """A checkpoint exists but cannot be restored for a reason other than damaged files;
@@ -71,7 +73,8 @@ class Checkpointer:
 
   def __init__(self, directory: str | pathlib.Path, *, keep: int = 3, every: int = 100,
                async_save: bool = True):
-    self.directory = pathlib.Path(directory).absolute()
+    # A local path or an object-store URL (gs://, s3://, file://): c2jax.storage.
+    self.directory = storage.orbax_path(directory)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, save_interval_steps=every, enable_async_checkpointing=async_save,
         create=True)

@@ -1,0 +1,167 @@
+"""Actors on machines that share no disk with the learner: everything goes through Ray.
+
+With `config.actors.backend = 'ray'` the learner starts one `RunHub` Ray actor pinned to
+its own node. The hub owns nothing new: it calls the same disk-backed TaskPool and
+GroupQueue the process backend uses, in the learner's run directory, so leases, the
+queue's exactly-once bookkeeping (`GroupQueue.recover`, manifests) and a restarted
+learner's recovery are unchanged. Rollout actors (Ray tasks running `run_actor`, on
+any node) see the run only through the hub and a storage URL:
+
+  prompts      hub.lease / complete / release        (no shared task pool directory)
+  repositories hub.repo_archive: the task's repository as a tar, unpacked into the
+               actor's own scratch directory         (no shared tasks/repos)
+  groups       hub.put: the group's bytes, persisted by the learner's queue before the
+               call returns; back-pressure by retrying while the queue is full
+  infra counts hub.record_infra                      (c2jax.rl.infra)
+  weights      a tensorstore URL (config.actors.weights_dir: gs://, s3://, file://)
+  config and tokenizer: arguments of the Ray task.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+import shutil
+import tarfile
+import tempfile
+
+import ml_collections
+
+from c2jax.rl import infra, rollouts
+from c2jax.rl.group_store import Group
+
+# Seconds one hub.put waits for room in the queue before the actor asks again (keeps no
+# hub thread blocked on behalf of an actor that died).
+_PUT_WAIT_S = 1.0
+
+
+class RunHub:
+  """The learner-side end of the link (a Ray actor; see the module docstring)."""
+
+  def __init__(self, workdir: str, config_json: str):
+    self.dirs = rollouts.RunDirs(pathlib.Path(workdir))
+    cfg = ml_collections.ConfigDict(json.loads(config_json))
+    self.pool, self.queue = self.dirs.pool(), self.dirs.queue(cfg)
+
+  def lease(self, actor_id: str):
+    return self.pool.lease(actor_id)
+
+  def counts(self) -> dict[str, int]:
+    return self.pool.counts()
+
+  def complete(self, actor_id: str, task_id: str) -> None:
+    self.pool.complete(actor_id, task_id)
+
+  def release(self, actor_id: str, task_id: str, max_releases: int | None = None) -> bool:
+    return self.pool.release(actor_id, task_id, max_releases)
+
+  def put(self, group_bytes: bytes) -> bool:
+    """Queues a group (persisted on the learner's disk when this returns True); False
+    when the queue stayed full for _PUT_WAIT_S (ask again)."""
+    import queue as queue_lib  # pylint: disable=g-import-not-at-top
+
+    try:
+      self.queue.put(Group.from_bytes(group_bytes), timeout=_PUT_WAIT_S)
+    except queue_lib.Full:
+      return False
+    return True
+
+  def record_infra(self, actor_id: str, increments: dict[str, int]) -> dict[str, int]:
+    return infra.record(self.dirs, actor_id, **increments)
+
+  def repo_archive(self, repo: str) -> bytes:
+    """A gzipped tar of one task repository under the run's tasks/repos."""
+    root = self.dirs.repos.resolve()
+    path = pathlib.Path(repo).resolve()
+    if root not in path.parents or not path.is_dir():
+      raise ValueError(f"{repo} is not a task repository of this run (under {root}).")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+      tar.add(path, arcname=".")
+    return buffer.getvalue()
+
+
+class _Remote:
+  """Calls a hub method and waits for its answer."""
+
+  def __init__(self, ray, hub):
+    self._ray, self._hub = ray, hub
+
+  def _call(self, name: str, *args):
+    return self._ray.get(getattr(self._hub, name).remote(*args))
+
+
+class RemotePool(_Remote):
+  """The TaskPool methods an actor uses, answered by the hub."""
+
+  def lease(self, actor_id):
+    return self._call("lease", actor_id)
+
+  def counts(self):
+    return self._call("counts")
+
+  def complete(self, actor_id, task_id):
+    return self._call("complete", actor_id, task_id)
+
+  def release(self, actor_id, task_id, max_releases=None):
+    return self._call("release", actor_id, task_id, max_releases)
+
+
+class RemoteQueue(_Remote):
+  """GroupQueue.put through the hub; blocks while the learner's queue is full."""
+
+  def put(self, group: Group) -> None:
+    data = group.to_bytes()
+    while not self._call("put", data):
+      pass  # the hub already waited _PUT_WAIT_S: back-pressure
+
+
+class RemoteRun(_Remote):
+  """What an actor records about the run (infra counts), sent to the hub. Stands in for
+  RunDirs where c2jax.rl.infra expects one."""
+
+  def record_infra(self, actor_id: str, **increments: int) -> dict[str, int]:
+    return self._call("record_infra", actor_id, increments)
+
+
+class RepoCache:
+  """Task repositories fetched from the hub into this actor's scratch directory."""
+
+  def __init__(self, ray, hub, actor_id: str):
+    self._remote = _Remote(ray, hub)
+    self.root = pathlib.Path(tempfile.mkdtemp(prefix=f"c2jax-{actor_id}-repos-"))
+    self._fetched = 0
+
+  def localize(self, payload: dict) -> dict:
+    """The payload with its task's repository replaced by a local copy."""
+    task = dict(payload["task"])
+    target = self.root / f"{self._fetched:06d}"
+    self._fetched += 1
+    with tarfile.open(fileobj=io.BytesIO(self._remote._call("repo_archive", task["repo"])),
+                      mode="r:gz") as tar:
+      tar.extractall(target, filter="data")
+    task["repo"] = str(target)
+    return dict(payload, task=task)
+
+  def forget(self, payload: dict) -> None:
+    shutil.rmtree(payload["task"]["repo"], ignore_errors=True)
+
+  def close(self) -> None:
+    shutil.rmtree(self.root, ignore_errors=True)
+
+
+def run_actor(hub, config_json: str, tokenizer, actor_id: str, weights_url: str) -> int:
+  """The body of one Ray actor task: c2jax.rl.actor.serve with the run reached through
+  `hub` and weights read from `weights_url`."""
+  import ray  # pylint: disable=g-import-not-at-top
+
+  from c2jax.rl import actor  # pylint: disable=g-import-not-at-top
+
+  cfg = ml_collections.ConfigDict(json.loads(config_json))
+  repos = RepoCache(ray, hub, actor_id)
+  try:
+    return actor.serve(cfg, RemoteRun(ray, hub), RemotePool(ray, hub), RemoteQueue(ray, hub),
+                       tokenizer, actor_id, weights_url, repos=repos)
+  finally:
+    repos.close()
