@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import rope as rope_lib
+from c2jax.model import fused_attention as fused_lib
 from c2jax.model.blockwise_attention import blockwise_attention
 from c2jax.model.layers import Linear, RMSNorm, compute_dtype, constrain
 from c2jax.parallel import context as context_lib
@@ -40,8 +41,10 @@ Cache = dict[str, jax.Array]
 
 # config.model.attention_impl for training forwards (decoding always scores densely):
 # 'dense' materialises float32 [B, H, L, T] scores (the reference); 'blockwise' is
-# c2jax.model.blockwise_attention, O(L * attention_block) memory, same masks.
-ATTENTION_IMPLS = ("dense", "blockwise")
+# c2jax.model.blockwise_attention, O(L * attention_block) memory, same masks; 'fused' is
+# jax.nn.dot_product_attention (cuDNN on GPU); 'auto' lets
+# c2jax.model.fused_attention.select_attention pick per call.
+ATTENTION_IMPLS = fused_lib.IMPLS
 
 _BLHE = ("batch", "length", "heads", "head_dim")
 
@@ -139,10 +142,9 @@ def _token_order(x_BxLx_):
   return jnp.broadcast_to(jnp.arange(x_BxLx_.shape[1]), x_BxLx_.shape[:2])
 
 
-def _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, positions,
-                   segments, key_positions, key_segments, scale, cfg):
-  """`_mla_expanded` by blockwise_attention: the shared rope key is broadcast to every
-  head so each head's q/k is one [N + R] vector."""
+def _mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR):
+  """Per-head q, k ([N + R], the shared rope key broadcast to every head) and v, for the
+  kernels that take one q/k vector per head."""
   n = q_nope_BxLxHxN.shape[-1]
   k_rope_BxTxHxR = jnp.broadcast_to(k_rope_BxTxR[:, :, None],
                                     (*kv_BxTxHx_.shape[:3], k_rope_BxTxR.shape[-1]))
@@ -150,9 +152,41 @@ def _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, pos
                               axis=-1)
   k_BxTxHxE = jnp.concatenate([kv_BxTxHx_[..., :n], k_rope_BxTxHxR.astype(kv_BxTxHx_.dtype)],
                               axis=-1)
-  return blockwise_attention(q_BxLxHxE, k_BxTxHxE, kv_BxTxHx_[..., n:], positions,
+  return q_BxLxHxE, k_BxTxHxE, kv_BxTxHx_[..., n:]
+
+
+def _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, positions,
+                   segments, key_positions, key_segments, scale, cfg):
+  """`_mla_expanded` by blockwise_attention."""
+  q_BxLxHxE, k_BxTxHxE, v_BxTxHxV = _mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
+                                             k_rope_BxTxR)
+  return blockwise_attention(q_BxLxHxE, k_BxTxHxE, v_BxTxHxV, positions,
                              key_positions, segments, key_segments, scale=scale,
                              block=cfg.attention_block)
+
+
+def _fused(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, positions, segments, key_positions,
+           key_segments, scale, ordered: bool):
+  """fused_attention with this module's masks: `ordered` (keys = queries in token order)
+  uses cuDNN's causal mask plus a same-document mask when there are segments; otherwise
+  (context-parallel shards) the full position mask."""
+  if ordered:
+    mask = None if segments is None else fused_lib.document_mask(segments, key_segments)
+    return fused_lib.fused_attention(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, mask, causal=True,
+                                     scale=scale)
+  mask = position_mask(positions, segments, key_positions, key_segments)
+  return fused_lib.fused_attention(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, mask, causal=False,
+                                   scale=scale)
+
+
+def _impl(cfg, queries_BxLx_, keys_BxTx_, heads, kv_heads, qk_dim, v_dim, segments,
+          ordered: bool) -> str:
+  """cfg.attention_impl resolved for one training call (fused_attention.select_attention)."""
+  mask = "positions" if not ordered else "causal" if segments is None else "documents"
+  return fused_lib.choose(cfg, dtype=compute_dtype(cfg), heads=heads, kv_heads=kv_heads,
+                          qk_head_dim=qk_dim, v_head_dim=v_dim,
+                          queries=queries_BxLx_.shape[1], keys=keys_BxTx_.shape[1],
+                          mask=mask)
 
 
 def _gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1xLxT, dtype):
@@ -209,7 +243,11 @@ class MLA(nn.Module):
         # Up-projected after the gather: at Kimi-K2.5 size the latent + rope key (576
         # numbers a token) are ~29x smaller than the per-head k_nope | v they expand to.
         kv = jnp.einsum("btc,chx->bthx", c_kv, w_kv_b.astype(dtype))
-        if cfg.attention_impl == "blockwise":
+        impl = _impl(cfg, q_nope, kv, h, h, n + r, v, segments, ordered=False)
+        if impl == "fused":
+          return _fused(*_mla_qkv(q_nope, q_rope, kv, k_rope), positions, segments,
+                        key_positions, key_segments, scale, ordered=False)
+        if impl == "blockwise":
           return _mla_blockwise(q_nope, q_rope, kv, k_rope, positions, segments,
                                 key_positions, key_segments, scale, cfg)
         mask = position_mask(positions, segments, key_positions, key_segments)
@@ -228,7 +266,14 @@ class MLA(nn.Module):
       new_cache = None
     elif cache is None:
       kv_BxTxHx_ = constrain(kv_b(c_kv_BxLxC), _BLHE)
-      if cfg.attention_impl == "blockwise":
+      impl = _impl(cfg, q_nope_BxLxHxN, kv_BxTxHx_, h, h, n + r, v, segment_ids_BxL,
+                   ordered=True)
+      if impl == "fused":
+        out_BxLxHxV = _fused(*_mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
+                                       k_rope_BxLxR),
+                             None, segment_ids_BxL, None, segment_ids_BxL, scale,
+                             ordered=True)
+      elif impl == "blockwise":
         order_BxL = _token_order(positions_BxL)
         out_BxLxHxV = _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxLxR,
                                      order_BxL, segment_ids_BxL, order_BxL, segment_ids_BxL,
@@ -286,7 +331,11 @@ class GQA(nn.Module):
     context_axes = _context_axes(self, cache is not None)
     if context_axes:
       def attend(q, positions, segments, key_positions, key_segments, keys, values):
-        if cfg.attention_impl == "blockwise":
+        impl = _impl(cfg, q, keys, h, k, e, e, segments, ordered=False)
+        if impl == "fused":
+          return _fused(q, keys, values, positions, segments, key_positions, key_segments,
+                        e ** -0.5, ordered=False)
+        if impl == "blockwise":
           return blockwise_attention(q, keys, values, positions, key_positions, segments,
                                      key_segments, scale=e ** -0.5, block=cfg.attention_block)
         mask = position_mask(positions, segments, key_positions, key_segments)
@@ -299,7 +348,12 @@ class GQA(nn.Module):
           attend, context_axes, local=[(q_BxLxHxE, _BLHE), *token_inputs],
           gathered=[*token_inputs, (k_BxLxKxE, kv_axes), (v_BxLxKxE, kv_axes)],
           weights=[], weight_specs=[], out_spec=nn.logical_to_mesh_axes(_BLHE))
-    elif cache is None and cfg.attention_impl == "blockwise":
+    elif cache is None and _impl(cfg, q_BxLxHxE, k_BxLxKxE, h, k, e, e, segment_ids_BxL,
+                                 ordered=True) == "fused":
+      out_BxLxHxE = _fused(q_BxLxHxE, k_BxLxKxE, v_BxLxKxE, None, segment_ids_BxL, None,
+                           segment_ids_BxL, e ** -0.5, ordered=True)
+    elif cache is None and _impl(cfg, q_BxLxHxE, k_BxLxKxE, h, k, e, e, segment_ids_BxL,
+                                 ordered=True) == "blockwise":
       order_BxL = _token_order(positions_BxL)
       out_BxLxHxE = blockwise_attention(q_BxLxHxE, k_BxLxKxE, v_BxLxKxE, order_BxL, order_BxL,
                                         segment_ids_BxL, segment_ids_BxL, scale=e ** -0.5,

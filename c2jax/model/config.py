@@ -9,7 +9,9 @@ Behaviour follows explicit fields, never a model's name:
   quant       'none' | 'mxfp8' | 'nvfp4_fwd_mxfp8_bwd'
   attention_impl  'dense' (float32 [B, H, L, T] scores, the reference) | 'blockwise'
               (flash-style tiles of attention_block queries x keys, O(L) memory; training
-              and context-parallel forwards only, decoding is always dense)
+              and context-parallel forwards only, decoding is always dense) | 'fused'
+              (jax.nn.dot_product_attention: cuDNN on GPU) | 'auto' (chosen per call by
+              c2jax.model.fused_attention.select_attention)
   remat       name of a rematerialisation policy (see c2jax.model.transformer.REMAT_POLICIES)
 
 Mixed precision (one policy, three dtypes): `param_dtype` stores the trained parameters
