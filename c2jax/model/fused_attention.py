@@ -78,7 +78,8 @@ def cudnn_refusal(call: AttentionCall) -> str | None:
   if call.platform != "gpu":
     return f"cuDNN needs a GPU; this backend is '{call.platform}'"
   if call.capability is not None and call.capability < MIN_CUDNN_CAPABILITY:
-    return f"cuDNN flash attention needs sm_80 or newer; this GPU is sm_{call.capability[0]}{call.capability[1]}"
+    major, minor = call.capability
+    return f"cuDNN flash attention needs sm_80 or newer; this GPU is sm_{major}{minor}"
   if call.dtype not in CUDNN_DTYPES:
     return (f"cuDNN flash attention takes bfloat16/float16 operands; model.dtype is "
             f"{call.dtype}")
