@@ -39,15 +39,16 @@ def time_fn(fn, *args, repeats):
   return statistics.median(samples)
 
 
-def print_table(title, rows, ceiling_tflops, baseline_s=None):
-  """rows: (name, seconds, flops[, baseline seconds]); the last column is baseline / own
-  time (> 1: faster than the baseline) where a row names one."""
-  print(f"\n{title}\n{'case':<48}{'ms':>10}{'TFLOP/s':>10}{'of dense':>10}"
-        + (f"{'vs ragged_dot':>15}" if baseline_s else ''))
+def print_table(title, rows, ceiling_tflops, baseline=None, ceiling_name='dense'):
+  """rows: (name, seconds, flops[, baseline seconds]); the column 'of <ceiling_name>' is
+  the rate over `ceiling_tflops`, 'vs <baseline>' the baseline's time / own time (> 1:
+  faster than the baseline) where a row carries one."""
+  print(f"\n{title}\n{'case':<48}{'ms':>10}{'TFLOP/s':>10}{'of ' + ceiling_name:>16}"
+        + (f"{'vs ' + baseline:>18}" if baseline else ''))
   for name, seconds, flops, *base in rows:
     tflops = flops / seconds / 1e12
-    ratio = f"{base[0] / seconds:>14.2f}x" if base else ''
-    print(f"{name:<48}{seconds * 1e3:>10.3f}{tflops:>10.3f}{tflops / ceiling_tflops:>10.1%}"
+    ratio = f"{base[0] / seconds:>17.2f}x" if base else ''
+    print(f"{name:<48}{seconds * 1e3:>10.3f}{tflops:>10.3f}{tflops / ceiling_tflops:>16.1%}"
           + ratio)
 
 
@@ -150,7 +151,7 @@ def main(argv=None):
                                   flops, repeats)
     print_table(f'{grouping} routing: rows per expert min {loads.min()} max {loads.max()}, '
                 f'{int((loads == 0).sum())} empty (fraction of the dense bf16 forward rate; '
-                'vs ragged_dot = its time / this time)', rows, ceiling, baseline_s=True)
+                'vs ragged_dot = its time / this time)', rows, ceiling, baseline='ragged_dot')
     for impl, error in errors.items():
       print(f"{grouping}: {impl} forward vs lax.ragged_dot, max |diff| / max |ref| "
             f"= {error:.2e}")
