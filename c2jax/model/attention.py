@@ -171,6 +171,9 @@ def _fused(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, positions, segments, key_positions,
   uses cuDNN's causal mask plus a same-document mask when there are segments; otherwise
   (context-parallel shards) the full position mask."""
   if ordered:
+    # cuDNN's partitioner needs q, k and v laid out alike (batch and heads only).
+    q_BxLxHxE, k_BxTxKxE, v_BxTxKxV = (constrain(x, _BLHE)
+                                       for x in (q_BxLxHxE, k_BxTxKxE, v_BxTxKxV))
     mask = None if segments is None else fused_lib.document_mask(segments, key_segments)
     return fused_lib.fused_attention(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, mask, causal=True,
                                      scale=scale)

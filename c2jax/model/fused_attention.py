@@ -94,6 +94,9 @@ def cudnn_refusal(call: AttentionCall) -> str | None:
   if call.heads % call.kv_heads:
     return f"{call.heads} query heads do not split over {call.kv_heads} kv heads"
   if call.mask != "causal":
+    if call.queries % 2 or call.keys % 2:
+      return (f"cuDNN trains with a mask bias only at even lengths; got {call.queries} "
+              f"queries x {call.keys} keys")
     row_bytes = 2 * call.queries * call.keys
     if row_bytes > MAX_MASK_ROW_BYTES:
       return (f"the {call.mask} mask would be a {call.queries}x{call.keys} bias per row "

@@ -50,6 +50,8 @@ def test_auto_picks_cudnn_for_shapes_it_accepts(overrides):
     (dict(dtype="float32"), "blockwise", "bfloat16/float16"),
     (dict(dtype="float32", queries=256, keys=256), "dense", "bfloat16/float16"),
     (dict(queries=8192, keys=8192), "blockwise", "8192x8192 bias"),   # mask too big
+    (dict(queries=511, keys=511), "dense", "even lengths"),
+    (dict(mask="causal", queries=511, keys=511), "fused", "cuDNN takes"),
     (dict(mask="positions", queries=4096, keys=16384), "blockwise", "positions mask"),
     (A100, "blockwise", "head dim 192"),                              # MLA before Hopper
     (dict(qk_head_dim=100, v_head_dim=100), "blockwise", "multiple of 8"),
