@@ -182,6 +182,31 @@ def _fused(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, positions, segments, key_positions,
                                    scale=scale)
 
 
+def _cached_impl(cfg, queries_BxLx_, keys_BxTx_, heads, kv_heads, qk_dim, v_dim) -> str:
+  """The kernel for new tokens against a KV cache: a one-token decode step scores densely;
+  a prefill chunk goes through the selector with the cache's position mask (slot t
+  visible iff t <= position). 'fused' there means cuDNN where it takes the shape and the
+  selector's fallback elsewhere (MLA's absorbed heads, 576 wide, exceed cuDNN's 256)."""
+  if queries_BxLx_.shape[1] == 1 or cfg.attention_impl == "dense":
+    return "dense"
+  return fused_lib.choose(cfg, dtype=compute_dtype(cfg), heads=heads, kv_heads=kv_heads,
+                          qk_head_dim=qk_dim, v_head_dim=v_dim,
+                          queries=queries_BxLx_.shape[1], keys=keys_BxTx_.shape[1],
+                          mask="positions", strict=False)
+
+
+def _attend_cache(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV, positions_BxL, scale, impl, cfg):
+  """Prefill against the cache with the fused or blockwise kernel ('fused' | 'blockwise')."""
+  batch, slots = keys_BxTxKxE.shape[:2]
+  if impl == "fused":
+    return fused_lib.fused_attention(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV,
+                                     cache_mask(positions_BxL, slots), causal=False,
+                                     scale=scale)
+  slots_BxT = jnp.broadcast_to(jnp.arange(slots), (batch, slots))
+  return blockwise_attention(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV, positions_BxL,
+                             slots_BxT, scale=scale, block=cfg.attention_block)
+
+
 def _impl(cfg, queries_BxLx_, keys_BxTx_, heads, kv_heads, qk_dim, v_dim, segments,
           ordered: bool) -> str:
   """cfg.attention_impl resolved for one training call (fused_attention.select_attention)."""
@@ -294,11 +319,22 @@ class MLA(nn.Module):
       w_CxHxN_V = kv_b.kernel.astype(dtype)
       w_uk_CxHxN, w_uv_CxHxV = w_CxHxN_V[..., :n], w_CxHxN_V[..., n:]
       q_absorbed_BxLxHxC = jnp.einsum("blhn,chn->blhc", q_nope_BxLxHxN, w_uk_CxHxN)
-      scores_BxHxLxT = (_einsum("blhc,btc->bhlt", q_absorbed_BxLxHxC, c_BxTxC)
-                        + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
-      probs_BxHxLxT = masked_softmax(
-          scores_BxHxLxT, _mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1]), dtype)
-      context_BxLxHxC = jnp.einsum("bhlt,btc->blhc", probs_BxHxLxT, c_BxTxC)
+      impl = _cached_impl(cfg, q_absorbed_BxLxHxC, c_BxTxC, h, 1, c + r, c)
+      if impl != "dense":
+        _mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1])  # rejects segment ids
+        # Absorbed MLA is multi-query attention: every head scores the one latent key
+        # [c_kv | k_rope] and reads the latent c_kv as its value.
+        q_BxLxHxE = jnp.concatenate([q_absorbed_BxLxHxC,
+                                     q_rope_BxLxHxR.astype(dtype)], axis=-1)
+        k_BxTx1xE = jnp.concatenate([c_BxTxC, k_rope_BxTxR], axis=-1)[:, :, None]
+        context_BxLxHxC = _attend_cache(q_BxLxHxE, k_BxTx1xE, c_BxTxC[:, :, None],
+                                        positions_BxL, scale, impl, cfg)
+      else:
+        scores_BxHxLxT = (_einsum("blhc,btc->bhlt", q_absorbed_BxLxHxC, c_BxTxC)
+                          + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
+        probs_BxHxLxT = masked_softmax(
+            scores_BxHxLxT, _mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1]), dtype)
+        context_BxLxHxC = jnp.einsum("bhlt,btc->blhc", probs_BxHxLxT, c_BxTxC)
       out_BxLxHxV = jnp.einsum("blhc,chv->blhv", context_BxLxHxC, w_uv_CxHxV)
 
     out_BxLxHxV = constrain(out_BxLxHxV.astype(dtype), _BLHE)
@@ -367,9 +403,14 @@ class GQA(nn.Module):
     else:
       new_cache = {"k": write_cache(cache["k"], k_BxLxKxE, positions_BxL),
                    "v": write_cache(cache["v"], v_BxLxKxE, positions_BxL)}
-      out_BxLxHxE = _gqa_attend(
-          q_BxLxHxE, new_cache["k"].astype(dtype), new_cache["v"].astype(dtype),
-          _mask(positions_BxL, segment_ids_BxL, new_cache["k"].shape[1]), dtype)
+      keys_BxTxKxE, values_BxTxKxE = new_cache["k"].astype(dtype), new_cache["v"].astype(dtype)
+      mask = _mask(positions_BxL, segment_ids_BxL, keys_BxTxKxE.shape[1])
+      impl = _cached_impl(cfg, q_BxLxHxE, keys_BxTxKxE, h, k, e, e)
+      if impl == "dense":
+        out_BxLxHxE = _gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask, dtype)
+      else:
+        out_BxLxHxE = _attend_cache(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, positions_BxL,
+                                    e ** -0.5, impl, cfg)
     out_BxLxHxE = constrain(out_BxLxHxE.astype(dtype), _BLHE)
     o_proj = Linear((h, e), (d,), ("heads", "head_dim", "embed"), cfg, name="o_proj")
     return constrain(o_proj(out_BxLxHxE), ("batch", "length", "embed")), new_cache

@@ -10,7 +10,9 @@
   'auto'       `select_attention` picks one of the three above per call from the platform,
                dtype, head shapes and mask kind: fused where cuDNN takes the call, else
                blockwise for long sequences and dense for a single tile.
-Decoding with a KV cache is not dispatched here (it always scores densely, see attention.py).
+With a KV cache, one-token decode steps always score densely; prefill chunks (L > 1) are
+dispatched like training with the cache's position mask, an explicit 'fused' meaning
+"cuDNN where it takes the shape" there (absorbed MLA heads are 576 wide).
 
 How the masks reach cuDNN. This jax's public `dot_product_attention` has no segment-id
 argument (its cuDNN backend has a packed, offsets-based layout, but only behind a private
@@ -104,16 +106,17 @@ def cudnn_refusal(call: AttentionCall) -> str | None:
   return None
 
 
-def select_attention(requested: str, call: AttentionCall) -> Choice:
+def select_attention(requested: str, call: AttentionCall, *, strict: bool = True) -> Choice:
   """The one place the attention kernel is chosen. Explicit names are honoured ('fused'
   raises on a GPU when cuDNN refuses the shape, rather than silently running something
-  else); 'auto' falls back from cuDNN to blockwise / dense."""
+  else, unless `strict` is False: then it falls back as 'auto' does); 'auto' falls back
+  from cuDNN to blockwise / dense."""
   if requested not in IMPLS:
     raise ValueError(f"model.attention_impl = {requested!r}; choose one of {IMPLS}.")
   if requested in ("dense", "blockwise"):
     return Choice(requested, "asked for by model.attention_impl")
   refusal = cudnn_refusal(call)
-  if requested == "fused":
+  if requested == "fused" and (strict or refusal is None or call.platform != "gpu"):
     if call.platform == "gpu" and refusal is not None:
       raise ValueError(
           f"model.attention_impl = 'fused' but cuDNN cannot run this call: {refusal}. Set "
@@ -137,15 +140,15 @@ def _capability() -> tuple[int, int] | None:
 
 
 def choose(cfg, *, dtype, heads: int, kv_heads: int, qk_head_dim: int, v_head_dim: int,
-           queries: int, keys: int, mask: str) -> str:
-  """`select_attention(cfg.attention_impl, ...)` on the running backend; shapes are static,
-  so this runs once per trace."""
+           queries: int, keys: int, mask: str, strict: bool = True) -> str:
+  """`select_attention(cfg.attention_impl, ...)` on the running backend; shapes are
+  static, so this runs once per trace."""
   platform = jax.default_backend()
   call = AttentionCall(
       platform=platform, dtype=jnp.dtype(dtype).name, heads=heads, kv_heads=kv_heads,
       qk_head_dim=qk_head_dim, v_head_dim=v_head_dim, queries=queries, keys=keys, mask=mask,
       block=cfg.attention_block, capability=_capability() if platform == "gpu" else None)
-  return select_attention(cfg.attention_impl, call).impl
+  return select_attention(cfg.attention_impl, call, strict=strict).impl
 
 
 def fused_attention(q_BxLxHxE: jax.Array, k_BxTxKxE: jax.Array, v_BxTxKxV: jax.Array,

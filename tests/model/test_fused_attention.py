@@ -2,19 +2,22 @@
 GQA and MLA heads, document masks by size, explicit choices), and the fused call itself
 (jax.nn.dot_product_attention with implementation='xla' on this CPU) equal to the dense
 and blockwise references in values and gradients, for GQA and MLA head shapes, packed
-documents with padding and context-parallel position masks."""
+documents with padding and context-parallel position masks; chunked prefill through the
+KV cache with blockwise and fused equal to the dense cache path."""
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.model import attention
+from c2jax.model import attention, init_cache
 from c2jax.model import fused_attention as fused
 from c2jax.model.blockwise_attention import blockwise_attention
 from c2jax.parallel import context
+from tests.model.conftest import ATTENTION_CASES, draw_params, tiny_cfg
 
 B = 2
 SCALE = 0.25
@@ -77,6 +80,11 @@ def test_explicit_choices_are_honoured_or_refused_with_the_reason():
     fused.select_attention("fused", _call(dtype="float32"))
   with pytest.raises(ValueError, match="choose one of"):
     fused.select_attention("flash", _call())
+  # Not strict (prefill against the cache): cuDNN where it can, else the 'auto' fallback.
+  assert fused.select_attention("fused", _call(dtype="float32"), strict=False).impl == "blockwise"
+  assert fused.select_attention("fused", _call(), strict=False).impl == "fused"
+  assert fused.select_attention("fused", _call(platform="cpu", capability=None),
+                                strict=False).impl == "fused"
 
 
 def _dense(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, q_pos, k_pos, q_seg, k_seg):
@@ -188,3 +196,33 @@ def test_fused_call_refuses_what_it_cannot_express():
   with pytest.raises(ValueError, match="causal=True needs as many keys"):
     fused.fused_attention(q, jnp.zeros((1, 6, 2, 8)), jnp.zeros((1, 6, 2, 8)), None,
                           causal=True, scale=1.0)
+
+
+def _attention_layer(name, impl):
+  """(cfg, params, jitted apply) of one tiny attention layer with `impl`, tiles of 4."""
+  cfg = tiny_cfg(attention_impl=impl, attention_block=4, **ATTENTION_CASES[name])
+  module = attention.ATTENTION[cfg.attention](cfg)
+  x = jnp.zeros((B, 4, cfg.hidden_size))
+  positions = jnp.broadcast_to(jnp.arange(4), (B, 4))
+  shapes = jax.eval_shape(lambda: nn.unbox(module.init(jax.random.key(0), x, positions)))
+  params = draw_params(shapes["params"], cfg.init_std)
+  return cfg, params, jax.jit(lambda p, x, pos, cache: module.apply(
+      {"params": p}, x, pos, None, cache))
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION_CASES))
+def test_chunked_prefill_through_the_cache_equals_dense(name):
+  """Two prefill chunks (7 then 5 tokens, rows at different offsets) into a 16-slot cache:
+  blockwise (MLA: absorbed multi-query heads) and fused equal the dense cache path."""
+  outputs = {}
+  for impl in ("dense", "blockwise", "fused"):
+    cfg, params, run = _attention_layer(name, impl)
+    x = jax.random.normal(jax.random.key(3), (B, 12, cfg.hidden_size))
+    cache = jax.tree.map(lambda c: c[0], init_cache(cfg, B, 16)["dense_layers"])
+    offsets = jnp.asarray([[0], [2]])          # row 1 starts at position 2
+    first, cache = run(params, x[:, :7], jnp.arange(7)[None] + offsets, cache)
+    second, cache = run(params, x[:, 7:], jnp.arange(7, 12)[None] + offsets, cache)
+    outputs[impl] = (first, second)
+  for impl in ("blockwise", "fused"):
+    for got, want in zip(outputs[impl], outputs["dense"]):
+      np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=impl)
