@@ -10,9 +10,8 @@ Behaviour follows explicit fields, never a model's name:
   attention_impl  'dense' (float32 [B, H, L, T] scores, the reference) | 'blockwise'
               (flash-style tiles of attention_block queries x keys, O(L) memory; training,
               context-parallel and prefill forwards, one-token decode steps stay dense) |
-              'fused'
-              (jax.nn.dot_product_attention: cuDNN on GPU) | 'auto' (chosen per call by
-              c2jax.model.fused_attention.select_attention)
+              'fused' (jax.nn.dot_product_attention: cuDNN on GPU) | 'auto' (chosen per
+              call by c2jax.model.fused_attention.select_attention)
   remat       name of a rematerialisation policy (see c2jax.model.transformer.REMAT_POLICIES)
 
 Mixed precision (one policy, three dtypes): `param_dtype` stores the trained parameters
