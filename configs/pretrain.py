@@ -45,8 +45,10 @@ def get_config(variant: str = "tiny"):
     c.model.moe.ep_capacity_factor = 1.25
     c.model.moe.ep_dispatch_quant = "mxfp8"
     # Flash-style tiles: dense float32 scores [heads, t, 32k] alone would need ~63 MB per
-    # token (docs/scaling.md, "Plans for the 32k and 256k phases").
-    c.model.attention_impl = "blockwise"
+    # token (docs/scaling.md, "Plans for the 32k and 256k phases"). 'auto' runs cuDNN
+    # flash attention on GPUs where it can express the mask and the blockwise tiles
+    # elsewhere (c2jax.model.fused_attention.select_attention).
+    c.model.attention_impl = "auto"
     c.parallel.mesh.expert = 8
     c.parallel.mesh.context = 2
   return c

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import rope as rope_lib
+from c2jax.model import fused_attention as fused_lib
 from c2jax.model.blockwise_attention import blockwise_attention
 from c2jax.model.layers import Linear, RMSNorm, compute_dtype, constrain
 from c2jax.parallel import context as context_lib
@@ -40,8 +41,10 @@ Cache = dict[str, jax.Array]
 
 # config.model.attention_impl for training forwards (decoding always scores densely):
 # 'dense' materialises float32 [B, H, L, T] scores (the reference); 'blockwise' is
-# c2jax.model.blockwise_attention, O(L * attention_block) memory, same masks.
-ATTENTION_IMPLS = ("dense", "blockwise")
+# c2jax.model.blockwise_attention, O(L * attention_block) memory, same masks; 'fused' is
+# jax.nn.dot_product_attention (cuDNN on GPU); 'auto' lets
+# c2jax.model.fused_attention.select_attention pick per call.
+ATTENTION_IMPLS = fused_lib.IMPLS
 
 _BLHE = ("batch", "length", "heads", "head_dim")
 
@@ -139,10 +142,9 @@ def _token_order(x_BxLx_):
   return jnp.broadcast_to(jnp.arange(x_BxLx_.shape[1]), x_BxLx_.shape[:2])
 
 
-def _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, positions,
-                   segments, key_positions, key_segments, scale, cfg):
-  """`_mla_expanded` by blockwise_attention: the shared rope key is broadcast to every
-  head so each head's q/k is one [N + R] vector."""
+def _mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR):
+  """Per-head q, k ([N + R], the shared rope key broadcast to every head) and v, for the
+  kernels that take one q/k vector per head."""
   n = q_nope_BxLxHxN.shape[-1]
   k_rope_BxTxHxR = jnp.broadcast_to(k_rope_BxTxR[:, :, None],
                                     (*kv_BxTxHx_.shape[:3], k_rope_BxTxR.shape[-1]))
@@ -150,9 +152,69 @@ def _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, pos
                               axis=-1)
   k_BxTxHxE = jnp.concatenate([kv_BxTxHx_[..., :n], k_rope_BxTxHxR.astype(kv_BxTxHx_.dtype)],
                               axis=-1)
-  return blockwise_attention(q_BxLxHxE, k_BxTxHxE, kv_BxTxHx_[..., n:], positions,
+  return q_BxLxHxE, k_BxTxHxE, kv_BxTxHx_[..., n:]
+
+
+def _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, positions,
+                   segments, key_positions, key_segments, scale, cfg):
+  """`_mla_expanded` by blockwise_attention."""
+  q_BxLxHxE, k_BxTxHxE, v_BxTxHxV = _mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
+                                             k_rope_BxTxR)
+  return blockwise_attention(q_BxLxHxE, k_BxTxHxE, v_BxTxHxV, positions,
                              key_positions, segments, key_segments, scale=scale,
                              block=cfg.attention_block)
+
+
+def _fused(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, positions, segments, key_positions,
+           key_segments, scale, ordered: bool):
+  """fused_attention with this module's masks: `ordered` (keys = queries in token order)
+  uses cuDNN's causal mask plus a same-document mask when there are segments; otherwise
+  (context-parallel shards) the full position mask."""
+  if ordered:
+    # cuDNN's partitioner needs q, k and v laid out alike (batch and heads only).
+    q_BxLxHxE, k_BxTxKxE, v_BxTxKxV = (constrain(x, _BLHE)
+                                       for x in (q_BxLxHxE, k_BxTxKxE, v_BxTxKxV))
+    mask = None if segments is None else fused_lib.document_mask(segments, key_segments)
+    return fused_lib.fused_attention(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, mask, causal=True,
+                                     scale=scale)
+  mask = position_mask(positions, segments, key_positions, key_segments)
+  return fused_lib.fused_attention(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, mask, causal=False,
+                                   scale=scale)
+
+
+def _cached_impl(cfg, queries_BxLx_, keys_BxTx_, heads, kv_heads, qk_dim, v_dim) -> str:
+  """The kernel for new tokens against a KV cache: a one-token decode step scores densely;
+  a prefill chunk goes through the selector with the cache's position mask (slot t
+  visible iff t <= position). 'fused' there means cuDNN where it takes the shape and the
+  selector's fallback elsewhere (MLA's absorbed heads, 576 wide, exceed cuDNN's 256)."""
+  if queries_BxLx_.shape[1] == 1 or cfg.attention_impl == "dense":
+    return "dense"
+  return fused_lib.choose(cfg, dtype=compute_dtype(cfg), heads=heads, kv_heads=kv_heads,
+                          qk_head_dim=qk_dim, v_head_dim=v_dim,
+                          queries=queries_BxLx_.shape[1], keys=keys_BxTx_.shape[1],
+                          mask="positions", strict=False)
+
+
+def _attend_cache(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV, positions_BxL, scale, impl, cfg):
+  """Prefill against the cache with the fused or blockwise kernel ('fused' | 'blockwise')."""
+  batch, slots = keys_BxTxKxE.shape[:2]
+  if impl == "fused":
+    return fused_lib.fused_attention(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV,
+                                     cache_mask(positions_BxL, slots), causal=False,
+                                     scale=scale)
+  slots_BxT = jnp.broadcast_to(jnp.arange(slots), (batch, slots))
+  return blockwise_attention(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV, positions_BxL,
+                             slots_BxT, scale=scale, block=cfg.attention_block)
+
+
+def _impl(cfg, queries_BxLx_, keys_BxTx_, heads, kv_heads, qk_dim, v_dim, segments,
+          ordered: bool) -> str:
+  """cfg.attention_impl resolved for one training call (fused_attention.select_attention)."""
+  mask = "positions" if not ordered else "causal" if segments is None else "documents"
+  return fused_lib.choose(cfg, dtype=compute_dtype(cfg), heads=heads, kv_heads=kv_heads,
+                          qk_head_dim=qk_dim, v_head_dim=v_dim,
+                          queries=queries_BxLx_.shape[1], keys=keys_BxTx_.shape[1],
+                          mask=mask)
 
 
 def _gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1xLxT, dtype):
@@ -209,7 +271,11 @@ class MLA(nn.Module):
         # Up-projected after the gather: at Kimi-K2.5 size the latent + rope key (576
         # numbers a token) are ~29x smaller than the per-head k_nope | v they expand to.
         kv = jnp.einsum("btc,chx->bthx", c_kv, w_kv_b.astype(dtype))
-        if cfg.attention_impl == "blockwise":
+        impl = _impl(cfg, q_nope, kv, h, h, n + r, v, segments, ordered=False)
+        if impl == "fused":
+          return _fused(*_mla_qkv(q_nope, q_rope, kv, k_rope), positions, segments,
+                        key_positions, key_segments, scale, ordered=False)
+        if impl == "blockwise":
           return _mla_blockwise(q_nope, q_rope, kv, k_rope, positions, segments,
                                 key_positions, key_segments, scale, cfg)
         mask = position_mask(positions, segments, key_positions, key_segments)
@@ -228,7 +294,14 @@ class MLA(nn.Module):
       new_cache = None
     elif cache is None:
       kv_BxTxHx_ = constrain(kv_b(c_kv_BxLxC), _BLHE)
-      if cfg.attention_impl == "blockwise":
+      impl = _impl(cfg, q_nope_BxLxHxN, kv_BxTxHx_, h, h, n + r, v, segment_ids_BxL,
+                   ordered=True)
+      if impl == "fused":
+        out_BxLxHxV = _fused(*_mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
+                                       k_rope_BxLxR),
+                             None, segment_ids_BxL, None, segment_ids_BxL, scale,
+                             ordered=True)
+      elif impl == "blockwise":
         order_BxL = _token_order(positions_BxL)
         out_BxLxHxV = _mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxLxR,
                                      order_BxL, segment_ids_BxL, order_BxL, segment_ids_BxL,
@@ -246,11 +319,22 @@ class MLA(nn.Module):
       w_CxHxN_V = kv_b.kernel.astype(dtype)
       w_uk_CxHxN, w_uv_CxHxV = w_CxHxN_V[..., :n], w_CxHxN_V[..., n:]
       q_absorbed_BxLxHxC = jnp.einsum("blhn,chn->blhc", q_nope_BxLxHxN, w_uk_CxHxN)
-      scores_BxHxLxT = (_einsum("blhc,btc->bhlt", q_absorbed_BxLxHxC, c_BxTxC)
-                        + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
-      probs_BxHxLxT = masked_softmax(
-          scores_BxHxLxT, _mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1]), dtype)
-      context_BxLxHxC = jnp.einsum("bhlt,btc->blhc", probs_BxHxLxT, c_BxTxC)
+      impl = _cached_impl(cfg, q_absorbed_BxLxHxC, c_BxTxC, h, 1, c + r, c)
+      if impl != "dense":
+        _mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1])  # rejects segment ids
+        # Absorbed MLA is multi-query attention: every head scores the one latent key
+        # [c_kv | k_rope] and reads the latent c_kv as its value.
+        q_BxLxHxE = jnp.concatenate([q_absorbed_BxLxHxC,
+                                     q_rope_BxLxHxR.astype(dtype)], axis=-1)
+        k_BxTx1xE = jnp.concatenate([c_BxTxC, k_rope_BxTxR], axis=-1)[:, :, None]
+        context_BxLxHxC = _attend_cache(q_BxLxHxE, k_BxTx1xE, c_BxTxC[:, :, None],
+                                        positions_BxL, scale, impl, cfg)
+      else:
+        scores_BxHxLxT = (_einsum("blhc,btc->bhlt", q_absorbed_BxLxHxC, c_BxTxC)
+                          + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
+        probs_BxHxLxT = masked_softmax(
+            scores_BxHxLxT, _mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1]), dtype)
+        context_BxLxHxC = jnp.einsum("bhlt,btc->blhc", probs_BxHxLxT, c_BxTxC)
       out_BxLxHxV = jnp.einsum("blhc,chv->blhv", context_BxLxHxC, w_uv_CxHxV)
 
     out_BxLxHxV = constrain(out_BxLxHxV.astype(dtype), _BLHE)
@@ -286,7 +370,11 @@ class GQA(nn.Module):
     context_axes = _context_axes(self, cache is not None)
     if context_axes:
       def attend(q, positions, segments, key_positions, key_segments, keys, values):
-        if cfg.attention_impl == "blockwise":
+        impl = _impl(cfg, q, keys, h, k, e, e, segments, ordered=False)
+        if impl == "fused":
+          return _fused(q, keys, values, positions, segments, key_positions, key_segments,
+                        e ** -0.5, ordered=False)
+        if impl == "blockwise":
           return blockwise_attention(q, keys, values, positions, key_positions, segments,
                                      key_segments, scale=e ** -0.5, block=cfg.attention_block)
         mask = position_mask(positions, segments, key_positions, key_segments)
@@ -299,7 +387,12 @@ class GQA(nn.Module):
           attend, context_axes, local=[(q_BxLxHxE, _BLHE), *token_inputs],
           gathered=[*token_inputs, (k_BxLxKxE, kv_axes), (v_BxLxKxE, kv_axes)],
           weights=[], weight_specs=[], out_spec=nn.logical_to_mesh_axes(_BLHE))
-    elif cache is None and cfg.attention_impl == "blockwise":
+    elif cache is None and _impl(cfg, q_BxLxHxE, k_BxLxKxE, h, k, e, e, segment_ids_BxL,
+                                 ordered=True) == "fused":
+      out_BxLxHxE = _fused(q_BxLxHxE, k_BxLxKxE, v_BxLxKxE, None, segment_ids_BxL, None,
+                           segment_ids_BxL, e ** -0.5, ordered=True)
+    elif cache is None and _impl(cfg, q_BxLxHxE, k_BxLxKxE, h, k, e, e, segment_ids_BxL,
+                                 ordered=True) == "blockwise":
       order_BxL = _token_order(positions_BxL)
       out_BxLxHxE = blockwise_attention(q_BxLxHxE, k_BxLxKxE, v_BxLxKxE, order_BxL, order_BxL,
                                         segment_ids_BxL, segment_ids_BxL, scale=e ** -0.5,
@@ -310,9 +403,14 @@ class GQA(nn.Module):
     else:
       new_cache = {"k": write_cache(cache["k"], k_BxLxKxE, positions_BxL),
                    "v": write_cache(cache["v"], v_BxLxKxE, positions_BxL)}
-      out_BxLxHxE = _gqa_attend(
-          q_BxLxHxE, new_cache["k"].astype(dtype), new_cache["v"].astype(dtype),
-          _mask(positions_BxL, segment_ids_BxL, new_cache["k"].shape[1]), dtype)
+      keys_BxTxKxE, values_BxTxKxE = new_cache["k"].astype(dtype), new_cache["v"].astype(dtype)
+      mask = _mask(positions_BxL, segment_ids_BxL, keys_BxTxKxE.shape[1])
+      impl = _cached_impl(cfg, q_BxLxHxE, keys_BxTxKxE, h, k, e, e)
+      if impl == "dense":
+        out_BxLxHxE = _gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask, dtype)
+      else:
+        out_BxLxHxE = _attend_cache(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, positions_BxL,
+                                    e ** -0.5, impl, cfg)
     out_BxLxHxE = constrain(out_BxLxHxE.astype(dtype), _BLHE)
     o_proj = Linear((h, e), (d,), ("heads", "head_dim", "embed"), cfg, name="o_proj")
     return constrain(o_proj(out_BxLxHxE), ("batch", "length", "embed")), new_cache

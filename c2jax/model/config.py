@@ -8,8 +8,10 @@ Behaviour follows explicit fields, never a model's name:
   moe_impl    'dense' (reference) | 'ragged' (sort by expert + grouped matmul) | 'pallas'
   quant       'none' | 'mxfp8' | 'nvfp4_fwd_mxfp8_bwd'
   attention_impl  'dense' (float32 [B, H, L, T] scores, the reference) | 'blockwise'
-              (flash-style tiles of attention_block queries x keys, O(L) memory; training
-              and context-parallel forwards only, decoding is always dense)
+              (flash-style tiles of attention_block queries x keys, O(L) memory; training,
+              context-parallel and prefill forwards, one-token decode steps stay dense) |
+              'fused' (jax.nn.dot_product_attention: cuDNN on GPU) | 'auto' (chosen per
+              call by c2jax.model.fused_attention.select_attention)
   remat       name of a rematerialisation policy (see c2jax.model.transformer.REMAT_POLICIES)
 
 Mixed precision (one policy, three dtypes): `param_dtype` stores the trained parameters

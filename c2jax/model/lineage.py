@@ -40,7 +40,7 @@ FREE_KEYS: dict[str, str] = {
                 "use the phase's value)",
     "param_dtype": "storage of the fp32/bf16 master weights; the restore casts",
     "opt_state_dtype": "storage of the optimizer moments; a new phase starts new moments",
-    "attention_impl": "dense or blockwise attention compute the same softmax(QK)V",
+    "attention_impl": "every attention_impl computes the same softmax(QK)V",
     "attention_block": "tile size of blockwise attention",
     "moe_impl": "dense, ragged and pallas dispatch compute the same expert mixture",
     "remat": "what the backward pass recomputes, not what it computes",

@@ -43,6 +43,17 @@ ACCELERATORS: dict[str, Accelerator] = {
 }
 
 
+def by_device_kind(device_kind: str) -> Accelerator | None:
+  """The table row of a jax `device.device_kind` ('NVIDIA H100 80GB HBM3' -> H100 SXM,
+  'TPU v5p' -> TPU v5p), or None for a device the table lacks (e.g. a CPU). PCIe parts
+  map to their SXM row, whose peaks are higher: a bound, never an excuse."""
+  kind = device_kind.lower().replace("-", " ")
+  for key, acc in ACCELERATORS.items():
+    if key.replace("_", " ") in kind:
+      return acc
+  return None
+
+
 def _best_seconds(fn, repeats: int) -> float:
   fn()
   best = float("inf")

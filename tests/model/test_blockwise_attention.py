@@ -1,7 +1,7 @@
 """Blockwise attention: forward and gradients equal the dense reference (MLA and GQA head
 shapes, ragged block counts, packed documents with padding, shuffled context-parallel
-layouts), the tiny model's loss and gradients with attention_impl='blockwise' equal
-'dense', config validation, compiled memory that grows linearly in L, and the
+layouts), the tiny model's loss and gradients with attention_impl='blockwise' (and
+'fused') equal 'dense', config validation, compiled memory that grows linearly in L, and the
 context-parallel layer (subprocess, 8 fake devices) equal to one device."""
 
 import functools
@@ -135,7 +135,7 @@ def test_tiny_model_loss_and_gradients_equal_dense(name):
   length = 20  # not a multiple of the block (8): three query and key tiles, the last ragged
   # One (dense-FFN) layer: attention is what differs, and each compile costs seconds.
   cfgs = {impl: tiny_cfg(attention_impl=impl, attention_block=8, num_layers=1,
-                         **ATTENTION_CASES[name]) for impl in attention.ATTENTION_IMPLS}
+                         **ATTENTION_CASES[name]) for impl in ("dense", "blockwise", "fused")}
   params = random_params(cfgs["dense"])
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, cfgs["dense"].vocab_size, (B, length + 1)))
@@ -150,12 +150,14 @@ def test_tiny_model_loss_and_gradients_equal_dense(name):
 
   results = {impl: jax.jit(jax.value_and_grad(functools.partial(loss, cfg)))(params)
              for impl, cfg in cfgs.items()}
-  (loss_dense, grads_dense), (loss_block, grads_block) = results["dense"], results["blockwise"]
-  np.testing.assert_allclose(loss_block, loss_dense, rtol=0, atol=1e-5)
-  for path, got in jax.tree_util.tree_leaves_with_path(grads_block):
-    want = functools.reduce(lambda tree, key: tree[key.key], path, grads_dense)
-    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5,
-                               err_msg=jax.tree_util.keystr(path))
+  loss_dense, grads_dense = results["dense"]
+  for impl in ("blockwise", "fused"):  # fused: jax.nn.dot_product_attention, XLA on CPU
+    loss_impl, grads_impl = results[impl]
+    np.testing.assert_allclose(loss_impl, loss_dense, rtol=0, atol=1e-5, err_msg=impl)
+    for path, got in jax.tree_util.tree_leaves_with_path(grads_impl):
+      want = functools.reduce(lambda tree, key: tree[key.key], path, grads_dense)
+      np.testing.assert_allclose(got, want, rtol=0, atol=1e-5,
+                                 err_msg=f"{impl} {jax.tree_util.keystr(path)}")
 
 
 def test_config_rejects_unknown_impl_and_bad_block():

@@ -18,6 +18,16 @@ parameters (MTP module included) are loaded, with prompts cut from the run's hel
 corpus instead of random tokens:
     PYTHONPATH=. python tools/bench/bench_decode.py --checkpoint runs/tiny/mtp --batches 1,8
 
+Each row also gives the roofline bound of a decode step at that batch
+(c2jax.parallel.roofline.decode_step_cost at the mean context, prompt + new_tokens / 2):
+the active weights the batch touches plus the KV cache read per step over HBM bandwidth,
+or the FLOPs at peak if larger, on the device's datasheet row
+(c2jax.parallel.accelerators.by_device_kind; this machine as measured where the table has
+no row), as tokens/s, and the measured rate as a fraction of it. On a GPU:
+    PYTHONPATH=. python tools/bench/bench_decode.py --variants moe_8b_a1b --batches 1,8,64 \
+        --prompt_len 512 --new_tokens 128
+`--smoke` runs tiny at batch 2 for a few tokens (the suite runs it).
+
 The HF side runs this same file under another interpreter (`--hf_worker`), with only the
 standard library imported at the top, so it needs no c2jax on its path: run it without
 PYTHONPATH set to this repo (the repo's top-level `kernels` package shadows an HF one).
@@ -123,14 +133,41 @@ def _heldout_prompts(data_fields: dict, batch: int, prompt_len: int):
   return np.asarray(next(iter(dataset))["inputs"])
 
 
+def _accelerator():
+  """The roofline's device: the datasheet row of this device kind, else measured here."""
+  import jax
+
+  from c2jax.parallel import accelerators
+  device = jax.devices()[0]
+  known = accelerators.by_device_kind(device.device_kind)
+  if known is not None:
+    return known
+  return accelerators.Accelerator(
+      f"this {device.platform} (measured)", accelerators.matmul_ceiling(n=512) / 1e12, None,
+      accelerators.copy_bandwidth(32 << 20) / 1e12, 0.0, float("inf"))
+
+
+def _bound_rate(cfg, batch: int, context: int, acc) -> tuple[float, str]:
+  """(tokens/s at the roofline's lower bound for one decode step, what bounds it)."""
+  from c2jax.parallel import roofline
+  bound = roofline.bound(roofline.decode_step_cost(cfg, batch, context), acc)
+  return batch / bound.lower_s, bound.bound_by
+
+
 def _run_jax(args) -> list[dict]:
   rows = []
+  acc = _accelerator()
+  print(f"decode, {time.strftime('%Y-%m-%d', time.gmtime())}, roofline device {acc.name} "
+        f"({acc.hbm_tb_s:.3f} TB/s, {acc.bf16_tflops:.3f} TFLOP/s)", file=sys.stderr,
+        flush=True)
   models = _trained_model(args) if args.checkpoint else _random_models(args)
   for name, cfg, params, prompts in models:
     for batch in map(int, args.batches.split(",")):
       prompts_BxP = prompts(batch)
       base, _ = _engine_rate(cfg, params, prompts_BxP, args.new_tokens, 0, args.temperature)
-      row = {"variant": name, "batch": batch, "c2jax tok/s": base}
+      bound, bound_by = _bound_rate(cfg, batch, args.prompt_len + args.new_tokens // 2, acc)
+      row = {"variant": name, "batch": batch, "c2jax tok/s": base, "bound tok/s": bound,
+             "bound by": bound_by, "of bound": base / bound}
       if args.drafts:
         spec, per_step = _engine_rate(cfg, params, prompts_BxP, args.new_tokens, args.drafts,
                                       args.temperature)
@@ -188,7 +225,7 @@ def _hf_worker(args) -> None:
   print(batch * (args.new_tokens - 1) / decode)
 
 
-def main() -> None:
+def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--variants", default="tiny,small")
   parser.add_argument("--batches", default="1,8,32")
@@ -204,10 +241,18 @@ def main() -> None:
   parser.add_argument("--hf_python", default="",
                       help="interpreter with torch + transformers for the HF comparison")
   parser.add_argument("--hf_worker", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny, batch 2, 8-token prompts, 4 new tokens")
+  args = parser.parse_args(argv)
   if args.hf_worker:
     _hf_worker(args)
     return
+  if args.smoke:
+    args.variants, args.batches, args.prompt_len, args.new_tokens = "tiny", "2", 8, 4
+  import jax
+  device = jax.devices()[0]
+  print(f"decode throughput, {time.strftime('%Y-%m-%d', time.gmtime())}, {device.platform} "
+        f"({device.device_kind}), jax {jax.__version__}")
   rows = _run_jax(args)
   columns = list(dict.fromkeys(k for row in rows for k in row))
   print("| " + " | ".join(columns) + " |")

@@ -1,11 +1,21 @@
-"""Train-step throughput: tokens/s and model FLOPs utilisation against a measured ceiling.
+"""Train-step throughput: tokens/s and model FLOPs utilisation against a measured ceiling
+and against the roofline.
 
   PYTHONPATH=. python tools/bench/bench_train.py --variants tiny,small --steps 10
+  PYTHONPATH=. python tools/bench/bench_train.py --variants moe_8b_a1b --batch 4 \
+      --seq_len 2048 --moe_impls ragged,pallas --attention_impl auto      # one GPU
+  PYTHONPATH=. python tools/bench/bench_train.py --smoke                  # seconds, CPU
 
 The ceiling is the best rate of one large jitted float32 (bfloat16 on accelerators) matmul
 on the same device (c2jax.parallel.accelerators.matmul_ceiling); model FLOPs per token
 are c2jax.parallel.roofline.train_flops_per_token (3 forward passes of the active matmul
-weights plus causal attention). Prints one table, all rows measured in the same run.
+weights plus causal attention). MFU is given twice: over the measured matmul ceiling, and
+over the device's datasheet bf16 peak (c2jax.parallel.accelerators.ACCELERATORS, matched
+by device kind; this machine's measured peaks where it is not in the table). 'bound ms'
+is the roofline's lower bound for the step (roofline.train_step_cost's formula: compute
+at peak vs the parameter/gradient/Adam bytes over HBM bandwidth), and 'of bound' the
+bound over the measured step (1.0 = at the roofline). Prints one table, all rows measured
+in the same run.
 """
 
 from __future__ import annotations
@@ -19,13 +29,36 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import ml_collections
+
 from c2jax import train
 from c2jax.model import variants
 from c2jax.parallel import accelerators, roofline
 
+SMOKE = dict(variants="tiny", batch=2, seq_len=32, steps=1, moe_impls="ragged")
 
-def bench_variant(name: str, batch: int, seq_len: int, steps: int, moe_impl: str):
-  cfg = variants.get(name, moe_impl=moe_impl)
+
+def accelerator_of(device, ceiling_flops: float, copy_bytes: int) -> accelerators.Accelerator:
+  """The datasheet row of this device's kind (e.g. 'NVIDIA H100 80GB HBM3' -> H100 SXM),
+  else this device as measured: the matmul ceiling and a copy of `copy_bytes`."""
+  return accelerators.by_device_kind(device.device_kind) or accelerators.Accelerator(
+      f"this {device.platform} (measured)", ceiling_flops / 1e12, None,
+      accelerators.copy_bandwidth(copy_bytes) / 1e12, 0.0, float("inf"))
+
+
+def step_bound(cfg, batch: int, seq_len: int, acc) -> roofline.Bound:
+  """The roofline bound of one step of `cfg` on one device of kind `acc` (formula only)."""
+  job = ml_collections.ConfigDict({"model": cfg, "train": {"batch_size": batch,
+                                                            "seq_len": seq_len}})
+  return roofline.bound(roofline.train_step_cost(job, devices=1), acc)
+
+
+def bench_variant(name: str, batch: int, seq_len: int, steps: int, moe_impl: str,
+                  attention_impl: str | None = None):
+  overrides = dict(moe_impl=moe_impl)
+  if attention_impl:
+    overrides["attention_impl"] = attention_impl
+  cfg = variants.get(name, **overrides)
   optimizer, _ = train.make_optimizer(learning_rate=1e-3, total_steps=1000)
   state = train.create_train_state(cfg, optimizer, jax.random.key(0))
   step = jax.jit(functools.partial(train.train_step, cfg, optimizer), donate_argnums=0)
@@ -49,33 +82,50 @@ def bench_variant(name: str, batch: int, seq_len: int, steps: int, moe_impl: str
   tokens_per_s = batch * seq_len / seconds
   return dict(variant=name, moe_impl=moe_impl, batch=batch, seq_len=seq_len,
               step_ms=seconds * 1e3, tokens_per_s=tokens_per_s, compile_s=compile_s,
-              model_tflops=tokens_per_s * roofline.train_flops_per_token(cfg, seq_len) / 1e12)
+              model_tflops=tokens_per_s * roofline.train_flops_per_token(cfg, seq_len) / 1e12,
+              cfg=cfg)
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--variants", default="tiny,small")
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--seq_len", type=int, default=256)
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--moe_impls", default="dense,ragged")
-  args = parser.parse_args()
+  parser.add_argument("--attention_impl", default="",
+                      help="model.attention_impl for every row (default: the variant's)")
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny, 2x32 tokens, one step, ragged MoE (the suite runs it)")
+  args = parser.parse_args(argv)
+  if args.smoke:
+    for key, value in SMOKE.items():
+      setattr(args, key, value)
   device = jax.devices()[0]
   dtype = jnp.float32 if device.platform == "cpu" else jnp.bfloat16
-  ceiling = accelerators.matmul_ceiling(dtype)
+  ceiling = accelerators.matmul_ceiling(dtype, n=512 if args.smoke else 2048)
+  acc = accelerator_of(device, ceiling, (16 if args.smoke else 256) << 20)
   print(f"train step throughput, {datetime.date.today()}, {device.platform} "
         f"({device.device_kind}), {jax.device_count()} device(s), jax {jax.__version__}")
-  print(f"ceiling: {jnp.dtype(dtype).name} 2048^3 matmul = {ceiling / 1e12:.3f} TFLOP/s\n")
-  header = (f"{'variant':<8} {'moe_impl':<8} {'batch x len':>11} {'step ms':>9} "
-            f"{'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'compile s':>9}")
+  print(f"ceiling: {jnp.dtype(dtype).name} {512 if args.smoke else 2048}^3 matmul = {ceiling / 1e12:.3f} TFLOP/s; "
+        f"roofline device: {acc.name}, {acc.bf16_tflops:.3f} TFLOP/s peak, "
+        f"{acc.hbm_tb_s:.3f} TB/s\n")
+  header = (f"{'variant':<10} {'moe_impl':<8} {'attention':<9} {'batch x len':>11} "
+            f"{'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'MFU peak':>8} "
+            f"{'bound ms':>9} {'of bound':>8} {'compile s':>9}")
   print(header)
   print("-" * len(header))
   for name in args.variants.split(","):
     for impl in args.moe_impls.split(","):
-      r = bench_variant(name, args.batch, args.seq_len, args.steps, impl)
-      print(f"{r['variant']:<8} {r['moe_impl']:<8} {f'{args.batch}x{args.seq_len}':>11} "
+      r = bench_variant(name, args.batch, args.seq_len, args.steps, impl,
+                        args.attention_impl or None)
+      bound = step_bound(r["cfg"], args.batch, args.seq_len, acc)
+      print(f"{r['variant']:<10} {r['moe_impl']:<8} {r['cfg'].attention_impl:<9} "
+            f"{f'{args.batch}x{args.seq_len}':>11} "
             f"{r['step_ms']:>9.1f} {r['tokens_per_s']:>10,.0f} {r['model_tflops']:>8.4f} "
-            f"{r['model_tflops'] * 1e12 / ceiling:>6.1%} {r['compile_s']:>9.1f}", flush=True)
+            f"{r['model_tflops'] * 1e12 / ceiling:>6.1%} "
+            f"{r['model_tflops'] / acc.bf16_tflops:>8.1%} {bound.lower_s * 1e3:>9.2f} "
+            f"{bound.lower_s * 1e3 / r['step_ms']:>8.1%} {r['compile_s']:>9.1f}", flush=True)
 
 
 if __name__ == "__main__":

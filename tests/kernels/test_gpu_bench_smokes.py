@@ -1,0 +1,125 @@
+"""The GPU benchmark scripts of tools/bench (issue 20, item 6) run their --smoke mode on
+this CPU and print the tables their GPU runs will fill: device and date, every row with a
+time, ratios against the named baseline, forward agreement with the reference, and the
+roofline columns. tools/bench/gpu_all.sh names only scripts and flags that exist."""
+
+import importlib
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+from c2jax.parallel import accelerators
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BENCH_DIR = ROOT / "tools" / "bench"
+NUMBER = r"([\d.,]+)"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+  monkeypatch.syspath_prepend(str(BENCH_DIR))
+  return importlib.import_module
+
+
+def _row(out, case):
+  """(ms, ratio or None) of a print_table row."""
+  match = re.search(rf"^{re.escape(case)}\s+{NUMBER}\s+{NUMBER}\s+{NUMBER}%(?:\s+{NUMBER}x)?$",
+                    out, re.M)
+  assert match, (case, out)
+  return float(match.group(1)), match.group(4) and float(match.group(4))
+
+
+def test_grouped_matmul_smoke_has_both_routings_and_agrees(bench, capsys):
+  bench("bench_grouped_matmul").main(["--smoke"])
+  out = capsys.readouterr().out
+  assert re.search(r"^grouped matmul, \d{4}-\d\d-\d\d, cpu", out, re.M)
+  assert "balanced routing" in out and re.search(r"skewed routing: .* [1-9]\d* empty", out)
+  for case in ("dense bf16 matmul fwd (equal FLOPs)", "lax.ragged_dot fwd",
+               "grouped ragged_dot fwd", "grouped ragged_dot bwd (2 GEMMs)"):
+    ms, ratio = _row(out, case)
+    assert ms > 0 and ratio > 0
+  # lax.ragged_dot is the baseline of its own rows.
+  assert _row(out, "lax.ragged_dot bwd (2 GEMMs)")[1] == 1.0
+  errors = re.findall(r"forward vs lax.ragged_dot, max \|diff\| / max \|ref\| = ([\d.e+-]+)",
+                      out)
+  assert len(errors) == 2 and all(float(e) < 1e-2 for e in errors)
+  with pytest.raises(SystemExit, match="--groups: unknown"):
+    bench("bench_grouped_matmul").main(["--smoke", "--groups", "zipf"])
+
+
+def test_block_scaled_smoke_times_grouped_fp8_against_bf16(bench, capsys):
+  bench("bench_block_scaled").main(["--smoke", "--recipes", "mxfp8", "--paths", "dequantize"])
+  out = capsys.readouterr().out
+  assert re.search(r"grouped \(MoE\) GEMMs, M=64 K=96 N=32 G=4, skewed routing: .* 1 empty",
+                   out)
+  assert _row(out, "bf16 grouped fwd")[1] == 1.0
+  for case in ("mxfp8 grouped fwd", "mxfp8 grouped bwd (2 GEMMs)"):
+    ms, ratio = _row(out, case)
+    assert ms > 0 and ratio > 0
+  # MXFP8 changes the numbers by its quantisation error: visible, but small.
+  error = float(re.search(r"^mxfp8 grouped\s+([\d.e+-]+)$", out, re.M).group(1))
+  assert 1e-4 < error < 0.1
+
+
+def test_attention_smoke_compares_fused_with_blockwise_and_dense(bench, capsys):
+  bench("bench_attention").main(["--smoke", "--heads", "gqa", "--masks", "documents"])
+  out = capsys.readouterr().out
+  assert re.search(r"^attention, \d{4}-\d\d-\d\d, cpu", out, re.M)
+  assert "mask documents; auto picks blockwise (cuDNN needs a GPU" in out
+  for impl in ("dense", "blockwise", "fused"):
+    ms, ratio = _row(out, f"{impl} fwd+bwd")
+    assert ms > 0 and ratio > 0
+  errors = dict(re.findall(r"(\w+): forward vs dense, max \|diff\| / max \|ref\| = ([\d.e+-]+)",
+                           out))
+  assert set(errors) == {"dense", "blockwise", "fused"}
+  assert all(float(e) < 2e-2 for e in errors.values())   # bf16 operands
+
+
+def test_train_smoke_reports_mfu_and_roofline_bound(bench, capsys):
+  bench("bench_train").main(["--smoke"])
+  out = capsys.readouterr().out
+  assert "roofline device: this cpu (measured)" in out
+  row = re.search(r"^tiny\s+ragged\s+dense\s+2x32\s+" + r"\s+".join([NUMBER] * 3)
+                  + r"\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)\s+([\d.]+)%", out, re.M)
+  assert row, out
+  step_ms, mfu, mfu_peak, bound_ms, of_bound = (float(row.group(i)) for i in (1, 4, 5, 6, 7))
+  assert step_ms > 0 and mfu > 0 and mfu_peak > 0 and bound_ms > 0
+  assert abs(of_bound - 100 * bound_ms / step_ms) < 0.2
+
+
+def test_decode_smoke_reports_the_hbm_bound(bench, capsys):
+  bench("bench_decode").main(["--smoke", "--drafts", "0"])
+  out = capsys.readouterr().out
+  assert re.search(r"^decode throughput, \d{4}-\d\d-\d\d, cpu", out, re.M)
+  row = re.search(r"^\| tiny \| 2 \| ([\d.]+) \| ([\d.]+) \| (memory|compute) \| ([\d.]+) \|",
+                  out, re.M)
+  assert row, out
+  rate, bound, of_bound = float(row.group(1)), float(row.group(2)), float(row.group(4))
+  assert rate > 0 and bound > 0 and abs(of_bound - rate / bound) < 0.01
+
+
+def test_device_kinds_map_to_datasheet_rows():
+  assert accelerators.by_device_kind("NVIDIA H100 80GB HBM3").name == "H100 SXM"
+  assert accelerators.by_device_kind("NVIDIA H200").name == "H200 SXM"
+  assert accelerators.by_device_kind("NVIDIA B200").name == "B200"
+  assert accelerators.by_device_kind("TPU v5p").name == "TPU v5p"
+  assert accelerators.by_device_kind("TPU v5 lite") is None
+  assert accelerators.by_device_kind("cpu") is None
+
+
+def test_gpu_all_names_scripts_and_flags_that_exist():
+  script = (BENCH_DIR / "gpu_all.sh").read_text()
+  subprocess.run(["bash", "-n", str(BENCH_DIR / "gpu_all.sh")], check=True)
+  for line in re.findall(r"^run \w+ (\$BENCH/\S+\.py.*(?:\\\n.*)*)", script, re.M):
+    words = line.replace("\\\n", " ").split()
+    path = ROOT / words[0].replace("$BENCH", "tools/bench")
+    assert path.is_file(), path
+    source = path.read_text()
+    for flag in (w for w in words[1:] if w.startswith("--")):
+      assert f'"{flag.split("=")[0]}"' in source or f"'{flag.split('=')[0]}'" in source, (
+          path.name, flag)
+  for name in ("attention_4k", "grouped_matmul", "block_scaled", "train_moe_8b_a1b", "decode",
+               "decode_mtp"):
+    assert re.search(rf"^run {name}\b", script, re.M), name
