@@ -86,7 +86,8 @@ def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = 
   params = jax.tree.map(jax.numpy.asarray, params)
   engine = JaxEngine(cfg.model, params, num_slots=cfg.actors.slots,
                      max_length=cfg.actors.max_length, version=version,
-                     detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()))
+                     detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()),
+                     parallel=cfg.actors.parallel)
   sync = _WeightSync(engine, subscriber, params, cfg.actors.weight_poll_s)
   pool, queue = dirs.pool(), dirs.queue(cfg)
 

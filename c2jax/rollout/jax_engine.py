@@ -89,8 +89,8 @@ def _score(cfg, params, tokens_1xC):
 class JaxEngine(Engine):
   """The model-backed engine. `params` is the tree of `c2jax.model.init` (plus
   'mtp_layers' when speculating); `version` tags tokens sampled with these weights.
-  `parallel`: a parallel config section (mesh + rules) to shard over local devices;
-  None runs on one device."""
+  `parallel`: a parallel config section (mesh + rules; sharding.engine_parallel_defaults)
+  to shard over local devices; None, or a mesh of one device, runs on one device."""
 
   def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
                prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,

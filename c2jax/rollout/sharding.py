@@ -25,6 +25,7 @@ import math
 
 import flax.linen as nn
 import jax
+import ml_collections
 from jax.sharding import PartitionSpec as P
 
 from c2jax import config as configlib
@@ -95,30 +96,89 @@ class Placement:
 
   def slot_ways(self) -> int:
     """How many ways the slot (logical 'batch') dimension is split."""
-    entry = nn.logical_to_mesh_axes(("batch",), self.rules)[0]
-    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-    return math.prod(self.mesh.shape[axis] for axis in axes)
+    return _slot_ways(dict(self.mesh.shape), self.rules)
 
 
-def placement_from_config(parallel_cfg, num_slots: int, devices=None) -> Placement | None:
-  """The engine's Placement for a `parallel` config, or None when it spans one device.
+def engine_parallel_defaults() -> ml_collections.ConfigDict:
+  """An engine's `parallel` section: mesh axis sizes (all 1: one device) and the
+  logical-axis rules, the training defaults. Jobs that build engines embed it (e.g.
+  config.actors.parallel) and users set mesh sizes, e.g. actors.parallel.mesh.fsdp=8."""
+  c = ml_collections.ConfigDict()
+  c.mesh = ml_collections.ConfigDict({axis: 1 for axis in mesh_lib.MESH_AXES})
+  c.rules = parallel_lib.DEFAULT_RULES
+  return c
 
-  Validates the section as training does, and that the slots split evenly over the
-  devices the slot dimension is sharded across.
-  """
+
+def parse_mesh(spec: str) -> ml_collections.ConfigDict:
+  """An engine `parallel` section from 'axis=size,...' (e.g. 'fsdp=4,tensor=2'; '-1'
+  absorbs the remaining local devices); the `c2jax serve --mesh` syntax."""
+  c = engine_parallel_defaults()
+  for item in filter(None, (part.strip() for part in spec.split(","))):
+    axis, _, size = item.partition("=")
+    axis = axis.strip()
+    if axis not in mesh_lib.MESH_AXES or not size.strip().lstrip("-").isdigit():
+      raise ValueError(f"mesh {spec!r}: {item!r} is not axis=size with an axis of "
+                       f"{mesh_lib.MESH_AXES}; e.g. 'fsdp=4,tensor=2'.")
+    c.mesh[axis] = int(size)
+  return c
+
+
+def check_config(parallel_cfg, num_slots: int, prefix: str = "parallel.") -> None:
+  """Validates an engine `parallel` section before anything is placed or compiled:
+  known keys, rules, axis sizes, no context parallelism (a decode step has one token
+  per slot: nothing to split along the sequence), and slots that split evenly over the
+  axes the slot dimension maps to (when the sizes are fixed)."""
+  configlib.check_keys(parallel_cfg, parallel_lib.default_parallel_config(), prefix)
+  try:
+    parallel_lib.validate_parallel(parallel_cfg)
+  except configlib.ConfigError as e:  # name the key where this section really lives
+    raise configlib.ConfigError(prefix + e.key.removeprefix("parallel."),
+                                str(e).split(": ", 1)[1]) from None
+  if int(parallel_cfg.mesh.context) != 1:
+    raise configlib.ConfigError(
+        f"{prefix}mesh.context", f"is {parallel_cfg.mesh.context}; the rollout engine does "
+        "not split sequences (decode feeds one token per slot). Use 1 and give the devices "
+        "to fsdp, expert or tensor.")
+  sizes = {axis: int(parallel_cfg.mesh[axis]) for axis in mesh_lib.MESH_AXES}
+  if -1 not in sizes.values():
+    ways = _slot_ways(sizes, parallel_lib.rules_of(parallel_cfg))
+    if num_slots % ways:
+      raise configlib.ConfigError(
+          f"{prefix}mesh", f"splits the engine's slots {ways} ways (the axes the 'batch' "
+          f"rule maps to, sizes {sizes}) but there are {num_slots} slots; use a multiple "
+          f"of {ways} slots, or move devices to the tensor axis.")
+
+
+def _slot_ways(sizes: dict[str, int], rules) -> int:
+  """How many ways the slot (logical 'batch') dimension is split."""
+  entry = nn.logical_to_mesh_axes(("batch",), rules)[0]
+  axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+  return math.prod(sizes[axis] for axis in axes)
+
+
+def placement_from_config(parallel_cfg, num_slots: int, devices=None,
+                          prefix: str = "parallel.") -> Placement | None:
+  """The engine's Placement for a `parallel` section, or None for one device (or no
+  section). Raises ConfigError naming the key for a mesh this process cannot build."""
   if parallel_cfg is None:
     return None
-  parallel_lib.validate_parallel(parallel_cfg)
-  devices = engine_devices(parallel_cfg.mesh, devices)
-  mesh_lib.mesh_shape(parallel_cfg.mesh, len(devices))
+  check_config(parallel_cfg, num_slots, prefix)
+  try:
+    devices = engine_devices(parallel_cfg.mesh, devices)
+    mesh_lib.mesh_shape(parallel_cfg.mesh, len(devices))
+  except configlib.ConfigError as e:
+    raise configlib.ConfigError(prefix + e.key.removeprefix("parallel."),
+                                str(e).split(": ", 1)[1]) from None
   if len(devices) == 1:
     return None
   placement = Placement(parallel_lib.make_mesh(parallel_cfg.mesh, devices),
                         parallel_lib.rules_of(parallel_cfg))
-  ways = placement.slot_ways()
-  if num_slots % ways:
-    raise configlib.ConfigError(
-        "parallel.mesh", f"splits the engine's slots {ways} ways (the axes the 'batch' rule "
-        f"maps to, sizes {dict(placement.mesh.shape)}) but num_slots = {num_slots}; use a "
-        f"multiple of {ways} slots, or move devices to the tensor axis.")
+  # With an axis of -1 the sizes are only known now.
+  check_config(_resolved(parallel_cfg, placement.mesh), num_slots, prefix)
   return placement
+
+
+def _resolved(parallel_cfg, mesh) -> ml_collections.ConfigDict:
+  resolved = parallel_cfg.copy_and_resolve_references()
+  resolved.mesh.update(dict(mesh.shape))
+  return resolved
