@@ -72,8 +72,6 @@ def _wait_for_weights(subscriber, timeout_s: float = 600.0):
 
 def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = None) -> int:
   """The actor loop; returns 0 when the pool has no prompts left."""
-  import jax  # pylint: disable=g-import-not-at-top
-
   from c2jax import data
   from c2jax.rl import weights as weights_lib
   from c2jax.rollout import JaxEngine
@@ -83,12 +81,13 @@ def run(workdir: str, actor_id: str, weights_dir: str, parent_pid: int | None = 
   tokenizer = data.prepare_from_config(cfg.data, progress=False).tokenizer()
   subscriber = weights_lib.WeightSubscriber(weights_dir)
   params, version = _wait_for_weights(subscriber)
-  params = jax.tree.map(jax.numpy.asarray, params)
+  # Host arrays: the engine places them itself (sharded by actors.parallel).
   engine = JaxEngine(cfg.model, params, num_slots=cfg.actors.slots,
                      max_length=cfg.actors.max_length, version=version,
                      detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()),
                      parallel=cfg.actors.parallel)
-  sync = _WeightSync(engine, subscriber, params, cfg.actors.weight_poll_s)
+  # Later versions are read straight into the engine's layout (no whole copy on one device).
+  sync = _WeightSync(engine, subscriber, engine.param_like(), cfg.actors.weight_poll_s)
   pool, queue = dirs.pool(), dirs.queue(cfg)
 
   def on_step():

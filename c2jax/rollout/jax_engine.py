@@ -167,12 +167,20 @@ class JaxEngine(Engine):
 
   def _set_params(self, params) -> None:
     old = jax.tree.map(lambda x: (x.shape, x.dtype), self._params)
-    new = jax.tree.map(lambda x: (np.shape(x), jnp.asarray(x).dtype), params)
+    # result_type reads the dtype without copying host arrays onto a device.
+    new = jax.tree.map(lambda x: (np.shape(x), jnp.result_type(x)), params)
     if jax.tree.structure(old) != jax.tree.structure(new) or old != new:
       raise ValueError("update_params got a parameter tree whose structure, shapes or "
                        "dtypes differ from the engine's; in-flight weight swaps need the "
                        "same model config (build a new engine for a new architecture).")
     self._params = self._place(params)
+
+  def param_like(self):
+    """ShapeDtypeStructs of the engine's parameters, with their shardings: a template
+    for weight loaders (c2jax.rl.weights `like=`) so new versions arrive already laid
+    out as the engine keeps them."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        self._params)
 
   def _bucket(self, count: int) -> int:
     return next((b for b in self._buckets if b >= count), self._buckets[-1])

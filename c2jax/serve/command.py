@@ -68,6 +68,10 @@ def main(argv: list[str]) -> int:
   except (FileNotFoundError, ValueError) as e:
     print(f"c2jax serve: {e}", file=sys.stderr)
     return 2
+  if engine.placement is not None:
+    mesh = engine.placement.mesh
+    print(f"c2jax serve: engine over {mesh.devices.size} devices, mesh "
+          f"{ {axis: size for axis, size in mesh.shape.items() if size > 1} }", flush=True)
   service = app.Service(engine, loaded.tokenizer, _NAME.value or loaded.name,
                         vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value)
   follower = None

@@ -80,15 +80,20 @@ def run(engine, swap_params, swap_version=1):
 
 
 def layout(engine):
-  """Whether params and caches still have the placement's shardings (string summary)."""
+  """Whether params and decode state still have the placement's shardings (a summary)."""
   if engine.placement is None:
     return "single"
-  want = engine.placement.param_shardings(engine.cfg, engine._params)
-  params_ok = all(a.sharding.is_equivalent_to(s, a.ndim) for a, s in zip(
-      jax.tree.leaves(engine._params), jax.tree.leaves(want)))
-  cache_ok = all(a.sharding.is_equivalent_to(s, a.ndim) for a, s in zip(
-      jax.tree.leaves(engine._cache),
-      jax.tree.leaves(engine.placement.cache_shardings(engine.cfg))))
+  placement, cfg = engine.placement, engine.cfg
+
+  def same(tree, shardings):
+    return all(a.sharding.is_equivalent_to(s, a.ndim)
+               for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+
+  params_ok = same(engine._params, placement.param_shardings(cfg, engine._params))
+  cache_ok = same(engine._cache, placement.cache_shardings(cfg))
+  if engine._num_draft:
+    cache_ok = (cache_ok and same(engine._mtp_cache, placement.mtp_cache_shardings(cfg))
+                and same(engine._last_hidden, placement.hidden_sharding()))
   return f"params={params_ok},cache={cache_ok}"
 
 
