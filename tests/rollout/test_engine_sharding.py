@@ -10,9 +10,11 @@ import pathlib
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from c2jax import config as configlib
+from c2jax import parallel
 from c2jax.rl import job
 from c2jax.rollout import sharding
 
@@ -127,3 +129,14 @@ def test_rl_job_validates_actor_mesh():
   cfg.actors.parallel.mesh.fsdp = 4
   with pytest.raises(configlib.ConfigError, match=r"config\.actors\.parallel\.mesh: "):
     job.validate(cfg)
+
+
+def test_actor_mesh_survives_the_run_config_round_trip():
+  """Actors read the RL config back from the run's JSON (rules become lists): the
+  section must still validate and give the same rules."""
+  cfg = job.job_defaults("tiny")
+  cfg.actors.parallel.mesh.update(data=2, tensor=2)
+  back = ml_collections.ConfigDict(json.loads(cfg.to_json())).actors.parallel
+  sharding.check_config(back, cfg.actors.slots, "actors.parallel.")
+  assert parallel.rules_of(back) == parallel.rules_of(cfg.actors.parallel)
+  assert dict(back.mesh) == dict(cfg.actors.parallel.mesh)
