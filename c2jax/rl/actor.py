@@ -88,18 +88,18 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
   prompts left (returns 0). `dirs` receives infra counts (a RunDirs, or a stand-in
   with `record_infra`); `repos`, when given, fetches each task's repository to local
   disk (c2jax.rl.ray_link: no shared file system)."""
-  import jax  # pylint: disable=g-import-not-at-top
-
   from c2jax.rl import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
 
   subscriber = weights_lib.WeightSubscriber(weights_dir)
   params, version = _wait_for_weights(subscriber)
-  params = jax.tree.map(jax.numpy.asarray, params)
+  # Host arrays: the engine places them itself (sharded by actors.parallel).
   engine = JaxEngine(cfg.model, params, num_slots=cfg.actors.slots,
                      max_length=cfg.actors.max_length, version=version,
-                     detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()))
-  sync = _WeightSync(engine, subscriber, params, cfg.actors.weight_poll_s)
+                     detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()),
+                     parallel=cfg.actors.parallel)
+  # Later versions are read straight into the engine's layout (no whole copy on one device).
+  sync = _WeightSync(engine, subscriber, engine.param_like(), cfg.actors.weight_poll_s)
 
   def on_step():
     if parent_pid is not None and os.getppid() != parent_pid:

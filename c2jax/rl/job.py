@@ -8,7 +8,8 @@
   rl        losses, advantages, rewards, queue (c2jax.rl.config)
   agent     the agent loop (c2jax.agent.config)
   learner   the optimizer and step schedule
-  actors    rollout actors: how many, their engine, how they sync weights
+  actors    rollout actors: how many, their engine (and its device mesh,
+            actors.parallel), how they sync weights
   tasks     the task source: procedural repositories split into train and held-out
   eval      the held-out evaluation: pass rate and best-of-k
 """
@@ -23,6 +24,7 @@ from c2jax.agent import config as agent_config
 from c2jax.model import config as model_config
 from c2jax.model import lineage, variants
 from c2jax.rl import config as rl_config
+from c2jax.rollout import sharding as engine_sharding
 
 def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -49,6 +51,9 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
       # Where published weights go: '' = <workdir>/weights, or a tensorstore URL
       # (gs://, s3://, file://) every actor can read; Ray actors on other machines need one.
       weights_dir=""))
+  # Each actor's engine mesh over its own process's devices (c2jax.rollout.sharding):
+  # all axes 1 is one device; e.g. actors.parallel.mesh.fsdp=8 shards it over 8.
+  c.actors.parallel = engine_sharding.engine_parallel_defaults()
   c.tasks = ml_collections.ConfigDict(dict(
       source="procgen", difficulties=(1, 2, 3, 4), train_count=64, heldout_count=16,
       seed=0))
@@ -84,6 +89,7 @@ def validate(cfg) -> None:
         storage.resolve(configlib.get(cfg, key), f"config.{key}")
       except storage.StorageLocationError as err:
         raise configlib.ConfigError(key, str(err)) from None
+  engine_sharding.check_config(cfg.actors.parallel, cfg.actors.slots, "actors.parallel.")
   configlib.check_choice(cfg, "tasks.source", ("procgen",))
   from c2jax.env import procgen  # pylint: disable=g-import-not-at-top
 

@@ -9,7 +9,8 @@
 
 `submit` + `step` drive the engine one decode step at a time (continuous batching);
 FakeEngine is a deterministic stand-in for tests. Speculative decoding with the model's
-MTP module: JaxEngine(..., num_draft_tokens=D).
+MTP module: JaxEngine(..., num_draft_tokens=D). Across this process's devices, placed by
+the training logical rules: JaxEngine(..., parallel=sharding.parse_mesh('fsdp=8')).
 """
 
 from c2jax.rollout.engine import Engine

@@ -9,6 +9,9 @@ Compiled functions have static shapes, so a run compiles a handful of programs:
            never corrupt a kept sequence.
 With `num_draft_tokens > 0` the decode step is speculative (see speculative.py): the
 model's MTP module drafts tokens that one forward over all slots verifies.
+With a `parallel` config the engine spans a mesh of local devices (see sharding.py):
+parameters and caches are placed by the training logical rules, and every program keeps
+the state's shardings from step to step (and across weight swaps).
 
 Shape legend: S slots, C chunk length, T max_length, V vocab, Lm MoE layers, K experts
 per token, D draft tokens per step.
@@ -16,6 +19,7 @@ per token, D draft tokens per step.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Sequence
 
@@ -25,6 +29,7 @@ import numpy as np
 
 from c2jax import model
 from c2jax.rollout import sampling as sampling_lib
+from c2jax.rollout import sharding as sharding_lib
 from c2jax.rollout import speculative
 from c2jax.rollout.engine import DecodeBatch, Engine, SlotOutput
 from c2jax.rollout.types import SamplingParams
@@ -83,42 +88,99 @@ def _score(cfg, params, tokens_1xC):
 
 class JaxEngine(Engine):
   """The model-backed engine. `params` is the tree of `c2jax.model.init` (plus
-  'mtp_layers' when speculating); `version` tags tokens sampled with these weights."""
+  'mtp_layers' when speculating); `version` tags tokens sampled with these weights.
+  `parallel`: a parallel config section (mesh + rules; sharding.engine_parallel_defaults)
+  to shard over local devices; None, or a mesh of one device, runs on one device."""
 
   def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
                prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,
-               detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0):
+               detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0,
+               parallel=None):
     super().__init__(num_slots, max_length, detokenize, seed)
     self.cfg = cfg
     self._version = version
     self._buckets = tuple(sorted(prefill_buckets))
     self._num_draft = num_draft_tokens
-    self._params = jax.device_put(params)
-    self._cache = model.init_cache(cfg, num_slots, max_length)
-    self._score = jax.jit(functools.partial(_score, cfg))
-    self._top_fns = {}  # k -> jitted _top
+    self.placement = sharding_lib.placement_from_config(parallel, num_slots)
     if num_draft_tokens:
       speculative.check_drafter(cfg, params, num_draft_tokens)
-      self._mtp_cache = speculative.init_mtp_cache(cfg, num_slots, max_length)
-      self._last_hidden = jnp.zeros((num_slots, cfg.hidden_size), jnp.dtype(cfg.dtype))
-      self._prefill_fn = jax.jit(functools.partial(speculative.prefill, cfg),
-                                 donate_argnums=(1, 2, 3))
-      self._decode_fn = jax.jit(
+    placement = self.placement
+    with self._scope():
+      self._param_shardings = placement and placement.param_shardings(cfg, params)
+      self._params = self._place(params)
+      state_shardings = [placement and placement.cache_shardings(cfg)]
+      self._cache = self._zeros(functools.partial(model.init_cache, cfg, num_slots,
+                                                  max_length), state_shardings[0])
+      if num_draft_tokens:
+        state_shardings += [placement and placement.mtp_cache_shardings(cfg),
+                            placement and placement.hidden_sharding()]
+        self._mtp_cache = self._zeros(functools.partial(
+            speculative.init_mtp_cache, cfg, num_slots, max_length), state_shardings[1])
+        self._last_hidden = self._zeros(functools.partial(
+            jnp.zeros, (num_slots, cfg.hidden_size), jnp.dtype(cfg.dtype)),
+            state_shardings[2])
+    self._score = self._jit(functools.partial(_score, cfg))
+    self._top_fns = {}  # k -> jitted _top
+    if num_draft_tokens:
+      self._prefill_fn = self._jit(functools.partial(speculative.prefill, cfg),
+                                   state_shardings, extra_outputs=3)
+      self._decode_fn = self._jit(
           functools.partial(speculative.decode, cfg, num_draft=num_draft_tokens),
-          donate_argnums=(1, 2, 3))
+          state_shardings, extra_outputs=4)
     else:
-      self._prefill_fn = jax.jit(functools.partial(_prefill, cfg), donate_argnums=(1,))
-      self._decode_fn = jax.jit(functools.partial(_decode, cfg), donate_argnums=(1,))
+      self._prefill_fn = self._jit(functools.partial(_prefill, cfg), state_shardings,
+                                   extra_outputs=3)
+      self._decode_fn = self._jit(functools.partial(_decode, cfg), state_shardings,
+                                  extra_outputs=3)
     self.acceptance = speculative.AcceptanceStats()
+
+  # ---- placement ------------------------------------------------------------------------
+  def _scope(self):
+    return self.placement.scope() if self.placement else contextlib.nullcontext()
+
+  def _place(self, params):
+    """Parameters on the engine's devices, laid out by the rules (host or device arrays,
+    whatever their current sharding)."""
+    if self.placement is None:
+      return jax.device_put(params)
+    return jax.device_put(params, self._param_shardings)
+
+  def _zeros(self, make, shardings):
+    """Zero state born sharded (never whole on one device)."""
+    return make() if shardings is None else jax.jit(make, out_shardings=shardings)()
+
+  def _jit(self, fn, state_shardings=(), extra_outputs: int = 0):
+    """jit donating the leading state arguments (after params). On a mesh, the state
+    leaves with its shardings (so every step sees the same layout), other outputs are
+    replicated (the host reads them), and every call traces and runs in the scope."""
+    donate = tuple(range(1, 1 + len(state_shardings)))
+    if self.placement is None:
+      return jax.jit(fn, donate_argnums=donate)
+    out = (*state_shardings, *([self.placement.replicated] * extra_outputs))
+    compiled = jax.jit(fn, donate_argnums=donate,
+                       out_shardings=out if state_shardings else self.placement.replicated)
+
+    def call(*args):
+      with self._scope():
+        return compiled(*args)
+    return call
 
   def _set_params(self, params) -> None:
     old = jax.tree.map(lambda x: (x.shape, x.dtype), self._params)
-    new = jax.tree.map(lambda x: (np.shape(x), jnp.asarray(x).dtype), params)
+    # result_type reads the dtype without copying host arrays onto a device.
+    new = jax.tree.map(lambda x: (np.shape(x), jnp.result_type(x)), params)
     if jax.tree.structure(old) != jax.tree.structure(new) or old != new:
       raise ValueError("update_params got a parameter tree whose structure, shapes or "
                        "dtypes differ from the engine's; in-flight weight swaps need the "
                        "same model config (build a new engine for a new architecture).")
-    self._params = jax.device_put(params)
+    self._params = self._place(params)
+
+  def param_like(self):
+    """ShapeDtypeStructs of the engine's parameters, with their shardings: a template
+    for weight loaders (c2jax.rl.weights `like=`) so new versions arrive already laid
+    out as the engine keeps them."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                        self._params)
 
   def _bucket(self, count: int) -> int:
     return next((b for b in self._buckets if b >= count), self._buckets[-1])
@@ -184,7 +246,7 @@ class JaxEngine(Engine):
     padded = np.zeros((1, length), np.int32)
     padded[0, :len(tokens)] = tokens
     if k not in self._top_fns:
-      self._top_fns[k] = jax.jit(functools.partial(_top, self.cfg, k))
+      self._top_fns[k] = self._jit(functools.partial(_top, self.cfg, k))
     ids, values = self._top_fns[k](self._params, padded, np.float32(temperature))
     return np.asarray(ids)[:len(tokens)], np.asarray(values)[:len(tokens)]
 

@@ -1,6 +1,7 @@
 """`c2jax serve --model RUN_OR_HF_DIR`: an OpenAI-compatible server over the JaxEngine.
 
     c2jax serve --model runs/sft --port 8000 --slots 8 --capture runs/sft/served.jsonl
+    c2jax serve --model runs/sft --mesh fsdp=4,tensor=2   # one engine over 8 local devices
 
 Endpoints: GET /v1/models, POST /v1/chat/completions (tools, stream, logprobs),
 POST /v1/completions. Concurrent requests share one engine (continuous batching over
@@ -28,9 +29,13 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seeds requests that send no seed.")
 _FOLLOW = flags.DEFINE_string("follow_weights", None,
                               "An RL weight directory (RUN/weights/<run>) to follow: newer "
                               "published versions are swapped in between decode steps.")
+_MESH = flags.DEFINE_string("mesh", "", "Shard the engine over this process's devices, "
+                            "e.g. 'fsdp=8' or 'expert=4,tensor=2' (axes data, fsdp, expert, "
+                            "tensor; -1 takes the remaining devices). Empty: one device.")
 _POLL = flags.DEFINE_float("weight_poll_s", 2.0, "How often --follow_weights is polled.")
 
-USAGE = "usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N --max_length N]"
+USAGE = ("usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N "
+         "--max_length N --mesh AXIS=SIZE,...]")
 
 
 def main(argv: list[str]) -> int:
@@ -45,17 +50,28 @@ def main(argv: list[str]) -> int:
           "use at least 1 slot and 2 tokens.", file=sys.stderr)
     return 2
   # Heavy imports after the flags are checked, so a typo fails fast.
-  from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
+  from c2jax.rollout import JaxEngine, sharding  # pylint: disable=g-import-not-at-top
   from c2jax.serve import app, loading, server  # pylint: disable=g-import-not-at-top
 
   try:
+    mesh = sharding.parse_mesh(_MESH.value) if _MESH.value else None
+    if mesh is not None:
+      sharding.check_config(mesh, _SLOTS.value)
+  except ValueError as e:
+    print(f"c2jax serve: --mesh {_MESH.value!r}: {e}", file=sys.stderr)
+    return 2
+  try:
     loaded = loading.load(_MODEL.value)
+    engine = JaxEngine(loaded.cfg, loaded.params, num_slots=_SLOTS.value,
+                       max_length=_MAX_LENGTH.value, version=loaded.version,
+                       detokenize=loaded.tokenizer.decode, seed=_SEED.value, parallel=mesh)
   except (FileNotFoundError, ValueError) as e:
     print(f"c2jax serve: {e}", file=sys.stderr)
     return 2
-  engine = JaxEngine(loaded.cfg, loaded.params, num_slots=_SLOTS.value,
-                     max_length=_MAX_LENGTH.value, version=loaded.version,
-                     detokenize=loaded.tokenizer.decode, seed=_SEED.value)
+  if engine.placement is not None:
+    mesh = engine.placement.mesh
+    print(f"c2jax serve: engine over {mesh.devices.size} devices, mesh "
+          f"{ {axis: size for axis, size in mesh.shape.items() if size > 1} }", flush=True)
   service = app.Service(engine, loaded.tokenizer, _NAME.value or loaded.name,
                         vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value)
   follower = None

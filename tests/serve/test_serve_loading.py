@@ -96,3 +96,42 @@ def test_cli_serves_a_run(run_dir, tmp_path):
   finally:
     process.terminate()
     process.wait(30)
+
+
+def test_cli_serves_on_a_mesh(run_dir, served):
+  """--mesh shards the engine over local devices (2 fake CPU devices here) and the
+  greedy reply carries the one-device engine's log-probs."""
+  env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  bad = subprocess.run(
+      [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
+       f"--model={run_dir}", "--slots=3", "--mesh=fsdp=2"],
+      capture_output=True, text=True, env=env, timeout=120)
+  assert bad.returncode == 2 and "--mesh 'fsdp=2'" in bad.stderr, bad.stderr
+  assert "use a multiple of 2 slots" in bad.stderr
+  process = subprocess.Popen(
+      [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
+       f"--model={run_dir}", "--port=0", "--slots=2", "--max_length=160", "--mesh=fsdp=2"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+  try:
+    deadline, url, lines = time.time() + 180, None, []
+    while url is None:
+      line = process.stdout.readline()
+      lines.append(line)
+      assert line or process.poll() is None, "c2jax serve exited:\n" + "".join(lines)
+      assert time.time() < deadline, "c2jax serve did not start in time"
+      if " on http://" in line:
+        url = line.split(" on ")[1].split()[0]
+    assert any("engine over 2 devices, mesh {'fsdp': 2}" in line for line in lines), lines
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+    from tests.serve.conftest import USERS, messages  # pylint: disable=g-import-not-at-top
+    response = client.chat.completions.create(
+        model="tiny-run", messages=messages(USERS[0]), temperature=0, max_tokens=10,
+        logprobs=True)
+    got = [entry.logprob for entry in response.choices[0].logprobs.content]
+    want = served.reference[0].logprobs[:len(got)]
+    assert len(got) >= 1
+    np.testing.assert_allclose(got, want, atol=1e-4)
+  finally:
+    process.terminate()
+    process.wait(30)

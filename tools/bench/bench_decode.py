@@ -28,6 +28,12 @@ no row), as tokens/s, and the measured rate as a fraction of it. On a GPU:
         --prompt_len 512 --new_tokens 128
 `--smoke` runs tiny at batch 2 for a few tokens (the suite runs it).
 
+--mesh 'fsdp=8' (the `c2jax serve --mesh` syntax) shards the engine over this process's
+devices (c2jax.rollout.sharding). On a CPU, fake devices only check that it runs; they
+share the same cores, so their tokens/s says nothing about multi-device speed:
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 PYTHONPATH=. \
+      python tools/bench/bench_decode.py --variants tiny --batches 8 --drafts 0 --mesh fsdp=8
+
 The HF side runs this same file under another interpreter (`--hf_worker`), with only the
 standard library imported at the top, so it needs no c2jax on its path: run it without
 PYTHONPATH set to this repo (the repo's top-level `kernels` package shadows an HF one).
@@ -45,11 +51,12 @@ import time
 
 
 def _engine_rate(cfg, params, prompts_BxP, new_tokens: int, drafts: int,
-                 temperature: float):
-  from c2jax.rollout import JaxEngine, Request, SamplingParams
+                 temperature: float, mesh: str = ""):
+  from c2jax.rollout import JaxEngine, Request, SamplingParams, sharding
   batch, prompt_len = prompts_BxP.shape
   engine = JaxEngine(cfg, params, num_slots=batch, max_length=prompt_len + new_tokens + 8,
-                     prefill_buckets=(prompt_len,), num_draft_tokens=drafts)
+                     prefill_buckets=(prompt_len,), num_draft_tokens=drafts,
+                     parallel=sharding.parse_mesh(mesh) if mesh else None)
   requests = [Request(prompt, SamplingParams(temperature=temperature, max_tokens=new_tokens,
                                               seed=row))
               for row, prompt in enumerate(prompts_BxP)]
@@ -164,13 +171,14 @@ def _run_jax(args) -> list[dict]:
   for name, cfg, params, prompts in models:
     for batch in map(int, args.batches.split(",")):
       prompts_BxP = prompts(batch)
-      base, _ = _engine_rate(cfg, params, prompts_BxP, args.new_tokens, 0, args.temperature)
+      base, _ = _engine_rate(cfg, params, prompts_BxP, args.new_tokens, 0, args.temperature,
+                             args.mesh)
       bound, bound_by = _bound_rate(cfg, batch, args.prompt_len + args.new_tokens // 2, acc)
       row = {"variant": name, "batch": batch, "c2jax tok/s": base, "bound tok/s": bound,
              "bound by": bound_by, "of bound": base / bound}
       if args.drafts:
         spec, per_step = _engine_rate(cfg, params, prompts_BxP, args.new_tokens, args.drafts,
-                                      args.temperature)
+                                      args.temperature, args.mesh)
         row.update({"MTP tok/s": spec, "tokens/step": per_step, "speedup": spec / base})
       if args.hf_python:
         row["HF tok/s"] = _hf_rate(args, cfg, params, batch)
@@ -240,6 +248,8 @@ def main(argv=None) -> None:
                       "on held-out prompts instead of random --variants")
   parser.add_argument("--hf_python", default="",
                       help="interpreter with torch + transformers for the HF comparison")
+  parser.add_argument("--mesh", default="",
+                      help="shard the engine over local devices, e.g. fsdp=8 (default: one)")
   parser.add_argument("--hf_worker", default="", help=argparse.SUPPRESS)
   parser.add_argument("--smoke", action="store_true",
                       help="tiny, batch 2, 8-token prompts, 4 new tokens")
