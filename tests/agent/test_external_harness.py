@@ -1,0 +1,150 @@
+"""External harnesses against a live tiny `c2jax serve` on 127.0.0.1: a scripted openai
+client (exact stitching, including a request that does not extend the prefix) and
+mini-swe-agent on a procgen task. Trajectories must be exactly the captured tokens."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from c2jax.agent import external
+from c2jax.agent.external import stitching as stitch_lib
+from c2jax.data import tokenizer as tokenizer_lib
+from c2jax.env import procgen
+from c2jax.rollout import JaxEngine
+from c2jax.serve import Running, Service, read_capture
+from tests.model.conftest import random_params, tiny_cfg
+
+openai = pytest.importorskip("openai")
+
+VOCAB = 512
+MODEL = "tiny-policy"
+FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "external_fake_harness.py")
+TEXTS = ["You fix bugs. Run the tests. Go on. Done? Summary: tests fail.",
+         "def main():\n    return parse(args)\n", "Fix the failing test in src/app.py.",
+         '{"type": "function", "function": {"name": "bash", "description": "Execute a bash '
+         'command", "parameters": {"type": "object", "properties": {"command": {"type": '
+         '"string", "description": "The bash command to execute"}}, "required": '
+         '["command"]}}}', "<returncode>0</returncode>\n<output>\n</output>"] * 40
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("external")
+  tokenizer = tokenizer_lib.train_bpe(TEXTS, VOCAB - 8)
+  cfg = tiny_cfg(vocab_size=VOCAB, num_layers=2)
+  engine = JaxEngine(cfg, random_params(cfg), num_slots=2, max_length=1024,
+                     prefill_buckets=(256, 1024), detokenize=tokenizer.decode, version=3)
+  capture = str(tmp / "capture.jsonl")
+  with Running(Service(engine, tokenizer, MODEL, vocab_size=VOCAB,
+                       capture_path=capture)) as running:
+    yield running, capture
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+  return procgen.generate(str(tmp_path_factory.mktemp("repos")), seed=5, difficulty=1)
+
+
+def _config(**overrides):
+  cfg = external.default_config()
+  cfg.update(overrides)
+  external.validate(cfg)
+  return cfg
+
+
+def _check_exact(trajectory, rows):
+  """Every segment is the last request's prompt + completion of a run of requests that
+  extend each other; the sampled positions carry the captured logprobs and versions."""
+  runs, boundaries = [[rows[0]]], []
+  for previous, row in zip(rows, rows[1:]):
+    full = np.concatenate([previous["prompt_ids"], previous["completion_ids"]])
+    if np.array_equal(row["prompt_ids"][:len(full)], full):
+      runs[-1].append(row)
+    else:
+      runs.append([row])
+      boundaries.append(row["id"])
+  assert len(trajectory.segments) == len(runs)
+  for segment, run in zip(trajectory.segments, runs):
+    last = run[-1]
+    np.testing.assert_array_equal(
+        segment.tokens, np.concatenate([last["prompt_ids"], last["completion_ids"]]))
+    sampled = np.flatnonzero(segment.loss_mask)
+    assert len(sampled) == sum(len(r["completion_ids"]) for r in run)
+    np.testing.assert_allclose(segment.sampler_logprobs[sampled],
+                               np.concatenate([r["logprobs"] for r in run]), rtol=1e-6)
+    np.testing.assert_array_equal(segment.versions[sampled],
+                                  np.concatenate([r["versions"] for r in run]))
+    assert (segment.versions[segment.loss_mask == 0] == -1).all()
+    assert (segment.sampler_logprobs[segment.loss_mask == 0] == 0).all()
+    assert segment.router_indices.shape[0] == len(segment.tokens)
+    np.testing.assert_array_equal(segment.router_indices[:len(run[0]["prompt_ids"])],
+                                  run[0]["expert_indices"][:len(run[0]["prompt_ids"])])
+    assert segment.stats.turns == len(run)
+  return runs
+
+
+def test_scripted_harness_is_stitched_by_token_prefix(server, task):
+  running, capture = server
+  cfg = _config(harness="command", command=f"{sys.executable} {FAKE} {{task_file}}",
+                timeout_s=240.0)
+  trajectory = external.run_episode(task, cfg, base_url=running.base_url, model=MODEL,
+                                    capture_path=capture, tag="fake-1")
+  rows = stitch_lib.episode_rows(read_capture(capture), f"{MODEL}@fake-1")
+  assert len(rows) == 5
+  runs = _check_exact(trajectory, rows)
+  # The script's third call restarts the conversation: two segments, 2 + 3 requests.
+  assert [len(run) for run in runs] == [2, 3]
+  assert (trajectory.segments[0].versions[trajectory.segments[0].loss_mask > 0] == 3).all()
+  # Rewarded by the hidden tests: nothing was fixed, so the FAIL_TO_PASS still fail.
+  assert set(trajectory.passed) == set(task.fail_to_pass + task.pass_to_pass)
+  assert not trajectory.solved and trajectory.stats.tests_total == len(trajectory.passed)
+  assert trajectory.stats.turns == 5 and trajectory.finish_reason == "finish"
+
+
+def test_stitch_starts_a_segment_when_the_prompt_diverges():
+  def row(rid, prompt, completion, created):
+    n = len(prompt) + len(completion)
+    return {"id": rid, "model": "m@a", "created": created,
+            "prompt_ids": np.int32(prompt), "completion_ids": np.int32(completion),
+            "logprobs": np.float32([-0.1 * (i + 1) for i in range(len(completion))]),
+            "versions": np.int32([created] * len(completion)),
+            "expert_indices": np.arange(n * 2, dtype=np.int32).reshape(n, 1, 2) + created}
+  rows = [row("r2", [1, 2, 3, 9, 5, 6], [7], 2), row("r1", [1, 2], [3, 9], 1),
+          row("r3", [1, 2, 4], [8], 3), row("other", [1], [2], 0)]
+  rows[-1]["model"] = "m@b"
+  mine = stitch_lib.episode_rows(rows, "m@a")
+  assert [r["id"] for r in mine] == ["r1", "r2", "r3"]
+  first, second = stitch_lib.stitch(mine)
+  np.testing.assert_array_equal(first.tokens, [1, 2, 3, 9, 5, 6, 7])
+  np.testing.assert_array_equal(first.loss_mask, [0, 0, 1, 1, 0, 0, 1])
+  np.testing.assert_array_equal(first.versions, [-1, -1, 1, 1, -1, -1, 2])
+  np.testing.assert_allclose(first.sampler_logprobs, [0, 0, -0.1, -0.2, 0, 0, -0.1])
+  # Token 9 (r1's last sample) was first fed by r2: its routing row comes from r2.
+  np.testing.assert_array_equal(first.router_indices[3], mine[1]["expert_indices"][3])
+  np.testing.assert_array_equal(first.router_indices[2], mine[0]["expert_indices"][2])
+  np.testing.assert_array_equal(first.router_indices[4:], mine[1]["expert_indices"][4:])
+  np.testing.assert_array_equal(second.tokens, [1, 2, 4, 8])
+  assert first.stats.turns == 2 and first.stats.tool_output_tokens == 2
+  assert second.stats.final_message_tokens == 1 and first.stats.final_message_tokens == 0
+
+
+def test_mini_swe_agent_episode_is_the_captured_tokens(server, task):
+  pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed "
+                      "(pip install mini-swe-agent, the `test` extra)")
+  running, capture = server
+  cfg = _config(harness="mini_swe_agent", max_turns=3, max_tokens=8, timeout_s=300.0)
+  # Short templates keep the prompt within the tiny engine's 1024 tokens.
+  cfg.mini_swe_agent.system_template = "You fix bugs with bash."
+  cfg.mini_swe_agent.instance_template = "{{task}}"
+  task_short = type(task)(**{**task.to_json(), "prompt": "Fix the failing test."})
+  trajectory = external.run_episode(task_short, cfg, base_url=running.base_url,
+                                    model=MODEL, capture_path=capture, tag="mini-1")
+  rows = stitch_lib.episode_rows(read_capture(capture), f"{MODEL}@mini-1")
+  assert 1 <= len(rows) <= 3
+  _check_exact(trajectory, rows)
+  assert trajectory.messages and trajectory.messages[0]["role"] == "system"
+  assert trajectory.finish_reason in ("max_turns", "answer", "finish")
+  assert set(trajectory.passed) == set(task.fail_to_pass + task.pass_to_pass)
+  assert trajectory.stats.tests_total == len(trajectory.passed)
