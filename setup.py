@@ -47,7 +47,9 @@ setup(
         # committed fixtures (tools/make_hf_fixtures.py) and live comparisons run in a
         # separate venv where the CPU torch wheel exists.
         # setuptools: tests/test_install_names.py installs a copy of the project offline.
-        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "setuptools>=70"],
+        # mini-swe-agent: the external harness tests/agent/test_external_harness.py drives.
+        "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "setuptools>=70",
+                 "mini-swe-agent>=2.4"],
         # Rollout actors as Ray tasks across machines: --config.actors.backend=ray.
         "ray": ["ray>=2.9"],
     },

@@ -5,7 +5,8 @@ emitted as token ids (token in, token out), with the sampler's log-probs, the po
 version of every sampled token and the experts every fed token was routed to (router
 replay). A line holds:
 
-  id, endpoint, model, created / first_token / finished (unix seconds),
+  id, endpoint, model (as the client sent it: "<name>@<tag>" tags an episode),
+  created / first_token / finished (unix seconds),
   seq_id, finish_reason, sampling {temperature, top_k, top_p, max_tokens, seed, ...},
   prompt_ids [P], completion_ids [N], logprobs [N] (float32 values as JSON floats),
   versions   run-length pairs [[version, count], ...] covering the N sampled tokens,
