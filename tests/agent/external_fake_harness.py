@@ -3,6 +3,11 @@
 Calls 1-2 and 4-5 extend the conversation (the history goes back verbatim); call 3
 restarts it with a different user message (its prompt does not extend the tokens so far),
 so the stitcher must produce two segments of two and three requests.
+
+    python external_fake_harness.py TASK_FILE [PATH=LINE]
+
+With PATH=LINE the harness also "fixes" the repository: it writes LINE to PATH (in its
+working directory, the task's copy), so the hidden tests can pass.
 """
 
 import os
@@ -33,3 +38,7 @@ restart.append({"role": "user", "content": "Go on."})
 restart.append(ask(restart, 4))
 restart.append({"role": "user", "content": "Done?"})
 restart.append(ask(restart, 5))
+if len(sys.argv) > 2:
+  path, line = sys.argv[2].split("=", 1)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(line.replace("_", " ") + "\n")

@@ -13,6 +13,9 @@ from c2jax import config as configlib
 
 def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
+  # RL actors roll out through the harness below instead of the native agent loop (the
+  # native loop's sampling, turn and tool settings then do not apply; these do).
+  c.enabled = False
   c.harness = "mini_swe_agent"  # a key of harness.HARNESSES
   c.command = ""  # 'command' harness: argv template ({base_url} {model} {task_file} {workdir})
   c.timeout_s = 900.0  # the whole episode; past it the harness is killed (finish 'budget')
