@@ -2,19 +2,25 @@
 client (exact stitching, including a request that does not extend the prefix) and
 mini-swe-agent on a procgen task. Trajectories must be exactly the captured tokens."""
 
+import importlib.util
+import json
 import os
+import shlex
 import sys
 
 import numpy as np
 import pytest
 
 from c2jax.agent import external
+from c2jax.agent import prompt as agent_prompt
+from c2jax.data import chat
 from c2jax.agent.external import stitching as stitch_lib
 from c2jax.data import tokenizer as tokenizer_lib
 from c2jax.env import procgen
 from c2jax.rollout import JaxEngine
 from c2jax.serve import Running, Service, read_capture
 from tests.model.conftest import random_params, tiny_cfg
+from tests.serve.conftest import ScriptedEngine
 
 openai = pytest.importorskip("openai")
 
@@ -45,6 +51,13 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
   return procgen.generate(str(tmp_path_factory.mktemp("repos")), seed=5, difficulty=1)
+
+
+def _need_mini_swe_agent():
+  # find_spec, not import: importing minisweagent here would write its user config.
+  if importlib.util.find_spec("minisweagent") is None:
+    pytest.skip("mini-swe-agent is not installed (pip install mini-swe-agent, in the "
+                "`test` extra)")
 
 
 def _config(**overrides):
@@ -131,8 +144,7 @@ def test_stitch_starts_a_segment_when_the_prompt_diverges():
 
 
 def test_mini_swe_agent_episode_is_the_captured_tokens(server, task):
-  pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed "
-                      "(pip install mini-swe-agent, the `test` extra)")
+  _need_mini_swe_agent()
   running, capture = server
   cfg = _config(harness="mini_swe_agent", max_turns=3, max_tokens=8, timeout_s=300.0)
   # Short templates keep the prompt within the tiny engine's 1024 tokens.
@@ -148,3 +160,46 @@ def test_mini_swe_agent_episode_is_the_captured_tokens(server, task):
   assert trajectory.finish_reason in ("max_turns", "answer", "finish")
   assert set(trajectory.passed) == set(task.fail_to_pass + task.pass_to_pass)
   assert trajectory.stats.tests_total == len(trajectory.passed)
+
+
+def _bash_turn_tokens(tokenizer, command: str) -> list[int]:
+  """The tokens of an assistant turn calling mini-swe-agent's bash tool, through the
+  closing <|end|>, as the chat template lays them out."""
+  turn = {"role": "assistant", "content": "Fixing it.", "tool_calls": [
+      {"id": "x", "type": "function",
+       "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
+  head = [{"role": "system", "content": agent_prompt.system_message("s", [])},
+          {"role": "user", "content": "u"}]
+  prompt = chat.render(tokenizer, head, add_generation_prompt=True).ids
+  full = chat.render(tokenizer, head + [turn]).ids
+  script = full[len(prompt):-1]
+  assert script[-1] == tokenizer.token_id("<|end|>")
+  return script.tolist()
+
+
+def test_mini_swe_agent_solves_a_task_through_a_scripted_policy(task, tmp_path):
+  """A policy that always calls bash with one command: the first run applies the task's
+  fix, the second submits. The second request extends the first (assistant tool call +
+  observation sent back), so the episode is one segment; the hidden tests pass."""
+  _need_mini_swe_agent()
+  [(path, old, new)] = task.metadata["solution"]
+  fix = "python3 -c " + shlex.quote(f"import pathlib; p = pathlib.Path({path!r}); "
+                                    f"p.write_text(p.read_text().replace({old!r}, {new!r}))")
+  command = (f"if grep -qF {shlex.quote(new.strip())} {path}; then "
+             f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; else {fix} && echo fixed; fi")
+  tokenizer = tokenizer_lib.train_bpe(TEXTS, VOCAB - 8)
+  engine = ScriptedEngine(_bash_turn_tokens(tokenizer, command), num_slots=2)
+  capture = str(tmp_path / "capture.jsonl")
+  cfg = _config(harness="mini_swe_agent", max_turns=4, max_tokens=2048, timeout_s=300.0)
+  cfg.mini_swe_agent.system_template = "You fix bugs with bash."
+  with Running(Service(engine, tokenizer, "scripted", vocab_size=VOCAB,
+                       capture_path=capture)) as running:
+    trajectory = external.run_episode(task, cfg, base_url=running.base_url,
+                                      model="scripted", capture_path=capture, tag="m")
+  rows = read_capture(capture)
+  assert len(rows) == 2 and len(trajectory.segments) == 1, trajectory.messages
+  _check_exact(trajectory, rows)
+  assert trajectory.finish_reason == "finish" and trajectory.solved
+  assert trajectory.stats.turns == 2 and trajectory.stats.tests_passed > 0
+  assert [m["role"] for m in trajectory.messages][:4] == ["system", "user", "assistant",
+                                                         "tool"]
