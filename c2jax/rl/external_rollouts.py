@@ -34,7 +34,6 @@ class ExternalGroups:
     from c2jax.serve import Running, Service  # pylint: disable=g-import-not-at-top
 
     self.cfg, self.actor_id, self.retries = agent_cfg.external, actor_id, retries
-    self.grade_backend = agent_cfg.backend
     self.capture_path = capture_path
     self.running = Running(Service(engine, tokenizer, SERVED_MODEL, vocab_size=vocab_size,
                                    capture_path=capture_path))
