@@ -82,7 +82,12 @@ def _command(cfg, launch: Launch) -> tuple[list[str], dict[str, str]]:
     raise ValueError("agent.external.harness = 'command' needs agent.external.command, an "
                      "argv template such as 'python my_agent.py --task {task_file}'.")
   fields = dataclasses.asdict(launch)
-  argv = [part.format(**fields) for part in shlex.split(cfg.command)]
+  try:
+    argv = [part.format(**fields) for part in shlex.split(cfg.command)]
+  except (KeyError, IndexError, ValueError) as e:
+    names = " ".join("{" + name + "}" for name in fields)
+    raise ValueError(f"agent.external.command = {cfg.command!r}: bad placeholder ({e}); "
+                     f"the placeholders are {names}; double literal braces.") from e
   return argv, {"OPENAI_BASE_URL": launch.base_url, "OPENAI_API_KEY": "c2jax",
                 "C2JAX_MODEL": launch.model}
 
@@ -143,7 +148,8 @@ def run_episode(task: tasks_lib.Task, cfg, *, base_url: str, model: str,
     argv, env = HARNESSES[cfg.harness](cfg, launch)
     log_path = os.path.join(out_dir, "harness.log")
     code, timed_out = _run(argv, env, workdir, cfg.timeout_s, log_path)
-    log = open(log_path, encoding="utf-8", errors="replace").read()[-3000:]
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+      log = f.read()[-3000:]
     if code not in (0, None):
       raise RolloutError(f"{task.id}: harness {cfg.harness!r} exited with {code}:\n{log}")
     rows = stitch_lib.episode_rows(capture_lib.read(capture_path), launch.model)
