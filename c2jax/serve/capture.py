@@ -96,18 +96,28 @@ class CaptureWriter:
       self._file.close()
 
 
-def read(path: str | os.PathLike) -> list[dict]:
+def read(path: str | os.PathLike, start: int = 0) -> list[dict]:
   """Captured requests with prompt_ids, completion_ids, logprobs, versions (per token)
-  and expert_indices as numpy arrays."""
+  and expert_indices as numpy arrays. With `start` (a byte offset, e.g. the file's size
+  before a client began), only lines that begin at or after it, and the server is taken
+  to be live: a line being written at either end (no newline yet) is skipped whole."""
   rows = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
+  with open(path, "rb") as f:
+    if start > 0:
+      f.seek(start - 1)
+      if f.read(1) != b"\n":
+        f.readline()  # the rest of a line that began before `start`
+    for number, raw in enumerate(f, 1):
+      if start > 0 and not raw.endswith(b"\n"):
+        break  # still being written by the live server
+      line = raw.decode("utf-8")
       if not line.strip():
         continue
       try:
         row = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{number}: not a JSON line ({e.msg}); a server killed "
+        where = f"line {number}" + (f" after byte {start}" if start else "")
+        raise ValueError(f"{path}: {where}: not a JSON line ({e.msg}); a server killed "
                          "mid-write leaves a torn last line, drop it.") from e
       row["prompt_ids"] = np.asarray(row["prompt_ids"], np.int32)
       row["completion_ids"] = np.asarray(row["completion_ids"], np.int32)

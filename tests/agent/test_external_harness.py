@@ -203,3 +203,17 @@ def test_mini_swe_agent_solves_a_task_through_a_scripted_policy(task, tmp_path):
   assert trajectory.stats.turns == 2 and trajectory.stats.tests_passed > 0
   assert [m["role"] for m in trajectory.messages][:4] == ["system", "user", "assistant",
                                                          "tool"]
+
+
+def test_reading_a_live_capture_from_an_offset(tmp_path):
+  path = tmp_path / "c.jsonl"
+  line = lambda i: json.dumps({"id": f"r{i}", "prompt_ids": [1], "completion_ids": [2],
+                               "logprobs": [-0.5], "versions": [[0, 1]],
+                               "expert_indices": {"dtype": "|u1", "shape": [0],
+                                                  "base64": ""}})
+  first, second = line(1) + "\n", line(2) + "\n"
+  path.write_text(first + second + line(3)[:20])  # r3 is still being written
+  assert [r["id"] for r in read_capture(path, len(first))] == ["r2"]
+  assert [r["id"] for r in read_capture(path, 5)] == ["r2"]  # r1 began before byte 5
+  with pytest.raises(ValueError, match="torn last line"):
+    read_capture(path)  # a whole-file read of a stopped server reports the torn line

@@ -147,12 +147,14 @@ def run_episode(task: tasks_lib.Task, cfg, *, base_url: str, model: str,
     launch = Launch(base_url, f"{model}@{tag}", workdir, task_file, out_dir)
     argv, env = HARNESSES[cfg.harness](cfg, launch)
     log_path = os.path.join(out_dir, "harness.log")
+    # Only lines appended from now on can be this episode's: no rereading a long capture.
+    offset = os.path.getsize(capture_path) if os.path.exists(capture_path) else 0
     code, timed_out = _run(argv, env, workdir, cfg.timeout_s, log_path)
     with open(log_path, encoding="utf-8", errors="replace") as f:
       log = f.read()[-3000:]
     if code not in (0, None):
       raise RolloutError(f"{task.id}: harness {cfg.harness!r} exited with {code}:\n{log}")
-    rows = stitch_lib.episode_rows(capture_lib.read(capture_path), launch.model)
+    rows = stitch_lib.episode_rows(capture_lib.read(capture_path, offset), launch.model)
     if not rows:
       raise RolloutError(f"{task.id}: harness {cfg.harness!r} made no request to "
                          f"{base_url} as {launch.model!r} (is the server capturing into "
