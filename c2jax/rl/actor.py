@@ -139,14 +139,13 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
   group_size = cfg.rl.group_size
   started = time.monotonic()
   try:
+    seeds = rollouts.rollout_seeds(task_id, group_size, cfg.learner.seed)
     if external is not None:
-      trajectories = external.run_group(task, group_size)
+      trajectories = external.run_group(task, seeds)
     else:
       trajectories = agent_loop.run_episodes(
-          engine, tokenizer, cfg.agent, [task] * group_size,
-          seeds=rollouts.rollout_seeds(task_id, group_size, cfg.learner.seed),
-          on_step=on_step, sandbox_factory=sandbox_factory,
-          infra_retries=cfg.rl.infra.retries)
+          engine, tokenizer, cfg.agent, [task] * group_size, seeds=seeds, on_step=on_step,
+          sandbox_factory=sandbox_factory, infra_retries=cfg.rl.infra.retries)
   except agent_loop.RolloutError as err:
     returned = infra.drop_group(cfg.rl.infra, dirs, pool, actor_id, task_id,
                                 retries=err.retries)

@@ -42,14 +42,14 @@ class ExternalGroups:
       from c2jax.serve import follow  # pylint: disable=g-import-not-at-top
       self.follower = follow.WeightFollower(engine, weights_dir, weight_poll_s).start()
 
-  def _episode(self, task: tasks_lib.Task, index: int) -> Trajectory:
+  def _episode(self, task: tasks_lib.Task, index: int, seed: int | None) -> Trajectory:
     attempt, last = 0, None
     while attempt <= self.retries:
       tag = f"{self.actor_id}-{task.id}-{index}-{uuid.uuid4().hex[:8]}"
       try:
         trajectory = external.run_episode(
             task, self.cfg, base_url=self.running.base_url, model=SERVED_MODEL,
-            capture_path=self.capture_path, tag=tag)
+            capture_path=self.capture_path, tag=tag, seed=seed)
         trajectory.infra_retries = attempt
         return trajectory
       except RolloutError as e:
@@ -58,11 +58,12 @@ class ExternalGroups:
     raise RolloutError(f"{task.id}: external harness failed after {self.retries} "
                        f"retries: {last}", self.retries)
 
-  def run_group(self, task: tasks_lib.Task, group_size: int) -> list[Trajectory]:
-    """`group_size` episodes of `task`, concurrently; RolloutError if any failed for good
+  def run_group(self, task: tasks_lib.Task, seeds: list[int | None]) -> list[Trajectory]:
+    """One episode of `task` per seed, concurrently; RolloutError if any failed for good
     (the others are finished first, never half-queued)."""
+    group_size = len(seeds)
     with concurrent.futures.ThreadPoolExecutor(group_size) as pool:
-      futures = [pool.submit(self._episode, task, i) for i in range(group_size)]
+      futures = [pool.submit(self._episode, task, i, seed) for i, seed in enumerate(seeds)]
       concurrent.futures.wait(futures)
     errors = [f.exception() for f in futures if f.exception() is not None]
     if errors:

@@ -19,11 +19,12 @@ client = openai.OpenAI(base_url=os.environ["OPENAI_BASE_URL"],
                        api_key=os.environ["OPENAI_API_KEY"], max_retries=0)
 model = os.environ["C2JAX_MODEL"]
 task = open(sys.argv[1], encoding="utf-8").read()
+base_seed = int(os.environ.get("C2JAX_SEED", "0"))  # call k sends base_seed + k
 
 
 def ask(messages, seed):
   reply = client.chat.completions.create(model=model, messages=messages, max_tokens=6,
-                                         temperature=1.0, seed=seed)
+                                         temperature=1.0, seed=base_seed + seed)
   return {"role": "assistant", "content": reply.choices[0].message.content}
 
 

@@ -195,12 +195,15 @@ def test_mini_swe_agent_solves_a_task_through_a_scripted_policy(task, tmp_path):
   with Running(Service(engine, tokenizer, "scripted", vocab_size=VOCAB,
                        capture_path=capture)) as running:
     trajectory = external.run_episode(task, cfg, base_url=running.base_url,
-                                      model="scripted", capture_path=capture, tag="m")
+                                      model="scripted", capture_path=capture, tag="m",
+                                      seed=11)
   rows = read_capture(capture)
   assert len(rows) == 2 and len(trajectory.segments) == 1, trajectory.messages
   _check_exact(trajectory, rows)
   assert trajectory.finish_reason == "finish" and trajectory.solved
   assert trajectory.stats.turns == 2 and trajectory.stats.tests_passed > 0
+  assert trajectory.stats.tool_call_counts == {"bash": 2}
+  assert [row["sampling"]["seed"] for row in rows] == [11, 11]  # the harness sent it
   assert [m["role"] for m in trajectory.messages][:4] == ["system", "user", "assistant",
                                                          "tool"]
 

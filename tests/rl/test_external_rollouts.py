@@ -70,6 +70,11 @@ def test_an_external_group_is_queued_with_the_captured_tokens(run):
     assert any(np.array_equal(segment["tokens"], full) for full in fulls)
     assert segment["loss_mask"].sum() > 0
     np.testing.assert_allclose(segment["sampler_logprobs"][segment["loss_mask"] > 0], -0.25)
+  # Each episode's harness got its rollout seed (C2JAX_SEED), as native rollouts do.
+  seeds = rollouts.rollout_seeds("flag", 2, job.job_defaults("tiny").learner.seed)
+  sent = sorted({row["sampling"]["seed"] - (i % 5 + 1) for i, row in enumerate(
+      sorted(rows, key=lambda r: (r["model"], r["created"])))})
+  assert sent == sorted(seeds)
   assert group.info["solved"] == [True, True]  # the harness's edit passed the hidden test
   assert (group.rewards_G > 0.5).all()
 

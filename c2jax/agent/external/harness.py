@@ -14,7 +14,8 @@ returns, so the learner trains on it unchanged.
 Harnesses are a registry (HARNESSES): a function (cfg, Launch) -> (argv, extra env).
   mini_swe_agent  mini-swe-agent's DefaultAgent with its litellm model (mini_swe_runner.py)
   command         cfg.command, an argv template; {base_url} {model} {task_file} {workdir}
-                  are filled in, and OPENAI_BASE_URL / OPENAI_API_KEY / C2JAX_MODEL are set
+                  are filled in, and OPENAI_BASE_URL / OPENAI_API_KEY / C2JAX_MODEL (and
+                  C2JAX_SEED) are set
 
 The harness executes commands where it would when deployed (mini-swe-agent: its
 `environment_class`, 'local' = the copy's directory on this host; choose 'bubblewrap' or
@@ -52,12 +53,14 @@ class Launch:
   workdir: str  # the repository copy the agent works in
   task_file: str  # the task prompt, as a file
   out_dir: str  # harness-private files (its own transcript, exit status)
+  seed: int | None = None  # the sampling seed the harness should send, if it can
 
 
 def _mini_swe_agent(cfg, launch: Launch) -> tuple[list[str], dict[str, str]]:
   spec = {
       "model": "openai/" + launch.model, "api_base": launch.base_url, "api_key": "c2jax",
-      "model_kwargs": {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens},
+      "model_kwargs": {"temperature": cfg.temperature, "max_tokens": cfg.max_tokens,
+                       **({} if launch.seed is None else {"seed": launch.seed})},
       "task": open(launch.task_file, encoding="utf-8").read(), "cwd": launch.workdir,
       "step_limit": cfg.max_turns, "config": cfg.mini_swe_agent.config,
       "environment_class": cfg.mini_swe_agent.environment_class,
@@ -88,8 +91,11 @@ def _command(cfg, launch: Launch) -> tuple[list[str], dict[str, str]]:
     names = " ".join("{" + name + "}" for name in fields)
     raise ValueError(f"agent.external.command = {cfg.command!r}: bad placeholder ({e}); "
                      f"the placeholders are {names}; double literal braces.") from e
-  return argv, {"OPENAI_BASE_URL": launch.base_url, "OPENAI_API_KEY": "c2jax",
-                "C2JAX_MODEL": launch.model}
+  env = {"OPENAI_BASE_URL": launch.base_url, "OPENAI_API_KEY": "c2jax",
+         "C2JAX_MODEL": launch.model}
+  if launch.seed is not None:
+    env["C2JAX_SEED"] = str(launch.seed)
+  return argv, env
 
 
 HARNESSES: dict[str, Callable] = {"mini_swe_agent": _mini_swe_agent, "command": _command}
@@ -123,11 +129,13 @@ def _setup(task: tasks_lib.Task, workdir: str) -> None:
 
 
 def run_episode(task: tasks_lib.Task, cfg, *, base_url: str, model: str,
-                capture_path: str, tag: str,
+                capture_path: str, tag: str, seed: int | None = None,
                 sandbox_factory: Callable[[str], sandbox_lib.Sandbox] | None = None
                 ) -> Trajectory:
   """Runs `task` under the harness cfg.harness (cfg: agent.external config) against the
-  server at base_url serving `model` with capture into capture_path. Raises
+  server at base_url serving `model` with capture into capture_path; `seed` is handed
+  to the harness (mini-swe-agent sends it with every request; a command gets
+  C2JAX_SEED), since the server seeds each request from what the client sends. Raises
   RolloutError when the harness crashed or made no request (infrastructure, not the
   policy's doing)."""
   if cfg.harness not in HARNESSES:
@@ -144,7 +152,7 @@ def run_episode(task: tasks_lib.Task, cfg, *, base_url: str, model: str,
     with open(task_file, "w", encoding="utf-8") as f:
       f.write(task.prompt)
     _setup(task, workdir)
-    launch = Launch(base_url, f"{model}@{tag}", workdir, task_file, out_dir)
+    launch = Launch(base_url, f"{model}@{tag}", workdir, task_file, out_dir, seed)
     argv, env = HARNESSES[cfg.harness](cfg, launch)
     log_path = os.path.join(out_dir, "harness.log")
     # Only lines appended from now on can be this episode's: no rereading a long capture.
@@ -164,9 +172,11 @@ def run_episode(task: tasks_lib.Task, cfg, *, base_url: str, model: str,
     with factory(workdir) as sandbox:
       passed, _ = reward_lib.run_hidden_tests(sandbox, task, cfg.grade_timeout_s)
     stats = TrajectoryStats.of_chain([s.stats for s in segments])
+    messages = _messages(out_dir)
     stats = dataclasses.replace(stats, tests_total=len(passed),
-                                tests_passed=sum(passed.values()))
-    return Trajectory(task.id, segments, stats, reason, _messages(out_dir), passed,
+                                tests_passed=sum(passed.values()),
+                                tool_call_counts=_tool_call_counts(messages))
+    return Trajectory(task.id, segments, stats, reason, messages, passed,
                       time.monotonic() - started)
   finally:
     shutil.rmtree(root, ignore_errors=True)
@@ -178,6 +188,16 @@ def _finish_reason(cfg, out_dir: str) -> str:
   path = os.path.join(out_dir, "status")
   status = open(path, encoding="utf-8").read().strip() if os.path.exists(path) else ""
   return _MINI_FINISH.get(status, "answer")
+
+
+def _tool_call_counts(messages: list[dict]) -> dict[str, int]:
+  """Calls per tool name in the harness's transcript (empty when it writes none)."""
+  counts: dict[str, int] = {}
+  for message in messages:
+    for call in message.get("tool_calls") or ():
+      name = (call.get("function") or {}).get("name", "")
+      counts[name] = counts.get(name, 0) + 1
+  return counts
 
 
 def _messages(out_dir: str) -> list[dict]:
