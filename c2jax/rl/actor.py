@@ -146,6 +146,8 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
       trajectories = agent_loop.run_episodes(
           engine, tokenizer, cfg.agent, [task] * group_size, seeds=seeds, on_step=on_step,
           sandbox_factory=sandbox_factory, infra_retries=cfg.rl.infra.retries)
+    # Behaviour graders run here (a failed judge endpoint is a RolloutError too).
+    group, metrics = rollouts.make_group(cfg.rl, task_id, trajectories)
   except agent_loop.RolloutError as err:
     returned = infra.drop_group(cfg.rl.infra, dirs, pool, actor_id, task_id,
                                 retries=err.retries)
@@ -158,7 +160,6 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
   retried = sum(t.infra_retries for t in trajectories)
   if retried:
     infra.record(dirs, actor_id, infra_retries=retried)
-  group, metrics = rollouts.make_group(cfg.rl, task_id, trajectories)
   group.info["actor"] = actor_id
   queue.put(group)
   pool.complete(actor_id, task_id)

@@ -43,8 +43,14 @@ class Verdict:
   reason: str
 
 
-class GraderError(RuntimeError):
-  """A grader could not produce a verdict (e.g. its endpoint failed)."""
+def _rollout_error():
+  from c2jax.agent.loop import RolloutError  # pylint: disable=import-outside-toplevel
+  return RolloutError
+
+
+class GraderError(_rollout_error()):
+  """A grader could not produce a verdict (e.g. its endpoint failed). A RolloutError:
+  the actor drops the group and returns its prompt, as for any infrastructure failure."""
 
 
 def register_grader(name: str):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from c2jax import config as configlib
-from c2jax.agent.loop import Segment, Trajectory
+from c2jax.agent.loop import RolloutError, Segment, Trajectory
 from c2jax.rl import behaviour, config, rewards, rollouts
 from c2jax.rl.rewards import TrajectoryStats
 
@@ -198,6 +198,8 @@ def test_model_grader_asks_the_endpoint_with_the_key_from_the_named_env_var(judg
 
 def test_model_grader_reports_an_unreachable_endpoint():
   pytest.importorskip("openai")
+  # An infrastructure failure: the actor drops the group and returns the prompt.
+  assert issubclass(behaviour.GraderError, RolloutError)
   with pytest.raises(behaviour.GraderError, match="failed"):
     score("model", [{"role": "assistant", "content": "Done."}],
           base_url="http://127.0.0.1:9/v1", model="judge", api_key_env="", timeout_s=2.0)
