@@ -96,11 +96,12 @@ class CaptureWriter:
       self._file.close()
 
 
-def read(path: str | os.PathLike, start: int = 0) -> list[dict]:
+def read(path: str | os.PathLike, start: int = 0, live: bool = False) -> list[dict]:
   """Captured requests with prompt_ids, completion_ids, logprobs, versions (per token)
   and expert_indices as numpy arrays. With `start` (a byte offset, e.g. the file's size
-  before a client began), only lines that begin at or after it, and the server is taken
-  to be live: a line being written at either end (no newline yet) is skipped whole."""
+  before a client began), only lines that begin at or after it. `live`: the server is
+  still writing, so an unterminated last line is in progress and skipped (otherwise it
+  is a torn line, an error)."""
   rows = []
   with open(path, "rb") as f:
     if start > 0:
@@ -108,7 +109,7 @@ def read(path: str | os.PathLike, start: int = 0) -> list[dict]:
       if f.read(1) != b"\n":
         f.readline()  # the rest of a line that began before `start`
     for number, raw in enumerate(f, 1):
-      if start > 0 and not raw.endswith(b"\n"):
+      if live and not raw.endswith(b"\n"):
         break  # still being written by the live server
       line = raw.decode("utf-8")
       if not line.strip():

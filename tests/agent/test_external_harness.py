@@ -216,7 +216,8 @@ def test_reading_a_live_capture_from_an_offset(tmp_path):
                                                   "base64": ""}})
   first, second = line(1) + "\n", line(2) + "\n"
   path.write_text(first + second + line(3)[:20])  # r3 is still being written
-  assert [r["id"] for r in read_capture(path, len(first))] == ["r2"]
-  assert [r["id"] for r in read_capture(path, 5)] == ["r2"]  # r1 began before byte 5
+  assert [r["id"] for r in read_capture(path, live=True)] == ["r1", "r2"]
+  assert [r["id"] for r in read_capture(path, len(first), live=True)] == ["r2"]
+  assert [r["id"] for r in read_capture(path, 5, live=True)] == ["r2"]  # r1 began before
   with pytest.raises(ValueError, match="torn last line"):
     read_capture(path)  # a whole-file read of a stopped server reports the torn line

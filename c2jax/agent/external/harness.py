@@ -162,7 +162,7 @@ def run_episode(task: tasks_lib.Task, cfg, *, base_url: str, model: str,
       log = f.read()[-3000:]
     if code not in (0, None):
       raise RolloutError(f"{task.id}: harness {cfg.harness!r} exited with {code}:\n{log}")
-    rows = stitch_lib.episode_rows(capture_lib.read(capture_path, offset), launch.model)
+    rows = stitch_lib.episode_rows(capture_lib.read(capture_path, offset, live=True), launch.model)
     if not rows:
       raise RolloutError(f"{task.id}: harness {cfg.harness!r} made no request to "
                          f"{base_url} as {launch.model!r} (is the server capturing into "
