@@ -221,3 +221,16 @@ def test_reading_a_live_capture_from_an_offset(tmp_path):
   assert [r["id"] for r in read_capture(path, 5, live=True)] == ["r2"]  # r1 began before
   with pytest.raises(ValueError, match="torn last line"):
     read_capture(path)  # a whole-file read of a stopped server reports the torn line
+
+
+def test_the_server_accepts_tagged_model_names_and_captures_them(server):
+  running, capture = server
+  client = openai.OpenAI(base_url=running.base_url, api_key="none", max_retries=0)
+  reply = client.chat.completions.create(model=f"{MODEL}@probe-7", max_tokens=2,
+                                         messages=[{"role": "user", "content": "Go on."}])
+  [row] = [r for r in read_capture(capture) if r["id"] == reply.id]
+  assert row["model"] == f"{MODEL}@probe-7"
+  for wrong in (f"{MODEL}x", "other@probe-7", f"{MODEL}-probe"):
+    with pytest.raises(openai.NotFoundError, match="is not served here"):
+      client.chat.completions.create(model=wrong, max_tokens=2,
+                                     messages=[{"role": "user", "content": "Go on."}])
