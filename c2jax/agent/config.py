@@ -49,6 +49,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.backend = "bubblewrap"
   # Tool execution and grading run in this many threads beside the decode loop.
   c.tool_threads = 4
+  # An external agent harness (mini-swe-agent, a command) instead of this loop in RL.
+  from c2jax.agent.external import config as external_config  # pylint: disable=import-outside-toplevel
+  c.external = external_config.default_config()
   return c
 
 
@@ -75,6 +78,9 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
   if "finish" not in cfg.tools:
     raise configlib.ConfigError(key("tools"), "must include 'finish': it is how the agent "
                                 "ends a task.")
+  if "external" in cfg:
+    from c2jax.agent.external import config as external_config  # pylint: disable=import-outside-toplevel
+    external_config.validate(cfg.external, key("external"))
   if 0 < cfg.summary_trigger_tokens <= cfg.max_turn_tokens:
     raise configlib.ConfigError(
         key("summary_trigger_tokens"), f"= {cfg.summary_trigger_tokens} must exceed "

@@ -100,11 +100,22 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
                      parallel=cfg.actors.parallel)
   # Later versions are read straight into the engine's layout (no whole copy on one device).
   sync = _WeightSync(engine, subscriber, engine.param_like(), cfg.actors.weight_poll_s)
+  external = None
+  # External harness: the engine is served over HTTP on daemon threads (they end with
+  # the actor), and a weight follower stages new versions instead of `sync`.
+  if cfg.agent.external.enabled:
+    from c2jax.rl import external_rollouts  # pylint: disable=g-import-not-at-top
+    external = external_rollouts.ExternalGroups(
+        engine, tokenizer, cfg.agent, vocab_size=cfg.model.vocab_size, actor_id=actor_id,
+        capture_path=str(dirs.actors / f"{actor_id}.capture.jsonl"),
+        retries=cfg.rl.infra.retries, weights_dir=weights_dir,
+        weight_poll_s=cfg.actors.weight_poll_s)
 
   def on_step():
     if parent_pid is not None and os.getppid() != parent_pid:
       raise SystemExit(f"{actor_id}: the learner (pid {parent_pid}) is gone; stopping.")
-    sync()
+    if external is None:
+      sync()
 
   print(f"{actor_id}: ready with weights version {version}", flush=True)
   while True:
@@ -122,7 +133,7 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
       payload = repos.localize(payload)
     try:
       outcome = roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id, task_id,
-                                payload, on_step)
+                                payload, on_step, external=external)
     finally:
       if repos is not None:
         repos.forget(payload)
@@ -131,11 +142,13 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
 
 
 def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, task_id: str,
-                    payload: dict, on_step=None, sandbox_factory=None) -> str:
+                    payload: dict, on_step=None, sandbox_factory=None,
+                    external=None) -> str:
   """Rolls out one leased prompt's group and queues it: 'queued'; or, when
   infrastructure failed beyond the retries, drops the group (never scored) and returns
   the prompt to the pool (c2jax.rl.infra): 'dropped', or 'engine_error' when the
-  engine failed (the caller should restart it)."""
+  engine failed (the caller should restart it). With `external` (an
+  external_rollouts.ExternalGroups), an external harness rolls the group out."""
   from c2jax.agent import loop as agent_loop  # pylint: disable=g-import-not-at-top
   from c2jax.env import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
 
@@ -143,11 +156,15 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
   group_size = cfg.rl.group_size
   started = time.monotonic()
   try:
-    trajectories = agent_loop.run_episodes(
-        engine, tokenizer, cfg.agent, [task] * group_size,
-        seeds=rollouts.rollout_seeds(task_id, group_size, cfg.learner.seed),
-        on_step=on_step, sandbox_factory=sandbox_factory,
-        infra_retries=cfg.rl.infra.retries)
+    seeds = rollouts.rollout_seeds(task_id, group_size, cfg.learner.seed)
+    if external is not None:
+      trajectories = external.run_group(task, seeds)
+    else:
+      trajectories = agent_loop.run_episodes(
+          engine, tokenizer, cfg.agent, [task] * group_size, seeds=seeds, on_step=on_step,
+          sandbox_factory=sandbox_factory, infra_retries=cfg.rl.infra.retries)
+    # Behaviour graders run here (a failed judge endpoint is a RolloutError too).
+    group, metrics = rollouts.make_group(cfg.rl, task_id, trajectories)
   except agent_loop.RolloutError as err:
     returned = infra.drop_group(cfg.rl.infra, dirs, pool, actor_id, task_id,
                                 retries=err.retries)
@@ -160,7 +177,6 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
   retried = sum(t.infra_retries for t in trajectories)
   if retried:
     infra.record(dirs, actor_id, infra_retries=retried)
-  group, metrics = rollouts.make_group(cfg.rl, task_id, trajectories)
   group.info["actor"] = actor_id
   queue.put(group)
   pool.complete(actor_id, task_id)

@@ -44,6 +44,17 @@ def default_config() -> ml_collections.ConfigDict:
       tool_call_errors=dict(scale=0.02),
       unfinished_todos=dict(scale=0.05),
       shell_only=dict(scale=0.1, shell_tool="run_shell", ignore_tools=("finish", "todo")),
+      # Behaviour graders (c2jax/rl/behaviour.py): off until scale > 0; a grader with
+      # weight 0 does not run. The model judge needs an endpoint (model_grader.py).
+      behaviour=dict(scale=0.0, graders=dict(
+          cot_comments=dict(weight=1.0, shell_tool="run_shell", max_comment_lines=6),
+          shell_collapse=dict(weight=1.0, shell_tool="run_shell",
+                              dedicated_tools=("read_file", "grep", "list_dir", "glob",
+                                               "edit_file", "write_file")),
+          final_message=dict(weight=1.0, min_chars=20, max_chars=2000, max_code_lines=20),
+          model=dict(weight=0.0, base_url="", model="", api_key_env="OPENAI_API_KEY",
+                     rubric="", max_transcript_chars=12000, timeout_s=60.0),
+      )),
   ))
 
   # Infrastructure failures (sandbox crash, engine error) are never rewards: a rollout
@@ -88,3 +99,23 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
   if not 0.0 < cfg.router_replay.factor <= 1.0:
     raise configlib.ConfigError(key("router_replay.factor"),
                                 f"is {cfg.router_replay.factor}; must be in (0, 1].")
+  if "behaviour" in cfg.reward:
+    _validate_behaviour(wrapper, cfg.reward.behaviour, key("reward.behaviour"))
+
+
+def _validate_behaviour(wrapper, behaviour_cfg, prefix: str) -> None:
+  from c2jax.rl import behaviour  # pylint: disable=import-outside-toplevel
+
+  configlib.check_positive(wrapper, prefix + ".scale", allow_zero=True)
+  for name in behaviour_cfg.graders.keys():
+    if name not in behaviour.grader_names():
+      raise configlib.ConfigError(f"{prefix}.graders.{name}", "is not a behaviour grader; "
+                                  f"known graders: {behaviour.grader_names()}.")
+    configlib.check_positive(wrapper, f"{prefix}.graders.{name}.weight", allow_zero=True)
+  judge = behaviour_cfg.graders.get("model")
+  if behaviour_cfg.scale > 0 and judge is not None and judge.weight > 0:
+    for field in ("base_url", "model"):
+      if not judge[field]:
+        raise configlib.ConfigError(f"{prefix}.graders.model.{field}", "is empty; the "
+                                    "model grader needs an OpenAI-compatible endpoint "
+                                    "(base_url ending in /v1) and a model id.")

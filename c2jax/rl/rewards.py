@@ -14,6 +14,10 @@ Terms (config.rl.reward.<name>; each has a `scale`, 0 switches it off):
   shell_only       -scale when the chain made tool calls and every one (ignoring
                    `ignore_tools`) went to `shell_tool`: the "collapse to the terminal"
                    behaviour the report penalises
+  behaviour        -scale * sum_g weight_g * (1 - score_g) over the behaviour graders
+                   (behaviour.py: chain-of-thought comments, shell collapse, final message,
+                   an LLM judge); their scores are computed at the edge into
+                   TrajectoryStats.behaviour
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class TrajectoryStats:
   calls; tool_output_tokens: observation tokens fed back; final_message_tokens: the
   answer to the user. turns: model turns. tool_call_counts: calls per tool name.
   tool_call_errors: calls that came back with an error status. unfinished_todos: to-do
-  items open at the end.
+  items open at the end. behaviour: behaviour grader scores of the whole chain.
   """
   tests_passed: int = 0
   tests_total: int = 0
@@ -49,6 +53,7 @@ class TrajectoryStats:
   tool_call_counts: dict[str, int] = dataclasses.field(default_factory=dict)
   tool_call_errors: int = 0
   unfinished_todos: int = 0
+  behaviour: dict[str, float] = dataclasses.field(default_factory=dict)  # grader -> score
 
   def __post_init__(self):
     if not 0 <= self.tests_passed <= self.tests_total:
@@ -118,12 +123,18 @@ def shell_only(stats: TrajectoryStats, term_cfg) -> float:
   return -term_cfg.scale * float(used == {term_cfg.shell_tool})
 
 
+def behaviour_term(stats: TrajectoryStats, term_cfg) -> float:
+  from c2jax.rl import behaviour  # pylint: disable=import-outside-toplevel
+  return behaviour.penalty(term_cfg, stats.behaviour)
+
+
 REWARD_TERMS: dict[str, Callable[[TrajectoryStats, object], float]] = {
     "correctness": correctness,
     "length_penalty": length_penalty_term,
     "tool_call_errors": tool_call_errors,
     "unfinished_todos": unfinished_todos,
     "shell_only": shell_only,
+    "behaviour": behaviour_term,
 }
 
 

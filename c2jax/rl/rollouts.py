@@ -24,6 +24,7 @@ import ml_collections
 import numpy as np
 
 from c2jax import storage
+from c2jax.rl import behaviour
 from c2jax.rl import groups as groups_lib
 from c2jax.rl.group_queue import GroupQueue
 from c2jax.rl.task_pool import TaskPool
@@ -103,8 +104,8 @@ def segment_arrays(trajectory) -> list[dict[str, np.ndarray]]:
 
 def make_group(rl_cfg, task_id: str, trajectories) -> tuple:
   """(Group, metrics) from a prompt's finished trajectories."""
-  chains = [groups_lib.Chain(segment_arrays(t), t.stats, t.policy_version)
-            for t in trajectories]
+  chains = [groups_lib.Chain(segment_arrays(t), behaviour.graded_stats(rl_cfg.reward, t),
+                            t.policy_version) for t in trajectories]
   group, metrics = groups_lib.assemble_group(rl_cfg, task_id, chains)
   reasons: dict[str, int] = {}
   for t in trajectories:

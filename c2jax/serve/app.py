@@ -66,13 +66,16 @@ class Service:
                           seed=None if request.seed is None else request.seed % 2**32)
 
   def check_model(self, request: schema.Sampling) -> None:
-    if request.model != self.model_name:
+    # "<name>@<tag>" is the served model too: the tag goes into the capture so one
+    # harness episode's requests can be told apart from another's (c2jax/agent/external).
+    if request.model != self.model_name and not request.model.startswith(
+        self.model_name + "@"):
       raise schema.APIError(404, f"model {request.model!r} is not served here; this server "
                             f"serves {self.model_name!r} (see GET /v1/models).", "model",
                             "model_not_found")
 
   def record(self, endpoint: str, request_id: str, generation, times: dict,
-             sampling: SamplingParams) -> None:
+             sampling: SamplingParams, requested_model: str | None = None) -> None:
     if self.capture is None:
       return
     settings = {k: getattr(sampling, k) for k in ("temperature", "top_k", "top_p",
@@ -80,7 +83,7 @@ class Service:
     settings["stop_tokens"] = list(sampling.stop_tokens)
     settings["stop_strings"] = list(sampling.stop_strings)
     self.capture.write(capture_lib.record(
-        request_id=request_id, endpoint=endpoint, model=self.model_name,
+        request_id=request_id, endpoint=endpoint, model=requested_model or self.model_name,
         generation=generation, timestamps=times, sampling=settings))
 
   def remember_turn(self, final, generation) -> None:

@@ -5,7 +5,8 @@ emitted as token ids (token in, token out), with the sampler's log-probs, the po
 version of every sampled token and the experts every fed token was routed to (router
 replay). A line holds:
 
-  id, endpoint, model, created / first_token / finished (unix seconds),
+  id, endpoint, model (as the client sent it: "<name>@<tag>" tags an episode),
+  created / first_token / finished (unix seconds),
   seq_id, finish_reason, sampling {temperature, top_k, top_p, max_tokens, seed, ...},
   prompt_ids [P], completion_ids [N], logprobs [N] (float32 values as JSON floats),
   versions   run-length pairs [[version, count], ...] covering the N sampled tokens,
@@ -95,18 +96,29 @@ class CaptureWriter:
       self._file.close()
 
 
-def read(path: str | os.PathLike) -> list[dict]:
+def read(path: str | os.PathLike, start: int = 0, live: bool = False) -> list[dict]:
   """Captured requests with prompt_ids, completion_ids, logprobs, versions (per token)
-  and expert_indices as numpy arrays."""
+  and expert_indices as numpy arrays. With `start` (a byte offset, e.g. the file's size
+  before a client began), only lines that begin at or after it. `live`: the server is
+  still writing, so an unterminated last line is in progress and skipped (otherwise it
+  is a torn line, an error)."""
   rows = []
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, 1):
+  with open(path, "rb") as f:
+    if start > 0:
+      f.seek(start - 1)
+      if f.read(1) != b"\n":
+        f.readline()  # the rest of a line that began before `start`
+    for number, raw in enumerate(f, 1):
+      if live and not raw.endswith(b"\n"):
+        break  # still being written by the live server
+      line = raw.decode("utf-8")
       if not line.strip():
         continue
       try:
         row = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{number}: not a JSON line ({e.msg}); a server killed "
+        where = f"line {number}" + (f" after byte {start}" if start else "")
+        raise ValueError(f"{path}: {where}: not a JSON line ({e.msg}); a server killed "
                          "mid-write leaves a torn last line, drop it.") from e
       row["prompt_ids"] = np.asarray(row["prompt_ids"], np.int32)
       row["completion_ids"] = np.asarray(row["completion_ids"], np.int32)

@@ -91,7 +91,8 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
       generation = await _finish(pending, http)
     except ClientGone:
       return responses.Response(status_code=499)
-    service.record("chat.completions", request_id, generation, pending.times, sampling)
+    service.record("chat.completions", request_id, generation, pending.times, sampling,
+                   request.model)
     final, _ = output.final(generation.tokens.tolist(), generation.finish_reason)
     service.remember_turn(final, generation)
     message = {"role": "assistant",
@@ -136,7 +137,8 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
         generation = await _finish(pending, http)
       except ClientGone:
         return responses.Response(status_code=499)
-      service.record("completions", request_id, generation, pending.times, sampling)
+      service.record("completions", request_id, generation, pending.times, sampling,
+                     request.model)
       final, _ = output.final(generation.tokens.tolist(), generation.finish_reason)
       tokens, logprobs = generation.tokens.tolist(), generation.logprobs.tolist()
       text, reason, counts = final.content, final.finish_reason, usage(generation)
@@ -203,7 +205,7 @@ async def _chat_stream(service, request, engine_request, output, head):
           yield piece({"content": text}, logprobs=logprobs)
         continue
       service.record("chat.completions", head["id"], generation, pending.times,
-                     pending.stream.request.sampling)
+                     pending.stream.request.sampling, request.model)
       final, rest = output.final(generation.tokens.tolist(), generation.finish_reason)
       service.remember_turn(final, generation)
       if rest:
@@ -238,7 +240,7 @@ async def _completion_stream(service, request, engine_request, output, head):
           yield piece(text, logprobs=logprobs)
         continue
       service.record("completions", head["id"], generation, pending.times,
-                     pending.stream.request.sampling)
+                     pending.stream.request.sampling, request.model)
       final, rest = output.final(generation.tokens.tolist(), generation.finish_reason)
       yield piece(rest, final.finish_reason)
       options = request.stream_options

@@ -30,7 +30,8 @@ def test_total_reward_by_hand():
   # x = 1 + 0.5 * 2 + 0 + 0 + 0 + 0.25 * 4 = 3; C(3; 1, 0.5) = 2.
   total, terms = rl.total_reward(cfg, stats)
   expected = {"correctness": 0.0, "length_penalty": -0.02, "tool_call_errors": -0.04,
-              "unfinished_todos": -0.05, "shell_only": -0.1}
+              "unfinished_todos": -0.05, "shell_only": -0.1,
+              "behaviour": 0.0}  # off by default (scale 0)
   assert terms.keys() == expected.keys()
   for name, value in expected.items():
     np.testing.assert_allclose(terms[name], value, rtol=1e-6, err_msg=name)
