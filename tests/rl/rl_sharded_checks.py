@@ -106,9 +106,11 @@ def max_diff(a, b):
 
 
 def shard_fraction(state):
-  """Largest fraction of a parameter one device holds (1.0 = replicated)."""
-  return max(shard.data.size / leaf.size for leaf in jax.tree.leaves(state.params)
-             for shard in leaf.addressable_shards[:1])
+  """The fraction of the parameters and optimizer state device 0 holds (1 = replicated)."""
+  leaves = jax.tree.leaves((state.params, state.opt_state))
+  held = sum(shard.data.size for leaf in leaves for shard in leaf.addressable_shards
+             if shard.device == jax.devices()[0])
+  return held / sum(leaf.size for leaf in leaves)
 
 
 def run_meshes():

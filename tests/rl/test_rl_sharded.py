@@ -69,8 +69,10 @@ def test_three_sharded_rl_steps_match_one_device(meshes, name):
 
 
 def test_the_meshes_really_shard(meshes):
-  # FSDP over 8: no device holds more than an eighth of any parameter (or its moments).
-  assert meshes["fsdp8"]["shard_fraction"] <= 1 / 8 + 1e-9
+  # FSDP over 8: a device holds about an eighth of the parameters and Adam moments (small
+  # vectors whose length 8 does not divide stay whole).
+  assert meshes["fsdp8"]["shard_fraction"] < 0.15
+  assert meshes["data2_fsdp2_expert2"]["shard_fraction"] < 0.55
   assert meshes["fsdp8"]["batch_ways"] == 8
   for name in ("data2_fsdp2_expert2", "expert4_context2"):
     assert meshes[name]["all_to_all"], f"expert parallelism did not engage on {name}"
