@@ -156,6 +156,12 @@ def _take_groups(cfg, run, actors, step: int) -> list:
 def train(cfg, workdir) -> dict:
   # Multi-process learners join here, before anything asks JAX for its devices.
   distributed.initialize(cfg.parallel.distributed)
+  if jax.process_count() > 1:
+    raise RuntimeError(
+        f"c2jax rl joined {jax.process_count()} processes, but its queue, actors, weight "
+        "publisher and evals run in one process; run the learner as one process over its "
+        "local devices (unset parallel.distributed / JAX_COORDINATOR_ADDRESS). The "
+        "multi-process learner step itself is c2jax.rl.learner_runtime.")
   # The policy's model is the one its init_from checkpoint trained (declared changes aside).
   cfg = model_source.resolve(cfg)
   job.validate(cfg, jax.device_count())

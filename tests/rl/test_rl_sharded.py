@@ -52,11 +52,13 @@ def meshes():
   return _result(_start("meshes"))
 
 
+@pytest.mark.slow  # one subprocess compiles the RL step for 1 device and 3 meshes
 def test_the_policy_is_mla_with_moe_layers(meshes):
   assert meshes["one_device"]["attention"] == "mla"
   assert meshes["one_device"]["moe_layers"] >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fsdp8", "data2_fsdp2_expert2", "expert4_context2"])
 def test_three_sharded_rl_steps_match_one_device(meshes, name):
   result, reference = meshes[name], meshes["one_device"]
@@ -68,6 +70,7 @@ def test_three_sharded_rl_steps_match_one_device(meshes, name):
   assert len(set(reference["losses"])) == 3
 
 
+@pytest.mark.slow
 def test_the_meshes_really_shard(meshes):
   # FSDP over 8: a device holds about an eighth of the parameters and Adam moments (small
   # vectors whose length 8 does not divide stay whole).
