@@ -156,7 +156,10 @@ def _print_memory(cfg):
   print(f"mesh {sizes} ({devices} simulated devices); batch {rows} x {length} "
         f"tokens; remat {cfg.model.remat}; moe_impl {cfg.model.moe_impl}", flush=True)
   if _is_rl(cfg):
-    compiled, seconds = memory.compile_rl_step(cfg, rows)
+    try:
+      compiled, seconds = memory.compile_rl_step(cfg, rows)
+    except ValueError as err:
+      raise SystemExit(f"c2jax plan: {err}") from None
   else:
     compiled, seconds = memory.compile_train_step(cfg)
   print(f"compiled the {what} in {seconds:.1f} s\n")

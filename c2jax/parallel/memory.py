@@ -146,7 +146,12 @@ def compile_rl_step(cfg, rows: int | None = None) -> tuple[jax.stages.Compiled, 
   step = learner_runtime.make_step(rt)
   state = runtime.abstract_state(rt)
   ref = state.params if cfg.rl.kl.coef > 0 else None
-  batch = abstract_rl_batch(cfg, rt, rows or rl_batch_rows(cfg, rt))
+  rows = rl_batch_rows(cfg, rt) if rows is None else int(rows)
+  if rows <= 0 or rows % rt.batch_ways():
+    raise ValueError(f"--rl_rows = {rows}: the packed batch's rows split over the "
+                     f"{rt.batch_ways()} devices of the 'batch' rule; use a positive "
+                     "multiple of that.")
+  batch = abstract_rl_batch(cfg, rt, rows)
   begun = time.perf_counter()
   with rt.scope():
     compiled = step.lower(state, ref, batch).compile()

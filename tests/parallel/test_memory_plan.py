@@ -217,3 +217,12 @@ def test_rl_plan_refuses_roofline():
   out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
   assert out.returncode != 0 and "--memory covers the RL learner" in out.stderr
+
+
+def test_rl_plan_rows_must_split_over_the_batch_ways():
+  command = [sys.executable, "-m", "c2jax.cli", "plan", "--config=configs/rl.py:test",
+             "--memory", "--mesh=fsdp=2", "--rl_rows=3"]
+  out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert out.returncode != 0
+  assert "--rl_rows = 3" in out.stderr and "multiple" in out.stderr
