@@ -7,6 +7,11 @@ Variants:
         actors, held-out pass rate and best-of-4 at step 0 and every 10 steps
         (docs/benchmarks.md, "Reinforcement learning").
   test  random init, a few prompts and steps: the test suite's check of the machinery.
+  kimi_k25  the learner step at the report's RL scale, for planning: the Kimi-K2.5 model
+        on the mesh fsdp=-1, expert=8, context=8 (EP=8, CP=8), 16 groups of 8 rollouts
+        of up to 16k tokens a step.
+        `c2jax plan --memory --config=configs/rl.py:kimi_k25 --mesh=fsdp=16,expert=8,context=8`
+        (docs/scaling.md, "RL learner").
 Override anything, e.g. --config.rl.kl.estimator=k3 --config.rl.advantage=grpo.
 """
 
@@ -15,7 +20,7 @@ import pathlib
 from c2jax import config as configlib
 from c2jax.rl import job
 
-TEST_ARGS = ("tiny", "test")
+TEST_ARGS = ("tiny", "test", "kimi_k25")
 HERE = pathlib.Path(__file__).parent
 # The tools the procedural tasks need; a short tool list keeps the prompt small for the
 # CPU models (the SFT traces are rendered with the same list: configs/agent_sft.py).
@@ -24,8 +29,11 @@ AGENT_TOOLS = ("read_file", "edit_file", "finish")
 
 def get_config(variant: str = "tiny"):
   variant = variant or "tiny"
-  if variant not in ("tiny", "test"):
-    raise ValueError(f"configs/rl.py has variants 'tiny' and 'test', not {variant!r}.")
+  if variant not in ("tiny", "test", "kimi_k25"):
+    raise ValueError(f"configs/rl.py has variants 'tiny', 'test' and 'kimi_k25', not "
+                     f"{variant!r}.")
+  if variant == "kimi_k25":
+    return _kimi_k25()
   # The model is inherited from the checkpoint in init_from (YaRN and all, when the SFT
   # run came through the long-context phase); `tiny` only supplies the implementation
   # choices and the random-init model of the `test` variant.
@@ -75,4 +83,25 @@ def get_config(variant: str = "tiny"):
     c.eval.samples = 1
     c.eval.slots = 2
     c.eval.at_start = False
+  return c
+
+
+def _kimi_k25():
+  """The RL learner at Kimi-K2.5 scale (plans; init_from names the SFT run to start from)."""
+  c = job.job_defaults("kimi_k25")
+  c.init_from = ""
+  c.rl.group_size = 8
+  c.learner.groups_per_step = 16
+  c.learner.steps = 1000
+  c.tasks.train_count = 16_000
+  c.actors.max_length = 16_384
+  c.agent.max_turn_tokens = 8_192
+  # As in pretraining (configs/pretrain.py): grouped-matmul experts, capped MXFP8 dispatch,
+  # blockwise attention.
+  c.model.moe_impl = "pallas"
+  c.model.moe.ep_capacity_factor = 1.25
+  c.model.moe.ep_dispatch_quant = "mxfp8"
+  c.model.attention_impl = "blockwise"
+  c.parallel.mesh.expert = 8
+  c.parallel.mesh.context = 8
   return c

@@ -34,7 +34,7 @@ from c2jax.env import procgen
 from c2jax.env.tools import registry
 from c2jax.model import variants
 from c2jax.rollout import JaxEngine, Request, SamplingParams
-from c2jax.train import loop
+from c2jax.train import init_params
 
 # Far from the recipe's training seeds (0 .. a few hundred), so no task is seen in SFT.
 HELDOUT_SEED = 100_000
@@ -53,7 +53,7 @@ def load_run(workdir: pathlib.Path):
   tokenizer = data.prepare_from_config(ml_collections.ConfigDict(saved['data']),
                                        progress=False).tokenizer()
   fresh = model.init(model_cfg, jax.random.key(0))
-  params = loop.restore_init_params(
+  params = init_params.restore_init_params(
       ml_collections.ConfigDict({'init_from': str(workdir), 'model': model_cfg}), fresh)
   return model_cfg, params, tokenizer
 

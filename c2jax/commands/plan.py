@@ -10,7 +10,10 @@ compiles the real train step ahead of time on a simulated mesh of fake CPU devic
 command re-executes itself with XLA_FLAGS=--xla_force_host_platform_device_count=N) and
 prints per-device memory from XLA (arguments, outputs, temporaries, code, total, and
 whether it fits --device-memory-gb) and the per-step communication volume by collective;
-the last line is one JSON object with both. `--mesh` overrides `config.parallel.mesh`
+the last line is one JSON object with both. With an RL job config (task = 'rl', e.g.
+configs/rl.py:kimi_k25) it compiles the RL learner's step instead, on an abstract packed
+batch of the step's rollouts (--rl_rows overrides the row count) of actors.max_length
+tokens each. `--mesh` overrides `config.parallel.mesh`
 axis by axis. `--config` may be a model config or any job config with a `model` field
 (--memory needs a job config).
   c2jax plan --config=configs/pretrain.py:kimi_k25 --roofline --mesh=fsdp=16,expert=8,context=2
@@ -50,6 +53,9 @@ _MEASURE = flags.DEFINE_bool("measure", False, "With --roofline on one device: m
 _DECODE_BATCH = flags.DEFINE_integer("decode_batch", 8, "Sequences per decode step (--roofline).")
 _DECODE_CONTEXT = flags.DEFINE_integer("decode_context", None, "Context length of the decode "
                                        "step (--roofline; default: train.seq_len).")
+_RL_ROWS = flags.DEFINE_integer("rl_rows", None, "Rows of the RL learner's packed batch "
+                                "(--memory with an RL job config; default: the step's "
+                                "rollouts rounded up to the batch ways).")
 _DEVICE_MEMORY_GB = flags.DEFINE_float("device_memory_gb", 141.0, "Per-device memory to "
                                        "check the plan against (B300 288, H200 141).")
 
@@ -108,9 +114,12 @@ def _reexecute_with_fake_devices(cfg) -> int:
   that sees exactly the mesh's number of fake devices."""
   from c2jax.parallel import memory
 
-  if "parallel" not in cfg or "train" not in cfg:
+  if "parallel" not in cfg or not ("train" in cfg or _is_rl(cfg)):
     raise SystemExit("c2jax plan --memory/--roofline needs a job config, e.g. "
-                     "--config=configs/pretrain.py:kimi_k25.")
+                     "--config=configs/pretrain.py:kimi_k25 or configs/rl.py:kimi_k25.")
+  if _ROOFLINE.value and _is_rl(cfg):
+    raise SystemExit("c2jax plan --roofline models pretraining and decode steps; use a "
+                     "pretraining config (--memory covers the RL learner's step).")
   try:
     devices = memory.mesh_devices(cfg.parallel.mesh, _DEVICES.value or jax.device_count())
   except ValueError as err:
@@ -139,23 +148,37 @@ def _print_memory(cfg):
   from c2jax import parallel
 
   sizes = parallel.mesh.mesh_shape(cfg.parallel.mesh, devices)
-  t = cfg.train
-  print(f"mesh {sizes} ({devices} simulated devices); batch {t.batch_size} x {t.seq_len} "
+  if _is_rl(cfg):
+    rows = _RL_ROWS.value or memory.rl_batch_rows(cfg, memory.job_runtime(cfg))
+    length, what = cfg.actors.max_length, "RL learner step"
+  else:
+    rows, length, what = cfg.train.batch_size, cfg.train.seq_len, "train step"
+  print(f"mesh {sizes} ({devices} simulated devices); batch {rows} x {length} "
         f"tokens; remat {cfg.model.remat}; moe_impl {cfg.model.moe_impl}", flush=True)
-  compiled, seconds = memory.compile_train_step(cfg)
-  print(f"compiled the train step in {seconds:.1f} s\n")
+  if _is_rl(cfg):
+    try:
+      compiled, seconds = memory.compile_rl_step(cfg, rows)
+    except ValueError as err:
+      raise SystemExit(f"c2jax plan: {err}") from None
+  else:
+    compiled, seconds = memory.compile_train_step(cfg)
+  print(f"compiled the {what} in {seconds:.1f} s\n")
   report = memory.memory_report(compiled)
   state = memory.StateBytes.of(cfg)
   print(memory.format_memory_table(report, _DEVICE_MEMORY_GB.value, state) + "\n")
   volumes = hlo_comms.comm_volume(compiled.as_text(), devices)
   print(hlo_comms.format_comm_table(volumes) + "\n")
   print(json.dumps({
-      "mesh": sizes, "devices": devices, "batch_size": t.batch_size, "seq_len": t.seq_len,
+      "mesh": sizes, "devices": devices, "step": what, "batch_size": rows, "seq_len": length,
       "remat": cfg.model.remat, "compile_seconds": round(seconds, 1),
       "memory": memory.summary(report, _DEVICE_MEMORY_GB.value, state),
       "fits": {name: report.fits(gb) for name, gb in memory.DEVICE_MEMORY_GB.items()},
       "comms": hlo_comms.summary(volumes)}))
   return compiled
+
+
+def _is_rl(cfg) -> bool:
+  return cfg.get("task") == "rl"
 
 
 def _print_roofline(cfg, compiled) -> None:

@@ -24,11 +24,11 @@ def main(argv) -> int:
   if verb in ("pretrain", "sft") and _CONFIG.value.task != verb:
     raise SystemExit(f"c2jax {verb}: the config's task is {_CONFIG.value.task!r}; run "
                      f"`c2jax {_CONFIG.value.task}` for it.")
-  from c2jax.train import loop  # after flag parsing: --help stays fast
+  from c2jax.train import loop, runtime  # after flag parsing: --help stays fast
 
   try:
     summary = loop.train(_CONFIG.value, _WORKDIR.value)
-  except loop.NonFiniteLossError as err:
+  except runtime.NonFiniteLossError as err:
     print(f"error: {err}", file=sys.stderr)
     return 3
   print(json.dumps({k: v for k, v in summary.items() if k != "evals"}))

@@ -51,7 +51,7 @@ def load_run(run_dir: str):
   from c2jax import data, model  # pylint: disable=g-import-not-at-top
   from c2jax.config import apply_overrides  # pylint: disable=g-import-not-at-top
   from c2jax.model import variants  # pylint: disable=g-import-not-at-top
-  from c2jax.train import loop  # pylint: disable=g-import-not-at-top
+  from c2jax.train import init_params  # pylint: disable=g-import-not-at-top
 
   directory = pathlib.Path(run_dir).expanduser()
   config_path = directory / "config.json"
@@ -68,7 +68,7 @@ def load_run(run_dir: str):
   tokenizer = data.prepare_from_config(ml_collections.ConfigDict(saved["data"]),
                                        progress=False).tokenizer()
   fresh = model.init(model_cfg, jax.random.key(0))
-  params = loop.restore_init_params(
+  params = init_params.restore_init_params(
       ml_collections.ConfigDict({"init_from": str(directory), "model": model_cfg}), fresh)
   return model_cfg, params, tokenizer
 

@@ -1,9 +1,14 @@
 """Per-device memory of the real train step, compiled ahead of time on a simulated mesh.
 
     compiled, seconds = compile_train_step(cfg)   # abstract inputs: nothing is allocated
+    compiled, seconds = compile_rl_step(cfg)      # the RL learner's step (task = 'rl')
     report = memory_report(compiled)
     print(format_memory_table(report, device_memory_gb=141))
 
+`compile_rl_step` does the same for the RL learner's step (c2jax.rl.learner_runtime, the
+same runtime) on an abstract packed batch: `rows` rows (default: the step's rollouts,
+rounded up to the devices the batch splits over) of actors.max_length tokens, with router
+indices for replay and the KL reference policy when config.rl.kl.coef > 0.
 `compile_train_step` lowers and compiles exactly the step the training loop runs
 (c2jax.train.loop.make_train_step: the config's optimizer, TrainState shardings, batch
 sharding, donation) against jax.ShapeDtypeStructs that carry shardings, so a 1T-parameter
@@ -94,6 +99,65 @@ def compile_train_step(cfg) -> tuple[jax.stages.Compiled, float]:
   return compiled, time.perf_counter() - begun
 
 
+def job_runtime(cfg):
+  """The runtime of a pretraining / SFT job or (task = 'rl') of the RL learner."""
+  if cfg.get("task") == "rl":
+    from c2jax.rl import job, learner_runtime
+
+    job.validate(cfg, jax.device_count())
+    return learner_runtime.build(cfg)
+  from c2jax.train import loop
+
+  return loop.build_runtime(cfg)
+
+
+def rl_batch_rows(cfg, rt) -> int:
+  """Rows of the RL learner's packed batch when every rollout fits one row: the step's
+  rollouts rounded up to the batch ways (c2jax.rl.learner_runtime.build_batch)."""
+  from c2jax.rl import learner_runtime
+
+  ways = rt.batch_ways()
+  return -(-learner_runtime.rollouts_per_step(cfg) // ways) * ways
+
+
+def abstract_rl_batch(cfg, rt, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
+  """The learner's packed batch (c2jax.rl.learner) as sharded shape structs."""
+  from c2jax.rl import learner_runtime
+
+  shardings = learner_runtime.batch_shardings(rt)
+  length = cfg.actors.max_length
+  moe_layers = cfg.model.num_layers - cfg.model.first_k_dense
+  shapes = {"tokens": (rows, length), "valid": (rows, length), "loss_mask": (rows, length),
+            "sampler_logprobs": (rows, length),
+            "router_indices": (rows, length, moe_layers, cfg.model.moe.num_experts_per_tok),
+            "advantages": (rows,)}
+  dtypes = {"sampler_logprobs": np.float32, "advantages": np.float32}
+  return {name: jax.ShapeDtypeStruct(shape, dtypes.get(name, np.int32),
+                                     sharding=shardings[name])
+          for name, shape in shapes.items()}
+
+
+def compile_rl_step(cfg, rows: int | None = None) -> tuple[jax.stages.Compiled, float]:
+  """(compiled RL learner step, compile seconds) on a mesh over this process's devices."""
+  from c2jax.rl import learner_runtime
+  from c2jax.train import runtime
+
+  rt = job_runtime(cfg)
+  step = learner_runtime.make_step(rt)
+  state = runtime.abstract_state(rt)
+  ref = state.params if cfg.rl.kl.coef > 0 else None
+  rows = rl_batch_rows(cfg, rt) if rows is None else int(rows)
+  if rows <= 0 or rows % rt.batch_ways():
+    raise ValueError(f"--rl_rows = {rows}: the packed batch's rows split over the "
+                     f"{rt.batch_ways()} devices of the 'batch' rule; use a positive "
+                     "multiple of that.")
+  batch = abstract_rl_batch(cfg, rt, rows)
+  begun = time.perf_counter()
+  with rt.scope():
+    compiled = step.lower(state, ref, batch).compile()
+  return compiled, time.perf_counter() - begun
+
+
 @dataclasses.dataclass(frozen=True)
 class StateBytes:
   """Per-device bytes of the train state by role, in the mixed-precision policy's dtypes
@@ -105,9 +169,9 @@ class StateBytes:
 
   @classmethod
   def of(cls, cfg) -> StateBytes:
-    from c2jax.train import loop
+    from c2jax.train import runtime
 
-    state = loop.abstract_state(loop.build_runtime(cfg))
+    state = runtime.abstract_state(job_runtime(cfg))
 
     def shard_bytes(tree) -> int:
       return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize

@@ -12,17 +12,22 @@
             actors.parallel), how they sync weights
   tasks     the task source: procedural repositories split into train and held-out
   eval      the held-out evaluation: pass rate and best-of-k
+  parallel  the learner's mesh and logical rules, as in pretraining (c2jax.parallel):
+            FSDP, expert and context parallelism, multi-process over jax.distributed
 """
 
 from __future__ import annotations
 
+import math
+
 import ml_collections
 
 from c2jax import config as configlib
-from c2jax import data, storage
+from c2jax import data, parallel, storage
 from c2jax.agent import config as agent_config
 from c2jax.model import config as model_config
 from c2jax.model import lineage, variants
+from c2jax.parallel import context
 from c2jax.rl import config as rl_config
 from c2jax.rollout import sharding as engine_sharding
 
@@ -60,11 +65,16 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   # at_start: evaluate the starting policy before the first step (the baseline).
   c.eval = ml_collections.ConfigDict(dict(every=10, samples=4, temperature=1.0, slots=16,
                                           at_start=True))
+  c.parallel = parallel.default_parallel_config()
+  # The learner reads token t's log-prob at t - 1, a shift along the sequence: context
+  # shards stay contiguous (c2jax.rl.learner_runtime).
+  c.parallel.context_load_balance = False
   return c
 
 
-def validate(cfg) -> None:
-  """Raises configlib.ConfigError naming the first bad key."""
+def validate(cfg, num_devices: int | None = None) -> None:
+  """Raises configlib.ConfigError naming the first bad key; `num_devices` adds the checks
+  that need the mesh."""
   configlib.check_keys(cfg, job_defaults(cfg.model.name if "model" in cfg else "tiny"))
   model_config.validate(cfg.model)
   lineage.check_declared(cfg.model_changes)
@@ -104,6 +114,7 @@ def validate(cfg) -> None:
     raise configlib.ConfigError("agent.max_turn_tokens", "must be below actors.max_length "
                                 "(the prompt needs room too).")
   _check_sampling_is_scorable(cfg.agent)
+  _validate_parallel(cfg, num_devices)
   steps_needed = cfg.learner.steps * cfg.learner.groups_per_step
   if cfg.tasks.train_count < steps_needed:
     raise configlib.ConfigError(
@@ -131,3 +142,22 @@ def _check_sampling_is_scorable(agent_cfg) -> None:
         "agent.top_p", f"is {agent_cfg.top_p}: the learner cannot reproduce the sampler's "
         "nucleus from its own logits, so the importance ratio would be biased; set "
         "agent.top_p = 1.0 for RL (lower agent.temperature to sharpen sampling).")
+
+
+def _validate_parallel(cfg, num_devices: int | None) -> None:
+  parallel.validate_parallel(cfg.parallel, num_devices)
+  if num_devices is None:  # without devices, an axis of -1 counts as 1
+    num_devices = math.prod(size for size in cfg.parallel.mesh.values() if size != -1)
+  sizes = parallel.mesh.mesh_shape(cfg.parallel.mesh, num_devices)
+  shards = context.num_shards(sizes, parallel.rules_of(cfg.parallel))
+  if shards == 1:
+    return
+  if cfg.parallel.context_load_balance:
+    raise configlib.ConfigError(
+        "parallel.context_load_balance", "is True, but the learner reads each token's "
+        "log-prob from the previous position, which needs the original token order; set "
+        "it False (contiguous context shards) or use parallel.mesh.context = 1.")
+  try:
+    context.check_length(cfg.actors.max_length, shards, False)
+  except ValueError as e:
+    raise configlib.ConfigError("actors.max_length", str(e)) from None

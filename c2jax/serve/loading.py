@@ -3,7 +3,7 @@
 One function, `load`, so that new checkpoint kinds (a converted c2jax CKPT, an HF chat
 template) extend it in one place. PATH is either
   - a c2jax run directory (`config.json` + `checkpoints/`, as pretrain / sft / rl write):
-    the newest checkpoint's parameters through train.loop.restore_init_params (the same
+    the newest checkpoint's parameters through train.init_params.restore_init_params (the same
     shape checks every phase uses), the run's tokenizer from its data config, and the
     checkpoint step as the policy version; or
   - an HF directory (`config.json` with `model_type` + safetensors + `tokenizer.json`)
@@ -59,7 +59,7 @@ def _check_vocab(directory: pathlib.Path, tokenizer: Tokenizer, cfg) -> None:
 
 def _load_run(directory: pathlib.Path, config: dict) -> Loaded:
   from c2jax.train import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
-  from c2jax.train import loop  # pylint: disable=g-import-not-at-top
+  from c2jax.train import init_params  # pylint: disable=g-import-not-at-top
 
   if "model" not in config or "data" not in config:
     raise ValueError(f"{directory}/config.json has no model or data section; is it a "
@@ -78,7 +78,7 @@ def _load_run(directory: pathlib.Path, config: dict) -> Loaded:
   _check_vocab(directory, tokenizer, model_cfg)
   fresh = jax.eval_shape(lambda: model.init(model_cfg, jax.random.key(0)))
   restore_cfg = ml_collections.ConfigDict({"init_from": str(directory), "model": model_cfg})
-  params = loop.restore_init_params(restore_cfg, fresh)
+  params = init_params.restore_init_params(restore_cfg, fresh)
   # Serving does not speculate; an untrained (never restored) drafter is dropped.
   params = {k: v for k, v in params.items()
             if not any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(v))}

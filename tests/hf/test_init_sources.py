@@ -17,7 +17,7 @@ import pytest
 
 from c2jax import hf, model
 from c2jax.hf import safetensors_io, sources
-from c2jax.train import loop
+from c2jax.train import init_params
 
 FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "hf" / "deepseek_v3_grouped_yarn"
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -81,7 +81,7 @@ def test_hf_single_file_sharded_and_converted_load_the_same_values(tmp_path, ref
   assert len(list((tmp_path / "sharded").glob("*.safetensors"))) > 2
   hf.convert_from_hf(FIXTURE, tmp_path / "ckpt")
   for source in (FIXTURE, tmp_path / "sharded", tmp_path / "ckpt"):
-    params = loop.restore_init_params(_cfg(source, cfg_model), _abstract(cfg_model))
+    params = init_params.restore_init_params(_cfg(source, cfg_model), _abstract(cfg_model))
     _assert_equal_trees(params, want)
 
 
@@ -91,14 +91,14 @@ def test_mtp_declared_but_absent_loads_and_starts_mtp_fresh(tmp_path, reference,
   with_mtp = cfg_model.copy_and_resolve_references()
   with_mtp.num_mtp_layers = 1
   fresh = model.init(with_mtp, jax.random.key(3))
-  params = loop.restore_init_params(_cfg(saved, with_mtp), fresh)
+  params = init_params.restore_init_params(_cfg(saved, with_mtp), fresh)
   out = capsys.readouterr().out
   assert "declares num_nextn_predict_layers = 1 but stores no MTP tensors" in out
   assert "MTP module(s) start from a fresh initialisation" in out
   _assert_equal_trees(params["mtp_layers"], fresh["mtp_layers"])
   _assert_equal_trees({k: v for k, v in params.items() if k != "mtp_layers"}, want)
   # A run without MTP loads the same directory with nothing to drop.
-  params = loop.restore_init_params(_cfg(saved, cfg_model), _abstract(cfg_model))
+  params = init_params.restore_init_params(_cfg(saved, cfg_model), _abstract(cfg_model))
   _assert_equal_trees(params, want)
 
 
@@ -106,7 +106,7 @@ def test_tied_embeddings_start_the_lm_head_as_the_embedding(tmp_path, reference,
   cfg_model, want = reference
   tied = _rewrite(FIXTURE, tmp_path / "tied", drop=("lm_head.weight",),
                   config={"tie_word_embeddings": True})
-  params = loop.restore_init_params(_cfg(tied, cfg_model), _abstract(cfg_model))
+  params = init_params.restore_init_params(_cfg(tied, cfg_model), _abstract(cfg_model))
   assert "ties the LM head to the embedding" in capsys.readouterr().out
   np.testing.assert_array_equal(params["lm_head"]["kernel"], want["embed"]["embedding"].T)
 
@@ -116,25 +116,25 @@ def test_extra_and_missing_tensors_are_named(tmp_path, reference):
   extra = _rewrite(FIXTURE, tmp_path / "extra",
                    add={"model.layers.0.mlp.bias": np.zeros(4, np.float32)})
   with pytest.raises(sources.SourceError, match=r"model\.layers\.0\.mlp\.bias.*Remove them"):
-    loop.restore_init_params(_cfg(extra, cfg_model), _abstract(cfg_model))
+    init_params.restore_init_params(_cfg(extra, cfg_model), _abstract(cfg_model))
   name = "model.layers.2.mlp.experts.5.up_proj.weight"
   missing = _rewrite(FIXTURE, tmp_path / "missing", drop=(name,))
   with pytest.raises(sources.SourceError, match=rf"missing: \['{name}'\].*Finish the download"):
-    loop.restore_init_params(_cfg(missing, cfg_model), _abstract(cfg_model))
+    init_params.restore_init_params(_cfg(missing, cfg_model), _abstract(cfg_model))
 
 
 def test_a_different_architecture_names_the_parameter(reference):
   cfg_model = reference[0].copy_and_resolve_references()
   cfg_model.moe.intermediate_size = 24
   with pytest.raises(ValueError, match=r"moe_layers/moe/experts/\w+_proj has shape .* \(hf\)"):
-    loop.restore_init_params(_cfg(FIXTURE, cfg_model), _abstract(cfg_model))
+    init_params.restore_init_params(_cfg(FIXTURE, cfg_model), _abstract(cfg_model))
 
 
 _SHARDED_SCRIPT = """
 import json, sys
 import jax, numpy as np
 from c2jax import hf
-from c2jax.train import jobs, loop
+from c2jax.train import init_params, jobs, loop
 cfg = jobs.job_defaults("tiny")
 cfg.model, params = hf.load(sys.argv[1])
 cfg.data.vocab_size, cfg.train.seq_len = cfg.model.vocab_size, 32
@@ -145,7 +145,7 @@ placement.BLOCK_BYTES = 512  # replicated and sharded leaves also take the block
 rt = loop.build_runtime(cfg)
 abstract = loop.abstract_state(rt).params
 with rt.scope():
-  got = loop.restore_init_params(cfg, abstract, rt.state_shardings.params)
+  got = init_params.restore_init_params(cfg, abstract, rt.state_shardings.params)
 rows = []
 for (path, x), want in zip(jax.tree_util.tree_leaves_with_path(got),
                            jax.tree.leaves(rt.state_shardings.params)):
@@ -184,7 +184,7 @@ def test_fused_expert_tensors_load_like_per_expert_ones(tmp_path, reference):
     fused[f"{prefix}.down_proj"] = np.stack([reader.read(n) for n in names["down_proj"]])
     drop += [n for group in names.values() for n in group]
   fused_dir = _rewrite(FIXTURE, tmp_path / "fused", drop=drop, add=fused)
-  params = loop.restore_init_params(_cfg(fused_dir, cfg_model), _abstract(cfg_model))
+  params = init_params.restore_init_params(_cfg(fused_dir, cfg_model), _abstract(cfg_model))
   _assert_equal_trees(params, want)
 
 
@@ -207,7 +207,7 @@ def test_transformers4_config_spelling_and_bf16_weights_load(tmp_path, reference
   loaded_cfg = sources.model_config(legacy)
   assert loaded_cfg.rope.to_dict() == cfg_model.rope.to_dict()
   assert loaded_cfg.param_dtype == "bfloat16"
-  params = loop.restore_init_params(_cfg(legacy, cfg_model), _abstract(cfg_model))
+  params = init_params.restore_init_params(_cfg(legacy, cfg_model), _abstract(cfg_model))
   assert params["embed"]["embedding"].dtype == np.float32
   rounded = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16).astype(np.float32), want)
   _assert_equal_trees(params, rounded)
@@ -227,12 +227,23 @@ def test_large_shards_are_assembled_on_device_block_by_block(tmp_path, reference
   assert any(index[0] == slice(1, 2) for index in reads)
 
 
-def test_rl_starts_from_an_hf_directory(reference):
-  from c2jax.rl import trainer
+def test_rl_starts_from_an_hf_directory(reference, tmp_path):
+  """The RL learner's starting state (learner_runtime.start): the HF directory's weights,
+  placed in the learner runtime's shardings, and the KL reference a copy of them."""
+  from c2jax.rl import job, learner_runtime
+  from c2jax.train import checkpoint as checkpoint_lib
   cfg_model, want = reference
-  cfg = ml_collections.ConfigDict({"init_from": str(FIXTURE), "model": cfg_model,
-                                   "learner": {"seed": 0}})
-  _assert_equal_trees(trainer.initial_params(cfg), want)
+  cfg = job.job_defaults("tiny")
+  cfg.model, cfg.init_from, cfg.rl.kl.coef = cfg_model, str(FIXTURE), 0.01
+  rt = learner_runtime.build(cfg)
+  checkpointer = checkpoint_lib.Checkpointer(tmp_path / "checkpoints", async_save=False)
+  try:
+    step, state, ref_params, restored = learner_runtime.start(rt, checkpointer)
+  finally:
+    checkpointer.close()
+  assert (step, restored) == (0, None)
+  _assert_equal_trees(state.params, want)
+  _assert_equal_trees(ref_params, want)
 
 
 def test_load_and_convert_accept_save_pretrained_output(tmp_path, capsys):

@@ -171,3 +171,58 @@ def test_mesh_flag_is_checked():
   with pytest.raises(ValueError, match="--devices"):
     memory.mesh_devices(cfg, None)
   assert memory.mesh_devices(cfg, 8) == 8
+
+
+@pytest.fixture(scope="module")
+def rl_plan():
+  command = [sys.executable, "-m", "c2jax.cli", "plan", "--config=configs/rl.py:test",
+             "--memory", "--mesh=fsdp=2,expert=2,context=2", "--config.actors.max_length=32",
+             "--config.agent.max_turn_tokens=8", "--config.rl.kl.coef=0.01",
+             "--device_memory_gb=0.001"]
+  out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_memory_plan_of_the_rl_learner_step(rl_plan):
+  """configs/rl.py (task 'rl'): the RL step on the shared runtime, sharded like
+  pretraining, with the KL reference policy and a packed batch as arguments."""
+  text, result = rl_plan
+  assert "compiled the RL learner step" in text
+  assert result["step"] == "RL learner step" and result["devices"] == 8
+  cfg = configlib.load_config_file(REPO / "configs/rl.py", "test")
+  cfg.parallel.mesh.update({"fsdp": 2, "expert": 2, "context": 2})
+  # 1 group x 2 rollouts, rounded up to the 4 batch ways (fsdp x expert).
+  assert (result["batch_size"], result["seq_len"]) == (4, 32)
+  plans = plan.param_plans(cfg.model, cfg.parallel, 8)
+  params = sum(p.shard_bytes for p in plans)
+  trained = sum(p.shard_bytes for p in plans if "correction_bias" not in p.path)
+  state = params + 2 * trained
+  # tokens, valid, loss_mask, sampler_logprobs [4, 32] and router indices [4, 32, Lm, K]
+  # split over 4 batch ways x 2 context shards; advantages [4] over the batch ways.
+  moe_layers = cfg.model.num_layers - cfg.model.first_k_dense
+  batch = (4 * 4 * 32 * 4 + 4 * 32 * moe_layers * cfg.model.moe.num_experts_per_tok * 4) // 8
+  expected = state + params + batch + 4  # + the reference policy's parameters
+  mem = result["memory"]
+  assert expected <= mem["argument_bytes"] <= expected + 64
+  assert mem["alias_bytes"] >= state  # the donated learner state is updated in place
+  assert mem["param_bytes"] == params
+  assert result["comms"]["all-to-all"]["executions"] > 0  # expert parallelism engaged
+
+
+def test_rl_plan_refuses_roofline():
+  command = [sys.executable, "-m", "c2jax.cli", "plan", "--config=configs/rl.py:test",
+             "--roofline"]
+  out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert out.returncode != 0 and "--memory covers the RL learner" in out.stderr
+
+
+def test_rl_plan_rows_must_split_over_the_batch_ways():
+  command = [sys.executable, "-m", "c2jax.cli", "plan", "--config=configs/rl.py:test",
+             "--memory", "--mesh=fsdp=2", "--rl_rows=3"]
+  out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+  assert out.returncode != 0
+  assert "--rl_rows = 3" in out.stderr and "multiple" in out.stderr

@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent("""
     import functools, json
     import jax, jax.numpy as jnp, numpy as np
     from c2jax import config as configlib, model
-    from c2jax.rl import learner, trainer
+    from c2jax.rl import learner, learner_runtime
     from c2jax.rl.group_store import Group
     from c2jax.train import optimizer as optimizer_lib
     from c2jax.train.step import TrainState
@@ -36,17 +36,17 @@ SCRIPT = textwrap.dedent("""
     groups = [Group(f"g{i}", 0, np.float32([1, 0]), np.float32([0.5, -0.5]),
                     [segment(n) for n in lengths], np.int32([0, 1]))
               for i, lengths in enumerate([(30, 9), (17, 24)])]
-    one, _ = trainer.build_batch(cfg, groups, 1)
-    two, metrics = trainer.build_batch(cfg, groups, 2)
+    one, _ = learner_runtime.build_batch(cfg, groups, 1)
+    two, metrics = learner_runtime.build_batch(cfg, groups, 2)
 
     params = model.init(cfg.model, jax.random.PRNGKey(0))
     optimizer, _ = optimizer_lib.make_optimizer(learning_rate=1e-3, total_steps=4,
                                                 weight_decay=0.0, end_lr_fraction=1.0)
     state = TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params))
     step = jax.jit(functools.partial(learner.rl_step, cfg.rl, cfg.model, optimizer,
-                                         rollouts_per_step=trainer.rollouts_per_step(cfg)))
+                                         rollouts_per_step=learner_runtime.rollouts_per_step(cfg)))
     single, m1 = step(state, None, one)
-    mesh = trainer.data_parallel_mesh()
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()), ('data',))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     by_rank = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     sharded_batch = jax.device_put(two, by_rank)

@@ -12,7 +12,7 @@ from c2jax import config as configlib
 from c2jax import model as model_lib
 from c2jax.hf import checkpoint as hf_checkpoint
 from c2jax.train import checkpoint as checkpoint_lib
-from c2jax.train import jobs, loop, model_source
+from c2jax.train import init_params, jobs, loop, model_source
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 HF_FIXTURE = REPO / "tests/fixtures/hf/deepseek_v3_grouped_yarn"
@@ -59,7 +59,7 @@ def test_rl_inherits_the_yarn_of_the_run_it_starts_from(yarn_run, capsys):
   assert cfg.model.rope.scaling == "none"  # resolve returns a copy
   # The inherited config restores the run's parameters exactly.
   fresh = jax.eval_shape(lambda: model_lib.init(resolved.model, jax.random.key(0)))
-  restored = loop.restore_init_params(resolved, fresh)
+  restored = init_params.restore_init_params(resolved, fresh)
   for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(saved)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

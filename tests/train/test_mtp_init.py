@@ -1,4 +1,4 @@
-"""`loop.initial_params` across MTP configurations: a config with MTP modules starts from a
+"""`init_params.initial_params` across MTP configurations: a config with MTP modules starts from a
 checkpoint without them (trunk restored, MTP fresh), a checkpoint's MTP modules are
 dropped by a config without them, and a depth mismatch is an error naming the parameter."""
 
@@ -8,7 +8,7 @@ import pytest
 
 from c2jax.model import mtp
 from c2jax.train import checkpoint as checkpoint_lib
-from c2jax.train import jobs, loop
+from c2jax.train import init_params, jobs, loop
 
 
 def _job(num_mtp_layers: int, init_from: str = ""):
@@ -52,7 +52,7 @@ def saved(tmp_path_factory):
 def test_mtp_starts_fresh_on_a_checkpoint_without_it(saved, capsys):
   workdir, saved_params = saved[0]
   rt, fresh = _fresh(1, str(workdir))
-  state = loop.initial_params(rt, fresh)
+  state = init_params.initial_params(rt, fresh)
   trunk = {k: v for k, v in state.params.items() if k != mtp.PARAMS_KEY}
   _assert_trees_equal(trunk, saved_params)
   _assert_trees_equal(state.params[mtp.PARAMS_KEY], fresh.params[mtp.PARAMS_KEY])
@@ -63,7 +63,7 @@ def test_mtp_starts_fresh_on_a_checkpoint_without_it(saved, capsys):
 def test_a_config_without_mtp_drops_the_checkpoints(saved, capsys):
   workdir, saved_params = saved[1]
   rt, fresh = _fresh(0, str(workdir))
-  state = loop.initial_params(rt, fresh)
+  state = init_params.initial_params(rt, fresh)
   _assert_trees_equal(state.params,
                       {k: v for k, v in saved_params.items() if k != mtp.PARAMS_KEY})
   assert f"dropping the checkpoint's '{mtp.PARAMS_KEY}'" in capsys.readouterr().out
@@ -72,14 +72,14 @@ def test_a_config_without_mtp_drops_the_checkpoints(saved, capsys):
 def test_matching_mtp_modules_are_restored(saved):
   workdir, saved_params = saved[1]
   rt, fresh = _fresh(1, str(workdir))
-  _assert_trees_equal(loop.initial_params(rt, fresh).params, saved_params)
+  _assert_trees_equal(init_params.initial_params(rt, fresh).params, saved_params)
 
 
 def test_a_different_mtp_depth_is_an_error_naming_the_parameter(saved):
   workdir, _ = saved[1]
   rt, fresh = _fresh(2, str(workdir))
   with pytest.raises(ValueError, match=r"mtp_layers/.* has shape \(1, .*num_mtp_layers"):
-    loop.initial_params(rt, fresh)
+    init_params.initial_params(rt, fresh)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@
 Steps, each timed in its own process so its peak RSS (ru_maxrss) is its own:
   generate  a DeepSeek-V3-layout checkpoint (bf16, per-expert tensors, several shards,
             model.safetensors.index.json), written tensor by tensor;
-  load      `init_from` = that directory through train/loop.restore_init_params (the path
+  load      `init_from` = that directory through train/init_params.restore_init_params (the path
             every phase takes): detection, checks, shard-by-shard placement on the device;
             the loaded parameters are then saved as a c2jax run (orbax, not timed);
   export    `c2jax export`'s export_run of that run back to an HF directory.
@@ -86,7 +86,7 @@ def load(hf_dir: pathlib.Path, run: pathlib.Path) -> dict:
   from c2jax import model
   from c2jax.hf import sources
   from c2jax.train import checkpoint as checkpoint_lib
-  from c2jax.train import loop
+  from c2jax.train import init_params
   from c2jax.train.step import TrainState
 
   cfg_model = sources.model_config(hf_dir)
@@ -96,7 +96,7 @@ def load(hf_dir: pathlib.Path, run: pathlib.Path) -> dict:
   before = _rss_bytes()
   start = time.perf_counter()
   cfg = ml_collections.ConfigDict({"init_from": str(hf_dir), "model": cfg_model})
-  params = loop.restore_init_params(cfg, abstract)
+  params = init_params.restore_init_params(cfg, abstract)
   jax.block_until_ready(params)
   seconds = time.perf_counter() - start
   peak = _rss_bytes()

@@ -5,7 +5,7 @@ resolved job config, and `checkpoints/`. The model config and the tokenizer trav
 run (DESIGN.md §2): the model is rebuilt from config.json's `model` section, the tokenizer
 from its `data` section (the same cached corpus + tokenizer the run trained with; built
 again if this machine has no cache), and the newest parameters are restored by
-`c2jax.train.loop.restore_init_params`, the one restore path every later phase uses, with
+`c2jax.train.init_params.restore_init_params`, the one restore path every later phase uses, with
 its checks that every parameter exists with the configured shape.
 """
 
@@ -22,7 +22,7 @@ import ml_collections
 from c2jax import config as configlib
 from c2jax import data, model
 from c2jax.model import config as model_config
-from c2jax.train import loop
+from c2jax.train import init_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,5 +70,5 @@ def load_run(run_dir: str | os.PathLike, *, keep_mtp: bool = False,
                      "does not name the tokenizer this run trained with.")
   abstract = jax.eval_shape(lambda: model.init(cfg, jax.random.key(0)))
   restore_cfg = ml_collections.ConfigDict({"init_from": str(directory), "model": cfg})
-  params = loop.restore_init_params(restore_cfg, abstract)
+  params = init_params.restore_init_params(restore_cfg, abstract)
   return LoadedRun(cfg, params, tokenizer, directory)

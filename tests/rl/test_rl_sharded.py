@@ -1,0 +1,127 @@
+"""The RL learner on the shared training runtime, sharded as pretraining is: three RL
+steps of the tiny MLA + MoE policy on 8 fake CPU devices with FSDP, data + FSDP + expert
+and expert + context parallelism match one device; two jax.distributed processes on
+loopback match one process. The checks run in subprocesses (rl_sharded_checks.py)."""
+
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from c2jax import config as configlib
+from c2jax.parallel import distributed
+from c2jax.rl import job
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHECKS = pathlib.Path(__file__).with_name("rl_sharded_checks.py")
+TOLERANCE = 1e-5
+TIMEOUT_S = 900
+
+
+def _env(**extra) -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
+  for name in distributed.ENV.values():
+    env.pop(name, None)
+  env.update({k: str(v) for k, v in extra.items()})
+  return env
+
+
+def _result(process: subprocess.Popen) -> dict:
+  try:
+    out, err = process.communicate(timeout=TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    out, err = process.communicate()
+    pytest.fail(f"check process hung for {TIMEOUT_S}s:\n{err[-3000:]}")
+  assert process.returncode == 0, err[-4000:]
+  return json.loads(out.strip().splitlines()[-1])
+
+
+def _start(mode: str, **env) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, str(CHECKS), mode], cwd=REPO, env=_env(**env),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def meshes():
+  return _result(_start("meshes"))
+
+
+@pytest.mark.slow  # one subprocess compiles the RL step for 1 device and 3 meshes
+def test_the_policy_is_mla_with_moe_layers(meshes):
+  assert meshes["one_device"]["attention"] == "mla"
+  assert meshes["one_device"]["moe_layers"] >= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["fsdp8", "data2_fsdp2_expert2", "expert4_context2"])
+def test_three_sharded_rl_steps_match_one_device(meshes, name):
+  result, reference = meshes[name], meshes["one_device"]
+  assert result["step"] == 3
+  np.testing.assert_allclose(result["losses"], reference["losses"], atol=TOLERANCE,
+                             rtol=0)
+  assert result["param_diff"] <= TOLERANCE, result
+  # The losses move: the steps really update the policy.
+  assert len(set(reference["losses"])) == 3
+
+
+@pytest.mark.slow
+def test_the_meshes_really_shard(meshes):
+  # FSDP over 8: a device holds about an eighth of the parameters and Adam moments (small
+  # vectors whose length 8 does not divide stay whole).
+  assert meshes["fsdp8"]["shard_fraction"] < 0.15
+  assert meshes["data2_fsdp2_expert2"]["shard_fraction"] < 0.55
+  assert meshes["fsdp8"]["batch_ways"] == 8
+  for name in ("data2_fsdp2_expert2", "expert4_context2"):
+    assert meshes[name]["all_to_all"], f"expert parallelism did not engage on {name}"
+  assert meshes["expert4_context2"]["context_shards"] == 2
+  assert meshes["expert4_context2"]["batch_ways"] == 4
+
+
+def _free_port() -> int:
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+@pytest.mark.slow  # three JAX processes each compile the tiny RL step
+def test_two_learner_processes_match_one():
+  port = _free_port()
+  pair = [_start("distributed", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                 JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=rank, C2JAX_XLA_CACHE="off",
+                 XLA_FLAGS="--xla_force_host_platform_device_count=2") for rank in range(2)]
+  single = _start("distributed", C2JAX_XLA_CACHE="off",
+                  XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  pair, single = [_result(p) for p in pair], _result(single)
+  for rank, result in enumerate(pair):
+    assert result["process"] == [rank, 2] and result["devices"] == [2, 4]
+  assert single["process"] == [0, 1] and single["devices"] == [4, 4]
+  for result in pair:
+    np.testing.assert_allclose(result["losses"], single["losses"], rtol=2e-5)
+    np.testing.assert_allclose(result["param_sum"], single["param_sum"], rtol=2e-5)
+
+
+def test_rl_config_has_the_pretraining_parallel_section():
+  cfg = job.job_defaults("tiny")
+  cfg.parallel.mesh.update({"fsdp": 1, "context": 2})
+  cfg.actors.max_length = 1023
+  with pytest.raises(configlib.ConfigError, match="actors.max_length"):
+    job.validate(cfg, 2)
+  cfg.actors.max_length = 1024
+  cfg.parallel.context_load_balance = True
+  with pytest.raises(configlib.ConfigError, match="context_load_balance"):
+    job.validate(cfg, 2)
+  cfg.parallel.context_load_balance = False
+  job.validate(cfg, 2)
+  cfg.parallel.mesh.fsdp = 3
+  with pytest.raises(configlib.ConfigError, match="parallel.mesh"):
+    job.validate(cfg, 2)
+  cfg.parallel.mesh.fsdp = 1
+  cfg.parallel.bogus = 1
+  with pytest.raises(configlib.ConfigError, match="bogus"):
+    job.validate(cfg, 2)
