@@ -71,6 +71,25 @@ async def _finish(pending: Pending, http: fastapi.Request):
     raise
 
 
+async def _generate(service: Service, endpoint: str, request_id: str, engine_request,
+                    http: fastapi.Request, model_name):
+  """Runs a non-streaming request to the end and records it (token capture); the
+  Generation, or None when the client went away (its slot is freed)."""
+  pending = Pending(service, engine_request, stream=False)
+  try:
+    generation = await _finish(pending, http)
+  except ClientGone:
+    return None
+  service.record(endpoint, request_id, generation, pending.times,
+                 engine_request.sampling, model_name)
+  return generation
+
+
+def _head(service: Service, request_id: str) -> dict:
+  return {"id": request_id, "created": int(time.time()), "model": service.model_name,
+          "system_fingerprint": f"c2jax-v{service.engine.version}"}
+
+
 def add_routes(app: fastapi.FastAPI, service: Service) -> None:
 
   @app.post("/v1/chat/completions")
@@ -80,19 +99,15 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=bool(specs),
                     call_id_prefix="call_" + request_id.split("-")[1][:12])
-    head = {"id": request_id, "created": int(time.time()), "model": service.model_name,
-            "system_fingerprint": f"c2jax-v{service.engine.version}"}
+    head = _head(service, request_id)
     if request.stream:
       return responses.StreamingResponse(
           _chat_stream(service, request, Request(prompt, sampling), output, head),
           media_type="text/event-stream")
-    pending = Pending(service, Request(prompt, sampling), stream=False)
-    try:
-      generation = await _finish(pending, http)
-    except ClientGone:
+    generation = await _generate(service, "chat.completions", request_id,
+                                 Request(prompt, sampling), http, request.model)
+    if generation is None:
       return responses.Response(status_code=499)
-    service.record("chat.completions", request_id, generation, pending.times, sampling,
-                   request.model)
     final, _ = output.final(generation.tokens.tolist(), generation.finish_reason)
     service.remember_turn(final, generation)
     message = {"role": "assistant",
@@ -121,8 +136,7 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
     request_id = new_id("cmpl")
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=False, call_id_prefix="")
-    head = {"id": request_id, "created": int(time.time()), "model": service.model_name,
-            "system_fingerprint": f"c2jax-v{service.engine.version}"}
+    head = _head(service, request_id)
     if request.stream:
       return responses.StreamingResponse(
           _completion_stream(service, request, Request(prompt, sampling), output, head),
@@ -132,13 +146,10 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
       counts = {"prompt_tokens": len(prompt), "completion_tokens": 0,
                 "total_tokens": len(prompt)}
     else:
-      pending = Pending(service, Request(prompt, sampling), stream=False)
-      try:
-        generation = await _finish(pending, http)
-      except ClientGone:
+      generation = await _generate(service, "completions", request_id,
+                                   Request(prompt, sampling), http, request.model)
+      if generation is None:
         return responses.Response(status_code=499)
-      service.record("completions", request_id, generation, pending.times, sampling,
-                     request.model)
       final, _ = output.final(generation.tokens.tolist(), generation.finish_reason)
       tokens, logprobs = generation.tokens.tolist(), generation.logprobs.tolist()
       text, reason, counts = final.content, final.finish_reason, usage(generation)
