@@ -32,7 +32,7 @@ def _numbered_to_text(observation: str) -> str:
   return '\n'.join(lines) + '\n'
 
 
-class _Session:
+class Session:
   """Sends turns through the toolbox and records the transcript."""
 
   def __init__(self, toolbox, task):
@@ -58,7 +58,7 @@ _STATED_FIX = re.compile(r'In (\S+), ([A-Z][A-Z_]*) is (-?\d+) but it should be 
 CONSTANT_FINISH_MESSAGE = 'Fixed the constant.'
 
 
-def _solve_stated_fix(session: _Session, task: tasks_lib.Task) -> None:
+def _solve_stated_fix(session: Session, task: tasks_lib.Task) -> None:
   """One edit read off the prompt (checked against the gold edit), then finish."""
   stated = _STATED_FIX.search(task.prompt)
   if not stated:
@@ -75,7 +75,7 @@ def _solve_stated_fix(session: _Session, task: tasks_lib.Task) -> None:
   session.turn('', [('finish', {'message': CONSTANT_FINISH_MESSAGE})])
 
 
-def _solve_by_search(session: _Session, task: tasks_lib.Task) -> None:
+def _solve_by_search(session: Session, task: tasks_lib.Task) -> None:
   """Finds the code with grep, reads it, applies the gold edits, checks it imports."""
   solution = task.metadata['solution']
   symbol = _symbols(task)[0]
@@ -110,7 +110,7 @@ _PLANS = {'constant': _solve_stated_fix}
 
 def solve(task: tasks_lib.Task, toolbox: tools_lib.Toolbox) -> list[dict]:
   """Fixes `task` in the toolbox's sandbox; returns the transcript."""
-  session = _Session(toolbox, task)
+  session = Session(toolbox, task)
   _PLANS.get(task.metadata.get('category'), _solve_by_search)(session, task)
   if not toolbox.finished:
     raise SolverError('finish was not accepted.')

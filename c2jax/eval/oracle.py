@@ -16,9 +16,6 @@ import concurrent.futures
 import re
 import time
 
-from c2jax.agent import config as agent_config
-from c2jax.agent import prompt as prompt_lib
-from c2jax.agent import protocol
 from c2jax.env import reward as reward_lib
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import solver
@@ -37,17 +34,11 @@ def _plan(*names):
   return wrap
 
 
-class _Session:
-  def __init__(self, toolbox, task):
-    self.toolbox = toolbox
-    system = prompt_lib.system_message(agent_config.SYSTEM_PROMPT, toolbox.specs())
-    self.messages = prompt_lib.initial_messages(system, task.prompt)
-    self.turns = 0
+class _Session(solver.Session):
+  """The solver's session, strict: a tool call of the oracle that fails is a harness bug."""
 
   def turn(self, content, calls):
-    turn, observations = self.toolbox.run_turn(protocol.render_turn(content, calls))
-    self.messages += protocol.to_openai_messages(turn, observations, self.turns)
-    self.turns += 1
+    observations = super().turn(content, calls)
     failed = [o.output for o in observations if not o.ok]
     if failed:
       raise solver.SolverError(f"a tool call of the oracle failed: {failed}")
