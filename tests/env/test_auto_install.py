@@ -4,63 +4,17 @@ Real PyPI fetches (pytest, setuptools, six) through the allowlist proxy; no othe
 contacted (the refused one is refused by the proxy before any connection).
 """
 
-import json
-
 import pytest
 
 from c2jax.env import bubblewrap, reward, sandbox, task_builder
 from c2jax.env import tasks as tasks_lib
 from c2jax.env.install import AllowlistProxy, InstallConfig, install
-from env_testlib import write_tree
-
-_PYPROJECT = ('[build-system]\nrequires = ["setuptools>=61"]\n'
-              'build-backend = "setuptools.build_meta"\n[project]\nname = "{name}"\n'
-              'version = "0.1"\ndependencies = {deps}\n')
-_CALC = '''def clamp(x, lo, hi):
-  if x < lo:
-    return lo
-  if x > hi:
-    return hi
-  return x
-
-
-def total(xs):
-  s = 0
-  for x in xs:
-    s = s + x
-  return s
-'''
-_TESTS = '''from calc import clamp, total
-
-
-def test_clamp_low():
-  assert clamp(-1, 0, 5) == 0
-
-
-def test_clamp_high():
-  assert clamp(9, 0, 5) == 5
-
-
-def test_clamp_mid():
-  assert clamp(3, 0, 5) == 3
-
-
-def test_total():
-  assert total([1, 2, 3]) == 6
-'''
+from env_testlib import calc_repo as _repo, write_tree
 
 
 @pytest.fixture(scope='module')
 def cache(tmp_path_factory):
   return str(tmp_path_factory.mktemp('envs'))
-
-
-def _repo(root, name, deps, extra=''):
-  return write_tree(root, {
-      'pyproject.toml': _PYPROJECT.format(name=name, deps=json.dumps(deps)),
-      f'src/{name}/__init__.py': extra + _CALC,
-      'tests/test_calc.py': _TESTS.replace('calc', name),
-  })
 
 
 def test_egress_allows_only_the_allowlist(tmp_path):
