@@ -82,7 +82,9 @@ def pytest_command(repo: str) -> str:
   # The workspace's own sources come first on the path, whatever the install did: tasks
   # edit the workspace and its tests must see the edits.
   path = 'src:.' if os.path.isdir(os.path.join(repo, 'src')) else '.'
-  return f'PYTHONPATH={path} python -m pytest -rA -q -p no:cacheprovider {{tests}}'
+  # A test module that cannot be imported is recorded (an ERROR) and the rest still run.
+  return (f'PYTHONPATH={path} python -m pytest -rA -q -p no:cacheprovider '
+          '--continue-on-collection-errors {tests}')
 
 
 def _read(repo: str, name: str) -> str:
@@ -123,16 +125,16 @@ def _dependency_groups(repo: str) -> list[str]:
 
 def _requirement_files(repo: str, test_only: bool) -> list[str]:
   found = []
-  for folder in ('.', 'requirements'):
+  for folder in ('.', 'requirements', 'tests', 'test', 'testing', 'ci'):
     path = os.path.join(repo, folder)
     if not os.path.isdir(path):
       continue
     for name in sorted(os.listdir(path)):
       if not (name.endswith('.txt') or name.endswith('.in')) or 'doc' in name.lower():
         continue
-      if folder == '.' and not ('requirements' in name or name.startswith('req')):
+      if folder != 'requirements' and not ('requirements' in name or name.startswith('req')):
         continue
-      testish = any(word in name.lower() for word in ('test', 'dev', 'ci'))
+      testish = folder != '.' or any(word in name.lower() for word in ('test', 'dev', 'ci'))
       if not test_only or testish:
         found.append(os.path.normpath(os.path.join(folder, name)))
   return found
@@ -219,7 +221,15 @@ def heuristic_plans(repo: str) -> list[Plan]:
   reqs = [f'{PIP} -r {shlex.quote(r)}' for r in info['requirements']]
   plans.append(Plan(tuple(reqs + extra_deps + [f'{PIP} pytest']), test,
                     'no package install: requirements and the sources on PYTHONPATH'))
-  return list(dict.fromkeys(plans))
+  unique = {}
+  for plan in plans:
+    unique.setdefault(plan.commands, plan)
+  return list(unique.values())
+
+
+def missing_module_lines(output: str) -> list[str]:
+  return [f"ModuleNotFoundError: No module named '{m}'"
+          for m in _MISSING_MODULE.findall(output)]
 
 
 def missing_distributions(output: str) -> list[str]:

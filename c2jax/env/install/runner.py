@@ -223,6 +223,9 @@ def install(source: str, config: InstallConfig = InstallConfig(),
           error = (f'{verification.collected} tests collected, {len(verification.passed)} '
                    f'passed (need {config.pass_fraction:.0%}):\n'
                    + verification.output[-4000:])
+          # The proposer reads every missing module, not only the tail's.
+          record.error = error + '\n' + '\n'.join(
+              sorted(set(proposer_lib.missing_module_lines(verification.output))))
       history.append(record)
       if record.ok:
         break
