@@ -33,6 +33,8 @@ from c2jax.env.install import egress, proposer as proposer_lib, verify
 DEFAULT_CACHE = os.path.expanduser('~/.cache/c2jax/envs')
 _SKIP_DIRS = {'.git', '__pycache__', '.tox', '.nox', '.venv', '.pytest_cache', '.mypy_cache'}
 _CA_BUNDLE = '/etc/ssl/certs/ca-certificates.crt'
+# Part of every cache key: bump when what a layer holds or how it is verified changes.
+_CACHE_VERSION = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +124,7 @@ def tree_hash(repo: str) -> str:
 
 def _cache_key(source_hash: str, config: InstallConfig) -> str:
   python = os.path.realpath(config.base_python())
-  settings = json.dumps([source_hash, python, config.proposer, config.pass_fraction,
+  settings = json.dumps([_CACHE_VERSION, source_hash, python, config.proposer, config.pass_fraction,
                          config.index_url, config.model_name], sort_keys=True)
   return hashlib.sha256(settings.encode()).hexdigest()[:20]
 
