@@ -18,6 +18,7 @@ command tried.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -179,7 +180,9 @@ def _run_plan(plan, repo, venv, pip_cache, proxy, config) -> tuple[str, str]:
 
 def install(source: str, config: InstallConfig = InstallConfig(),
             force: bool = False) -> InstallResult:
-  """See the module docstring. `source` is a repository folder or an sdist (.tar.gz)."""
+  """See the module docstring. `source` is a repository folder or an sdist (.tar.gz).
+  Concurrent installs of one repository (e.g. several builders) wait for each other and
+  then share the cached result."""
   started = time.monotonic()
   source = os.path.abspath(source)
   if not os.path.exists(source):
@@ -191,6 +194,13 @@ def install(source: str, config: InstallConfig = InstallConfig(),
       source_hash = hashlib.sha256(f.read()).hexdigest()
   key = _cache_key(source_hash, config)
   folder = os.path.join(os.path.expanduser(config.cache_dir), key)
+  os.makedirs(folder, exist_ok=True)
+  with open(os.path.join(folder, 'lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    return _install_locked(source, folder, key, config, force, started)
+
+
+def _install_locked(source, folder, key, config, force, started) -> InstallResult:
   result_path = os.path.join(folder, 'result.json')
   if os.path.isfile(result_path) and not force:
     with open(result_path) as f:
@@ -198,7 +208,6 @@ def install(source: str, config: InstallConfig = InstallConfig(),
     if not cached.ok or os.path.isdir(cached.layer):
       cached.cached = True
       return cached
-  os.makedirs(folder, exist_ok=True)
   repo = source if os.path.isdir(source) else _unpack_sdist(source, os.path.join(folder, 'src'))
   venv = os.path.join(folder, 'venv')
   pip_cache = os.path.join(os.path.expanduser(config.cache_dir), 'pip-cache')
