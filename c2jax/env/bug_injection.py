@@ -165,10 +165,10 @@ def apply_edit(text: str, node: ast.AST, replacement: str) -> str | None:
   return new
 
 
-def mutations(repo: str, seed: int = 0,
-              kinds: tuple[str, ...] | None = None) -> list[Mutation]:
-  """One candidate mutation per function of the repository's library code (tests and
-  setup.py excluded), in a seeded random order."""
+def mutations(repo: str, seed: int = 0, kinds: tuple[str, ...] | None = None,
+              per_function: int = 1) -> list[Mutation]:
+  """Up to `per_function` candidate mutations (of different kinds) per function of the
+  repository's library code (tests and setup.py excluded), in a seeded random order."""
   kinds = tuple(MUTATORS) if kinds is None else kinds
   unknown = sorted(set(kinds) - set(MUTATORS))
   if unknown:
@@ -183,10 +183,15 @@ def mutations(repo: str, seed: int = 0,
       edits = [(kind, target, replacement) for site in _function_sites(function)
                for kind in kinds for target, replacement in MUTATORS[kind](site)]
       rng.shuffle(edits)
+      used = set()
       for kind, node, replacement in edits:
+        if kind in used:
+          continue
         new = apply_edit(text, node, replacement)
         if new is not None:
           found.append(Mutation(rel, qualname, kind, node.lineno, text, new))
-          break
+          used.add(kind)
+          if len(used) >= per_function:
+            break
   rng.shuffle(found)
   return found

@@ -17,8 +17,10 @@ layer) and `test_command`, which load_swebench_jsonl reads.
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import os
+import random
 import re
 import shutil
 
@@ -49,7 +51,7 @@ def _candidates(repo: str, kinds, seed: int):
   streams = []
   if 'mutate' in kinds:
     streams.append([('mutate', m.file, m.function, m.original, m.mutated)
-                    for m in bug_injection.mutations(repo, seed)])
+                    for m in bug_injection.mutations(repo, seed, per_function=2)])
   if 'revert' in kinds:
     reverts = []
     for rel, func, first, last in revert_restore.candidate_functions(repo):
@@ -57,11 +59,10 @@ def _candidates(repo: str, kinds, seed: int):
         original = f.read()
       reverts.append(('revert', rel, func, original,
                       revert_restore.revert_body(original, first, last)))
-    import random  # pylint: disable=g-import-not-at-top
     random.Random(seed).shuffle(reverts)
     streams.append(reverts)
-  for group in zip(*streams) if len(streams) > 1 else ([c] for c in streams[0]):
-    yield from group
+  for group in itertools.zip_longest(*streams):
+    yield from (candidate for candidate in group if candidate is not None)
 
 
 def _first_failure(output: str) -> str:
@@ -97,7 +98,8 @@ def build_suite(install_result, out_path: str, kinds=KINDS, max_tasks: int = 8,
   records = []
   with bubblewrap.BubblewrapSandbox(repo, env_layer=layer, timeout_s=timeout_s,
                                     memory_mb=memory_mb) as base:
-    baseline = verify.parse(base.run_shell(command.replace('{tests}', '')).text, 0)
+    run = base.run_shell(command.replace('{tests}', ''))
+    baseline = verify.parse(run.text, run.exit_code)
     passing = baseline.passed
     if not passing:
       raise RuntimeError(f'No test of {repo} passes in its environment layer; nothing can '
@@ -108,7 +110,8 @@ def build_suite(install_result, out_path: str, kinds=KINDS, max_tasks: int = 8,
         break
       with base.fork() as trial:
         trial.write_file(rel, edited.encode())
-        after = verify.parse(trial.run_shell(command.replace('{tests}', '')).text, 0)
+        run = trial.run_shell(command.replace('{tests}', ''))
+        after = verify.parse(run.text, run.exit_code)
       now_passing = set(after.passed)
       fail_to_pass = [t for t in passing if t not in now_passing]
       if not fail_to_pass or (len(fail_to_pass) == len(passing) > 1):

@@ -72,5 +72,8 @@ def test_mutations_one_per_function_skip_tests_and_are_seeded(tmp_path):
   assert {m.file for m in first} == {'pkg/core.py'}
   assert [(m.function, m.mutated) for m in first] == [
       (m.function, m.mutated) for m in bug_injection.mutations(repo, seed=3)]
+  two = bug_injection.mutations(repo, seed=3, per_function=2)
+  assert sorted(m.function for m in two) == ['f', 'f', 'g', 'g']
+  assert all(len({m.kind for m in two if m.function == f}) == 2 for f in 'fg')
   with pytest.raises(ValueError, match='Unknown mutator'):
     bug_injection.mutations(repo, kinds=('typo',))
