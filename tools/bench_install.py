@@ -3,7 +3,7 @@
   PYTHONPATH=. python tools/bench_install.py --out /tmp/bench.json six==1.16.0 ...
 
 Each sdist is downloaded with pip (cached), installed by `c2jax.env.install` with the
-default config (heuristic proposer, PyPI-only egress) into a fresh cache, and its row
+default config (heuristic proposer, PyPI-only egress; --timeout_s per command) into a fresh cache, and its row
 (name, version, ok, attempts, tests collected/passed, seconds) printed as Markdown.
 """
 
@@ -21,12 +21,15 @@ def main() -> int:
   parser.add_argument('requirements', nargs='+', help='pinned sdists, e.g. six==1.16.0')
   parser.add_argument('--cache_dir', default='/tmp/c2jax-bench-envs')
   parser.add_argument('--out', default='')
+  parser.add_argument('--timeout_s', type=float, default=300.0,
+                      help='limit of each install command and of the test run')
   args = parser.parse_args()
   rows = []
   for requirement in args.requirements:
     try:
       sdist = revert_restore.download_sdist(requirement)
-      result = install(sdist, InstallConfig(cache_dir=args.cache_dir))
+      result = install(sdist, InstallConfig(cache_dir=args.cache_dir,
+                                                   timeout_s=args.timeout_s))
       tests = result.verification or (result.attempts[-1]['test_summary']
                                       if result.attempts else {})
       row = dict(package=requirement, ok=result.ok, attempts=len(result.attempts),
