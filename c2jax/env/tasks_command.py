@@ -61,6 +61,9 @@ def main(argv: list[str]) -> int:
   if not _REPO.value:
     print(f'c2jax tasks {argv[1]}: --repo is required.\n{USAGE}', file=sys.stderr)
     return 2
+  if argv[1] == 'build' and not _OUT.value:
+    print(f'c2jax tasks build: --out is required.\n{USAGE}', file=sys.stderr)
+    return 2
   try:
     config = _config()
   except ValueError as e:
@@ -71,9 +74,6 @@ def main(argv: list[str]) -> int:
   if not result.ok:
     return 1
   if argv[1] == 'build':
-    if not _OUT.value:
-      print(f'c2jax tasks build: --out is required.\n{USAGE}', file=sys.stderr)
-      return 2
     records = task_builder.build_suite(
         result, _OUT.value, kinds=tuple(_KINDS.value), max_tasks=_MAX_TASKS.value,
         max_candidates=_MAX_CANDIDATES.value, seed=_SEED.value, timeout_s=_TIMEOUT.value,
