@@ -98,3 +98,12 @@ def test_model_proposer_reads_repo_and_errors_and_falls_back(project):
     server.shutdown()
   with pytest.raises(ValueError, match='model_base_url'):
     proposer.make_proposer('model')
+
+
+def test_a_repository_without_tests_fails_at_once(tmp_path):
+  from c2jax.env.install import InstallConfig, install
+  repo = write_tree(tmp_path / 'notests', {'setup.py': 'from setuptools import setup\n'
+                                                       'setup(name="x")\n', 'x.py': ''})
+  result = install(repo, InstallConfig(cache_dir=str(tmp_path / 'envs')))
+  assert not result.ok and result.attempts == [] and 'ships no tests' in result.error
+  assert 'ships no tests' in result.report()

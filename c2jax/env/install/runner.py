@@ -143,6 +143,16 @@ def _unpack_sdist(path: str, dest: str) -> str:
   return os.path.join(dest, tops[0]) if len(tops) == 1 else dest
 
 
+def test_files(repo: str) -> list[str]:
+  """pytest-style test modules (test_*.py, *_test.py) in the tree."""
+  found = []
+  for dirpath, dirnames, filenames in os.walk(repo):
+    dirnames[:] = [d for d in dirnames if d not in _SKIP_DIRS]
+    found += [os.path.relpath(os.path.join(dirpath, n), repo) for n in filenames
+              if n.endswith('.py') and (n.startswith('test_') or n.endswith('_test.py'))]
+  return sorted(found)
+
+
 def _make_venv(python: str, venv: str) -> None:
   shutil.rmtree(venv, ignore_errors=True)
   proc = subprocess.run([python, '-m', 'venv', venv], capture_output=True, text=True,
@@ -216,8 +226,12 @@ def _install_locked(source, folder, key, config, force, started) -> InstallResul
                                        model_name=config.model_name)
   history: list[proposer_lib.AttemptRecord] = []
   error, verification = 'the proposer had no plan for this repository', None
+  has_tests = bool(test_files(repo))
+  if not has_tests:  # nothing could verify an install (many sdists omit tests)
+    error = (f'{repo} ships no tests (no test_*.py or *_test.py files): an install '
+             'cannot be verified; use a checkout of the repository that has its tests.')
   with egress.AllowlistProxy(config.allow_hosts) as proxy:
-    while len(history) < config.max_attempts:
+    while has_tests and len(history) < config.max_attempts:
       plan = propose(repo, history)
       if plan is None:
         break
