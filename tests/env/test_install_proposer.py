@@ -107,3 +107,16 @@ def test_a_repository_without_tests_fails_at_once(tmp_path):
   result = install(repo, InstallConfig(cache_dir=str(tmp_path / 'envs')))
   assert not result.ok and result.attempts == [] and 'ships no tests' in result.error
   assert 'ships no tests' in result.report()
+
+
+def test_verification_reads_colored_pytest_output():
+  from c2jax.env.install import verify
+  out = ('\x1b[32mPASSED\x1b[0m tests/test_a.py::test_x\n'
+         '\x1b[31mFAILED\x1b[0m tests/test_a.py::test_y - assert 0\n'
+         'ERROR tests/test_b.py - ModuleNotFoundError\n'
+         'SKIPPED [1] tests/test_a.py:9: needs network\n')
+  result = verify.parse(out, 1)
+  assert result.passed == ['tests/test_a.py::test_x']
+  assert result.failed == ['tests/test_a.py::test_y', 'tests/test_b.py']
+  assert result.skipped == 1 and result.pass_fraction == 1 / 3
+  assert '--color=no' in proposer.pytest_command('.')

@@ -14,6 +14,7 @@ from c2jax.env import bubblewrap
 
 _RESULT_LINE = re.compile(r'^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S+)', re.M)
 _SKIPPED_LINE = re.compile(r'^SKIPPED \[\d+\] (\S+?):?\d*:', re.M)
+_ANSI = re.compile(r'\x1b\[[0-9;]*m')
 
 
 @dataclasses.dataclass
@@ -40,6 +41,7 @@ class Verification:
 
 
 def parse(output: str, exit_code: int) -> Verification:
+  output = _ANSI.sub('', output)
   statuses: dict[str, str] = {}
   for status, test in _RESULT_LINE.findall(output):
     statuses[test] = status
