@@ -120,3 +120,14 @@ def test_verification_reads_colored_pytest_output():
   assert result.failed == ['tests/test_a.py::test_y', 'tests/test_b.py']
   assert result.skipped == 1 and result.pass_fraction == 1 / 3
   assert '--color=no' in proposer.pytest_command('.')
+
+
+def test_heuristic_pins_old_pytest_for_old_conftest_hooks(project):
+  propose = proposer.make_proposer('heuristic')
+  first = propose(project, [])
+  failed = proposer.AttemptRecord(first, ok=False, error=(
+      "Argument(s) {'path'} are declared in the hookimpl but can not be found in the "
+      "hookspec"))
+  second = propose(project, [failed])
+  assert f"{proposer.PIP} 'pytest<8'" in second.commands
+  assert f'{proposer.PIP} pytest' not in second.commands

@@ -31,6 +31,7 @@ _DISTRIBUTION_OF = {'yaml': 'pyyaml', 'PIL': 'pillow', 'cv2': 'opencv-python-hea
                     'jwt': 'pyjwt', 'magic': 'python-magic', 'serial': 'pyserial',
                     'google.protobuf': 'protobuf', 'pkg_resources': 'setuptools',
                     'hypothesis': 'hypothesis', 'mock': 'mock', 'nose': 'nose'}
+_OLD_PYTEST_HOOKS = 'declared in the hookimpl but can not be found in the hookspec'
 _MISSING_MODULE = re.compile(r"No module named '([A-Za-z0-9_.]+)'")
 
 
@@ -257,6 +258,11 @@ def heuristic(**unused) -> Proposer:
       if extra:
         return Plan(last.plan.commands + tuple(extra), last.plan.test_command,
                     'previous plan + modules its tests could not import')
+      older = f"{PIP} 'pytest<8'"
+      if _OLD_PYTEST_HOOKS in last.error and older not in tried:
+        # A conftest written for pytest < 8 (py.path `path` hook arguments).
+        return Plan(tuple(older if c == f'{PIP} pytest' else c for c in last.plan.commands),
+                    last.plan.test_command, 'previous plan with pytest < 8 (old conftest hooks)')
     tried_plans = {h.plan.commands for h in history}
     untried = [p for p in plans if p.commands not in tried_plans]
     return untried[0] if untried else None
