@@ -57,3 +57,18 @@ def test_rl_two_steps_on_a_built_suite(suite, tmp_path):
   assert [row['step'] for row in rows if 'loss' in row] == [1, 2]
   trained = {p.name for p in (workdir / 'pool' / 'done').iterdir()}
   assert len(trained) == 2 and all('.mutate.' in t or '.revert.' in t for t in trained)
+
+
+def test_file_sources_need_a_path():
+  from c2jax import config as configlib
+  from c2jax.rl import job
+  cfg = job.job_defaults()
+  cfg.tasks.source = 'suite'
+  with pytest.raises(configlib.ConfigError, match='tasks.path'):
+    job.validate(cfg)
+  cfg.tasks.source, cfg.tasks.path = 'swebench', '/'
+  with pytest.raises(configlib.ConfigError, match='tasks.repos_root'):
+    job.validate(cfg)
+  cfg.tasks.source = 'nonsense'
+  with pytest.raises(configlib.ConfigError, match='tasks.source'):
+    job.validate(cfg)
