@@ -29,6 +29,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "rl": ("c2jax.commands.rl", "asynchronous RL: learner + rollout actors in sandboxes"),
     "eval": ("c2jax.eval.command", "score a checkpoint / endpoint on a suite; `eval report` tables + plot"),
     "serve": ("c2jax.serve.command", "OpenAI-compatible server over a run or HF checkpoint"),
+    "tasks": ("c2jax.env.tasks_command", "auto-install a repository; build SWE-bench-format task suites from it"),
 }
 
 

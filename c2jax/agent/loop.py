@@ -241,7 +241,7 @@ class _Episode:
 
 
 def default_sandbox_factory(backend: str) -> Callable[[tasks_lib.Task], sandbox_lib.Sandbox]:
-  return lambda task: sandbox_lib.make_sandbox(backend, task.repo)
+  return lambda task: sandbox_lib.make_task_sandbox(backend, task)
 
 
 def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,

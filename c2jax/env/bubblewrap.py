@@ -59,6 +59,22 @@ def default_ro_binds() -> tuple[str, ...]:
   return tuple(dict.fromkeys((sys.prefix, sys.base_prefix)))
 
 
+def venv_binds(venv: str) -> tuple[str, ...]:
+  """The folders a virtual environment needs inside a sandbox: itself and the Python it
+  was made from (pyvenv.cfg `home`), so an environment layer runs without the host's."""
+  config = os.path.join(venv, 'pyvenv.cfg')
+  if not os.path.isfile(config):
+    raise FileNotFoundError(f'{venv} is not a virtual environment (no pyvenv.cfg); give '
+                            'the layer directory `c2jax tasks install` printed.')
+  with open(config) as f:
+    fields = dict(line.split('=', 1) for line in f.read().splitlines() if '=' in line)
+  home = {k.strip(): v.strip() for k, v in fields.items()}.get('home', '')
+  if not home:
+    raise ValueError(f'{config} names no base Python (`home = ...`); recreate the layer.')
+  base = os.path.dirname(home)
+  return tuple(dict.fromkeys((os.path.abspath(venv), base)))
+
+
 def environment(ro_binds: tuple[str, ...]) -> dict[str, str]:
   """A command's whole environment: the environments' bin/ folders come first on PATH."""
   bins = [os.path.join(p, 'bin') for p in ro_binds]
@@ -66,7 +82,7 @@ def environment(ro_binds: tuple[str, ...]) -> dict[str, str]:
 
 
 def bwrap_options(workspace_root: str, ro_binds: tuple[str, ...],
-                  env: dict[str, str]) -> list[str]:
+                  env: dict[str, str], rw_binds: tuple[str, ...] = ()) -> list[str]:
   """bwrap's options for a command over `workspace_root` with environment `env`."""
   options = ['--unshare-all', '--unshare-user', '--uid', str(_SANDBOX_UID),
              '--gid', str(_SANDBOX_UID), '--die-with-parent', '--new-session',
@@ -86,6 +102,8 @@ def bwrap_options(workspace_root: str, ro_binds: tuple[str, ...],
   options += ['--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp']
   for path in ro_binds:
     options += ['--ro-bind', path, path]
+  for path in rw_binds:
+    options += ['--bind', path, path]
   options += ['--bind', workspace_root, sandbox_lib.WORKDIR, '--chdir', sandbox_lib.WORKDIR]
   for name, value in env.items():
     options += ['--setenv', name, value]
@@ -232,23 +250,36 @@ class BubblewrapSandbox(sandbox_lib.Sandbox):
     repo: host folder (a workspace Snapshot also works) the workspace starts from.
     ro_binds: extra host folders visible read-only at the same path; defaults to the
       running Python's environment so tests can run with its pytest.
+    env_layer: a virtual environment made by `c2jax tasks install` (the repository's
+      dependencies): bound read-only, with its base Python, instead of c2jax's own.
+    rw_binds: host folders bound read-write at the same path (the installer's venv under
+      construction and pip cache); first on PATH.
     workspace: 'auto' | 'overlay' | 'copy' (see workspace.py).
     **limits: fields of Limits.
   """
 
   def __init__(self, repo, ro_binds: tuple[str, ...] | None = None,
-               workspace: str = 'auto', _family=None, **limits):
+               workspace: str = 'auto', _family=None, env_layer: str = '',
+               rw_binds: tuple[str, ...] = (), **limits):
     program('bwrap', 'bubblewrap')
     program('prlimit', 'util-linux')
     self.limits = limits_lib.Limits.from_kwargs(**limits)
+    if env_layer and ro_binds is not None:
+      raise ValueError('Give either env_layer (a venv from `c2jax tasks install`) or '
+                       'ro_binds, not both.')
+    self.env_layer = env_layer
+    self.rw_binds = tuple(rw_binds)
+    if env_layer:
+      ro_binds = venv_binds(env_layer)
     self.ro_binds = default_ro_binds() if ro_binds is None else tuple(ro_binds)
     snapshot = repo if isinstance(repo, workspace_lib.Snapshot) else (
         workspace_lib.Snapshot((os.path.abspath(repo),)))
     self._strategy = workspace
     self._workspace = workspace_lib.Workspace(snapshot, workspace, _family)
     self._use_cgroups = cgroups.CgroupSet.available()
-    self._env = environment(self.ro_binds)
-    self._options = bwrap_options(self._workspace.root, self.ro_binds, self._env)
+    self._env = environment(self.rw_binds + self.ro_binds)
+    self._options = bwrap_options(self._workspace.root, self.ro_binds, self._env,
+                                  self.rw_binds)
 
   @property
   def host_root(self) -> str:
@@ -280,6 +311,7 @@ class BubblewrapSandbox(sandbox_lib.Sandbox):
 
   def fork(self):
     return BubblewrapSandbox(self.snapshot(), ro_binds=self.ro_binds,
+                             rw_binds=self.rw_binds,
                              workspace=self._workspace.strategy,
                              _family=self._workspace.family,
                              **vars(self.limits))

@@ -149,6 +149,18 @@ def _import_backends():
   from c2jax.env import bubblewrap, docker_backend  # pylint: disable=g-import-not-at-top,unused-import
 
 
+def make_task_sandbox(backend: str, task, **limits) -> Sandbox:
+  """A sandbox over `task.repo`, starting from the task's environment layer if it has one
+  (a venv made by `c2jax tasks install`; bubblewrap only)."""
+  if getattr(task, 'environment', ''):
+    if backend != 'bubblewrap':
+      raise ValueError(f'Task {task.id!r} runs in the environment layer {task.environment}, '
+                       f'which only the bubblewrap backend can mount; use backend '
+                       f"'bubblewrap' (not {backend!r}).")
+    limits['env_layer'] = task.environment
+  return make_sandbox(backend, task.repo, **limits)
+
+
 def make_sandbox(backend: str, repo: str, **limits) -> Sandbox:
   """Starts a sandbox over a copy of `repo` (a host folder) with the given limits.
 

@@ -131,7 +131,7 @@ def solve_suite(suite: list[tasks_lib.Task], backend: str = 'bubblewrap',
 
   traces = []
   for task in suite:
-    with sandbox_lib.make_sandbox(backend, task.repo) as box:
+    with sandbox_lib.make_task_sandbox(backend, task) as box:
       before = reward.grade(box, task)
       if before.reward != 0.0:
         raise SolverError(f'{task.id}: hidden tests pass before any fix; the generator '

@@ -32,6 +32,9 @@ class Task:
   setup_commands: list[str] = dataclasses.field(default_factory=list)
   hidden_files: dict[str, str] = dataclasses.field(default_factory=dict)
   test_patch: str = ''
+  # A venv layer from `c2jax tasks install` every sandbox of the task starts from ('' =
+  # c2jax's own Python environment).
+  environment: str = ''
   metadata: dict = dataclasses.field(default_factory=dict)  # category, difficulty, ...
 
   def __post_init__(self):
@@ -86,7 +89,9 @@ def load_swebench_jsonl(path: str, repos_root: str,
                                 f'{record.get("repo")} at {record.get("base_commit")} there.')
       tasks.append(Task(
           id=record['instance_id'], repo=repo, prompt=record['problem_statement'],
-          test_command=test_command, fail_to_pass=_id_list(record['FAIL_TO_PASS']),
+          # c2jax's task builders record the command and environment layer per instance.
+          test_command=record.get('test_command', test_command),
+          environment=record.get('environment', ''), fail_to_pass=_id_list(record['FAIL_TO_PASS']),
           pass_to_pass=_id_list(record.get('PASS_TO_PASS', [])),
           test_patch=record.get('test_patch', ''),
           metadata={'source': 'swebench', 'repo': record.get('repo'),

@@ -137,7 +137,7 @@ class OraclePolicy:
   def episode(self, job: episode_lib.Job) -> episode_lib.Outcome:
     task, started = job.task, time.monotonic()
     try:
-      box = sandbox_lib.make_sandbox(self.backend, task.repo)
+      box = sandbox_lib.make_task_sandbox(self.backend, task)
     except Exception as e:  # pylint: disable=broad-except
       raise episode_lib.InfraError(f"sandbox did not start: {type(e).__name__}: {e}") from e
     with box:

@@ -10,7 +10,9 @@
   learner   the optimizer and step schedule
   actors    rollout actors: how many, their engine (and its device mesh,
             actors.parallel), how they sync weights
-  tasks     the task source: procedural repositories split into train and held-out
+  tasks     the task source (c2jax.rl.task_sources): procedural repositories, or tasks
+            loaded from `path` (a revert_restore / built suite / SWE-bench JSONL, Harbor
+            folders), split into train and held-out
   eval      the held-out evaluation: pass rate and best-of-k
   parallel  the learner's mesh and logical rules, as in pretraining (c2jax.parallel):
             FSDP, expert and context parallelism, multi-process over jax.distributed
@@ -61,7 +63,7 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.actors.parallel = engine_sharding.engine_parallel_defaults()
   c.tasks = ml_collections.ConfigDict(dict(
       source="procgen", difficulties=(1, 2, 3, 4), train_count=64, heldout_count=16,
-      seed=0))
+      seed=0, path="", repos_root=""))
   # at_start: evaluate the starting policy before the first step (the baseline).
   c.eval = ml_collections.ConfigDict(dict(every=10, samples=4, temperature=1.0, slots=16,
                                           at_start=True))
@@ -100,11 +102,14 @@ def validate(cfg, num_devices: int | None = None) -> None:
       except storage.StorageLocationError as err:
         raise configlib.ConfigError(key, str(err)) from None
   engine_sharding.check_config(cfg.actors.parallel, cfg.actors.slots, "actors.parallel.")
-  configlib.check_choice(cfg, "tasks.source", ("procgen",))
+  from c2jax.rl import task_sources  # pylint: disable=g-import-not-at-top
+
+  configlib.check_choice(cfg, "tasks.source", task_sources.SOURCES)
+  task_sources.validate(cfg.tasks)
   from c2jax.env import procgen  # pylint: disable=g-import-not-at-top
 
   bad = sorted(set(cfg.tasks.difficulties) - set(procgen.CATEGORIES))
-  if bad or not cfg.tasks.difficulties:
+  if cfg.tasks.source == "procgen" and (bad or not cfg.tasks.difficulties):
     raise configlib.ConfigError("tasks.difficulties", f"{list(cfg.tasks.difficulties)} must "
                                 f"be a non-empty subset of {sorted(procgen.CATEGORIES)}.")
   if cfg.actors.max_length > cfg.model.max_position:

@@ -35,7 +35,7 @@ from c2jax.parallel import distributed
 from c2jax.rl import actors as actors_lib
 from c2jax.rl import curriculum as curriculum_lib
 from c2jax.rl import heldout as heldout_lib
-from c2jax.rl import infra, job, learner_runtime, rollouts
+from c2jax.rl import infra, job, learner_runtime, rollouts, task_sources
 from c2jax.rl import weights as weights_lib
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import metrics as metrics_lib
@@ -48,6 +48,13 @@ def build_tasks(cfg, dirs: rollouts.RunDirs) -> None:
   """Generates the train prompts into the pool and the held-out tasks (once per run)."""
   if dirs.heldout.exists():
     return
+  if cfg.tasks.source != "procgen":
+    train_tasks, heldout = task_sources.load_split(cfg.tasks, rollouts_needed(cfg))
+    dirs.heldout.parent.mkdir(parents=True, exist_ok=True)
+    dirs.pool().add((t.id, {"task": t.to_json()}) for t in train_tasks)
+    tasks_lib.save_jsonl(heldout, str(dirs.heldout) + ".tmp")
+    pathlib.Path(str(dirs.heldout) + ".tmp").rename(dirs.heldout)
+    return
   difficulties = list(cfg.tasks.difficulties)
 
   def make(count, offset):
@@ -59,6 +66,11 @@ def build_tasks(cfg, dirs: rollouts.RunDirs) -> None:
   heldout = make(cfg.tasks.heldout_count, _HELDOUT_SEED_OFFSET)
   tasks_lib.save_jsonl(heldout, str(dirs.heldout) + ".tmp")
   pathlib.Path(str(dirs.heldout) + ".tmp").rename(dirs.heldout)
+
+
+def rollouts_needed(cfg) -> int:
+  """Train prompts the run consumes: each prompt is trained once (single epoch)."""
+  return int(cfg.learner.steps * cfg.learner.groups_per_step)
 
 
 def curriculum_order(task_ids, observations, curriculum_cfg, seed: int) -> list[str]:

@@ -1,5 +1,6 @@
 """Helpers shared by the env tests."""
 
+import json
 import os
 
 
@@ -11,3 +12,50 @@ def write_tree(root, files) -> str:
     with open(full, 'w') as f:
       f.write(text)
   return str(root)
+
+
+_PYPROJECT = ('[build-system]\nrequires = ["setuptools>=61"]\n'
+              'build-backend = "setuptools.build_meta"\n[project]\nname = "{name}"\n'
+              'version = "0.1"\ndependencies = {deps}\n')
+_CALC = '''def clamp(x, lo, hi):
+  if x < lo:
+    return lo
+  if x > hi:
+    return hi
+  return x
+
+
+def total(xs):
+  s = 0
+  for x in xs:
+    s = s + x
+  return s
+'''
+_TESTS = '''from calc import clamp, total
+
+
+def test_clamp_low():
+  assert clamp(-1, 0, 5) == 0
+
+
+def test_clamp_high():
+  assert clamp(9, 0, 5) == 5
+
+
+def test_clamp_mid():
+  assert clamp(3, 0, 5) == 3
+
+
+def test_total():
+  assert total([1, 2, 3]) == 6
+'''
+
+
+def calc_repo(root, name, deps, extra='') -> str:
+  """A pip-installable package `name` (src layout, setuptools) with 4 passing tests;
+  `deps` are its registry dependencies, `extra` code prepended to its module."""
+  return write_tree(root, {
+      'pyproject.toml': _PYPROJECT.format(name=name, deps=json.dumps(deps)),
+      f'src/{name}/__init__.py': extra + _CALC,
+      'tests/test_calc.py': _TESTS.replace('calc', name),
+  })

@@ -1,0 +1,88 @@
+"""`c2jax tasks install --repo DIR|SDIST` and `c2jax tasks build --repo DIR --out suite.jsonl`.
+
+install: makes the repository's own tests runnable in an environment layer (a venv),
+  installing through an egress allowlist (--allow_hosts), verified by its tests
+  (--pass_fraction), cached by repository hash; prints the report (every command tried,
+  the last error on failure) and exits 1 on failure.
+build: installs (cached) and writes a SWE-bench-format suite of planted-bug (`mutate`)
+  and revert-and-restore (`revert`) tasks whose tests run in that layer; evaluate it with
+  `c2jax eval --config=configs/eval.py:swebench --config.suite.args.path=OUT
+  --config.suite.args.repos_root=OUT_WITHOUT_.jsonl.repos`, or train on it with
+  `--config.tasks.source=suite --config.tasks.path=OUT`.
+"""
+
+import json
+import sys
+
+from absl import flags
+
+from c2jax.env import install as install_lib
+from c2jax.env import task_builder
+
+_REPO = flags.DEFINE_string('repo', None, 'Repository folder or source distribution (.tar.gz).')
+_OUT = flags.DEFINE_string('out', None, '`build`: the suite JSONL to write.')
+_KINDS = flags.DEFINE_list('kinds', list(task_builder.KINDS), '`build`: task kinds.')
+_MAX_TASKS = flags.DEFINE_integer('max_tasks', 8, '`build`: most tasks to write.')
+_MAX_CANDIDATES = flags.DEFINE_integer('max_candidates', 40,
+                                       '`build`: most candidate edits to test.')
+_SEED = flags.DEFINE_integer('seed', 0, '`build`: seed of the candidate order.')
+_ALLOW = flags.DEFINE_list('allow_hosts', list(install_lib.InstallConfig.allow_hosts),
+                           'Hosts install commands may reach (everything else is refused).')
+_INDEX = flags.DEFINE_string('index_url', install_lib.InstallConfig.index_url, 'Package index.')
+_PROPOSER = flags.DEFINE_enum('proposer', 'heuristic', install_lib.proposer_names(),
+                              'Who proposes install commands.')
+_MODEL_URL = flags.DEFINE_string('model_base_url', '', '`model` proposer: OpenAI-compatible '
+                                 'endpoint (e.g. a `c2jax serve`).')
+_MODEL_NAME = flags.DEFINE_string('model_name', '', '`model` proposer: model name.')
+_ATTEMPTS = flags.DEFINE_integer('max_attempts', 4, 'Install plans to try.')
+_FRACTION = flags.DEFINE_float('pass_fraction', 0.5, 'Share of collected tests that must pass.')
+_TIMEOUT = flags.DEFINE_float('timeout_s', 600.0, 'Limit of each command and the test run (s).')
+_MEMORY = flags.DEFINE_integer('memory_mb', 4096, 'Memory limit of each command (MB).')
+_CACHE = flags.DEFINE_string('cache_dir', install_lib.runner.DEFAULT_CACHE,
+                             'Where layers and results live (by repository hash).')
+_FORCE = flags.DEFINE_bool('force', False, 'Install again even if a result is cached.')
+
+USAGE = ('usage: c2jax tasks install --repo DIR|SDIST [flags]\n'
+         '       c2jax tasks build --repo DIR|SDIST --out suite.jsonl [flags]')
+
+
+def _config() -> install_lib.InstallConfig:
+  return install_lib.InstallConfig(
+      allow_hosts=tuple(_ALLOW.value), index_url=_INDEX.value, proposer=_PROPOSER.value,
+      max_attempts=_ATTEMPTS.value, pass_fraction=_FRACTION.value, timeout_s=_TIMEOUT.value,
+      memory_mb=_MEMORY.value, cache_dir=_CACHE.value, model_base_url=_MODEL_URL.value,
+      model_name=_MODEL_NAME.value)
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) != 2 or argv[1] not in ('install', 'build'):
+    print(f'c2jax tasks: expected one sub-command, install or build.\n{USAGE}', file=sys.stderr)
+    return 2
+  if not _REPO.value:
+    print(f'c2jax tasks {argv[1]}: --repo is required.\n{USAGE}', file=sys.stderr)
+    return 2
+  if argv[1] == 'build' and not _OUT.value:
+    print(f'c2jax tasks build: --out is required.\n{USAGE}', file=sys.stderr)
+    return 2
+  try:
+    config = _config()
+  except ValueError as e:
+    print(f'c2jax tasks: {e}', file=sys.stderr)
+    return 2
+  result = install_lib.install(_REPO.value, config, force=_FORCE.value)
+  print(result.report() + (' [cached]' if result.cached else ''))
+  if not result.ok:
+    return 1
+  if argv[1] == 'build':
+    records = task_builder.build_suite(
+        result, _OUT.value, kinds=tuple(_KINDS.value), max_tasks=_MAX_TASKS.value,
+        max_candidates=_MAX_CANDIDATES.value, seed=_SEED.value, timeout_s=_TIMEOUT.value,
+        memory_mb=_MEMORY.value)
+    print(json.dumps({'suite': _OUT.value, 'tasks': len(records),
+                      'by_kind': {k: sum(r['created_by'] == k for r in records)
+                                  for k in task_builder.KINDS}}))
+    if not records:
+      print('No candidate edit made a task (no test caught any); raise --max_candidates.',
+            file=sys.stderr)
+      return 1
+  return 0

@@ -1,0 +1,98 @@
+"""Auto-install through the egress allowlist, and task builders over installed repos.
+
+Real PyPI fetches (pytest, setuptools, six) through the allowlist proxy; no other host is
+contacted (the refused one is refused by the proxy before any connection).
+"""
+
+import pytest
+
+from c2jax.env import bubblewrap, reward, sandbox, task_builder
+from c2jax.env import tasks as tasks_lib
+from c2jax.env.install import AllowlistProxy, InstallConfig, install
+from env_testlib import calc_repo as _repo, write_tree
+
+
+@pytest.fixture(scope='module')
+def cache(tmp_path_factory):
+  return str(tmp_path_factory.mktemp('envs'))
+
+
+def test_egress_allows_only_the_allowlist(tmp_path):
+  repo = write_tree(tmp_path / 'r', {'a.txt': 'x'})
+  with AllowlistProxy(('pypi.org',)) as proxy:
+    with bubblewrap.BubblewrapSandbox(
+        repo, ro_binds=bubblewrap.default_ro_binds() + (proxy.folder,), timeout_s=60) as box:
+      code = 'curl -sS -o /dev/null -w "%{http_code}\\n" '
+      allowed = box.run_shell(proxy.wrap(code + 'https://pypi.org/simple/six/'))
+      refused = box.run_shell(proxy.wrap(code + 'https://example.com/'))
+      direct = box.run_shell(code + '--noproxy "*" https://pypi.org/simple/six/')
+  assert allowed.text.strip().endswith('200'), allowed.text
+  assert '403' in refused.text and refused.exit_code != 0, refused.text
+  assert direct.exit_code != 0  # no route out of the sandbox but the proxy
+  assert proxy.refused == ['example.com:443'] and proxy.allowed == ['pypi.org:443']
+
+
+def test_host_patterns():
+  from c2jax.env.install import egress
+  hosts = ('pypi.org', '*.pythonhosted.org')
+  assert egress.host_allowed('files.pythonhosted.org', hosts)
+  assert egress.host_allowed('PyPI.org.', hosts)
+  assert not egress.host_allowed('pypi.org.evil.com', hosts)
+  assert not egress.host_allowed('pythonhosted.org.evil', hosts)
+
+
+def test_install_pure_python_then_build_tasks(tmp_path, cache):
+  repo = _repo(tmp_path / 'calc', 'calc', [])
+  result = install(repo, InstallConfig(cache_dir=cache))
+  assert result.ok, result.report()
+  assert result.verification['passed'] == 4 and result.verification['collected'] == 4
+  assert install(repo, InstallConfig(cache_dir=cache)).cached  # by repository hash
+
+  out = str(tmp_path / 'suite.jsonl')
+  records = task_builder.build_suite(result, out, max_tasks=3, max_candidates=12)
+  assert {r['created_by'] for r in records} == {'mutate', 'revert'}
+  tasks = tasks_lib.load_swebench_jsonl(out, str(tmp_path / 'suite.repos'))
+  assert len(tasks) == len(records) >= 2
+  for task in tasks:
+    assert task.environment == result.layer
+    # The tests that catch the bug are hidden from the agent's repository.
+    with sandbox.make_task_sandbox('bubblewrap', task) as box:
+      assert 'tests/test_calc.py' not in box.list_files()
+      before = reward.grade(box, task)
+      assert not any(before.passed[t] for t in task.fail_to_pass), before.output
+      assert all(before.passed[t] for t in task.pass_to_pass), before.output
+      box.write_file('gold.patch', task.metadata['gold_patch'].encode())
+      assert box.run_shell('patch -p1 < gold.patch && rm gold.patch').exit_code == 0
+      after = reward.grade(box, task)
+    assert after.reward == 1.0, after.output
+
+
+def test_install_with_a_registry_dependency(tmp_path, cache):
+  repo = _repo(tmp_path / 'calcsix', 'calcsix', ['six==1.16.0'],
+               extra='import six\nassert six.PY3\n')
+  result = install(repo, InstallConfig(cache_dir=cache))
+  assert result.ok, result.report()
+  with bubblewrap.BubblewrapSandbox(repo, env_layer=result.layer) as box:
+    shown = box.run_shell('python -c "import six; print(six.__version__)"')
+  assert shown.text.strip() == '1.16.0'
+
+
+def test_install_failure_reports_reason_and_commands(tmp_path, cache):
+  repo = _repo(tmp_path / 'broken', 'broken', ['c2jax-no-such-distribution-xyz==1.0'])
+  result = install(repo, InstallConfig(cache_dir=cache, max_attempts=2))
+  assert not result.ok and result.layer == ''
+  assert len(result.attempts) == 2
+  assert 'python -m pip install -e .' in result.attempts[0]['commands']
+  assert 'c2jax-no-such-distribution-xyz' in result.error
+  report = result.report()
+  assert 'FAILED to install' in report and '$ python -m pip install -e .' in report
+  assert install(repo, InstallConfig(cache_dir=cache, max_attempts=2)).cached
+
+
+def test_config_errors_name_the_field():
+  with pytest.raises(ValueError, match='pass_fraction'):
+    InstallConfig(pass_fraction=0)
+  with pytest.raises(ValueError, match='allow_hosts'):
+    InstallConfig(allow_hosts=())
+  with pytest.raises(ValueError, match='proposer'):
+    InstallConfig(proposer='oracle')
