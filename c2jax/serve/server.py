@@ -17,6 +17,9 @@ def _socket(host: str, port: int) -> socket.socket:
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
   try:
     sock.bind((host, port))
+    # Listening before the address is announced: a client that connects while uvicorn is
+    # still starting waits in the backlog instead of being refused.
+    sock.listen(2048)
   except OSError as e:
     sock.close()
     raise OSError(f"cannot listen on {host}:{port} ({e.strerror}); pick another --port "

@@ -8,7 +8,7 @@ import pytest
 
 from c2jax import hf, model
 from c2jax.hf import quant_schemes
-from c2jax.train import jobs, loop, model_source
+from c2jax.train import init_params, jobs, model_source
 
 # The tiny fixture's widths are below INT4's usual group of 32: groups of 16.
 _INT4_G16 = quant_schemes.PackedInt(groups=(quant_schemes.IntGroup(("Linear",), 4, 16),))
@@ -26,7 +26,7 @@ def test_init_from_a_quantised_hf_directory(scheme, tmp_path, loaded):
   job = jobs.job_defaults("tiny")
   job.model, job.init_from = model_cfg, source
   fresh = jax.eval_shape(lambda: model.init(model_cfg, jax.random.key(0)))
-  restored = loop.restore_init_params(
+  restored = init_params.restore_init_params(
       job, jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), fresh))
   flat_expected = dict(jax.tree_util.tree_leaves_with_path(expected))
   for path, leaf in jax.tree_util.tree_leaves_with_path(restored):
