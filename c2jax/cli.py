@@ -1,7 +1,7 @@
 """The `c2jax` command: `c2jax <verb> [flags]`.
 
-Each verb lives in its own module, which defines its absl flags at import time and a
-`main(argv) -> int`; only the chosen verb's module is imported, so verbs never clash over
+Each verb lives in its own module under c2jax/commands/ (one place for every verb), which
+defines its absl flags at import time and a `main(argv) -> int`; only the chosen verb's module is imported, so verbs never clash over
 flag names. Configs are ml-collections files: `--config=configs/<file>.py:<arg>` plus any
 `--config.<key>=<value>` overrides (unknown keys and wrong types are rejected by absl).
 """
@@ -21,15 +21,15 @@ VERBS: dict[str, tuple[str, str]] = {
     "pretrain": ("c2jax.commands.train", "continued pretraining / long-context phases"),
     "sft": ("c2jax.commands.train", "SFT phase on agent traces (chat data, loss mask)"),
     "smoke": ("c2jax.commands.smoke", "train a model config for a few steps on a synthetic task"),
-    "data": ("c2jax.data.command", "build the code corpus and tokenizer"),
-    "convert": ("c2jax.hf.command", "convert checkpoints between HF safetensors and c2jax"),
-    "export": ("c2jax.hf.export_command", "write a run's parameters as an HF model directory"),
-    "sandbox": ("c2jax.env.command", "run a command in a fresh sandbox over a repository"),
-    "agent": ("c2jax.agent.command", "run one model turn's tool calls in a sandbox"),
+    "data": ("c2jax.commands.data", "build the code corpus and tokenizer"),
+    "convert": ("c2jax.commands.convert", "convert checkpoints between HF safetensors and c2jax"),
+    "export": ("c2jax.commands.export", "write a run's parameters as an HF model directory"),
+    "sandbox": ("c2jax.commands.sandbox", "run a command in a fresh sandbox over a repository"),
+    "agent": ("c2jax.commands.agent", "run one model turn's tool calls in a sandbox"),
     "rl": ("c2jax.commands.rl", "asynchronous RL: learner + rollout actors in sandboxes"),
-    "eval": ("c2jax.eval.command", "score a checkpoint / endpoint on a suite; `eval report` tables + plot"),
-    "serve": ("c2jax.serve.command", "OpenAI-compatible server over a run or HF checkpoint"),
-    "tasks": ("c2jax.env.tasks_command", "auto-install a repository; build SWE-bench-format task suites from it"),
+    "eval": ("c2jax.commands.eval", "score a checkpoint / endpoint on a suite; `eval report` tables + plot"),
+    "serve": ("c2jax.commands.serve", "OpenAI-compatible server over a run or HF checkpoint"),
+    "tasks": ("c2jax.commands.tasks", "auto-install a repository; build SWE-bench-format task suites from it"),
 }
 
 

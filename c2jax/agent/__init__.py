@@ -1,4 +1,4 @@
-"""The agent harness: the tool-call text protocol (`protocol`) and its command line.
+"""The agent harness: the tool-call text protocol (`protocol`), tool-call formats, the loop.
 
 Tools themselves live in c2jax.env.tools; `protocol` is the format models read/write.
 """

@@ -1,6 +1,6 @@
 """Evaluation harness: suites, policies, a resumable runner, metrics and reports.
 
-  c2jax eval --config=configs/eval.py:<suite> --workdir=DIR     (command.py -> runner.run)
+  c2jax eval --config=configs/eval.py:<suite> --workdir=DIR     (c2jax/commands/eval.py -> runner.run)
   c2jax eval report DIR [DIR...] --out=OUT                      (report.py)
 
   suites.register_suite   agent suites (build Tasks) and scored suites (yield records)

@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
 def agent_cli(turn: bytes, *args):
-  return subprocess.run([sys.executable, '-m', 'c2jax.agent.command', *args],
+  return subprocess.run([sys.executable, '-m', 'c2jax.commands.agent', *args],
                         input=turn, capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT))
 
 

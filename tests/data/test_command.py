@@ -39,7 +39,7 @@ def test_missing_flag_is_explained():
 
 
 def test_unknown_sub_verb_lists_the_sub_verbs():
-  from c2jax.data import command  # no flags are read before the sub-verb check
+  from c2jax.commands import data as command  # no flags are read before the sub-verb check
   with pytest.raises(SystemExit, match="expected one sub-verb, got frobnicate") as e:
     command.main(["c2jax data", "frobnicate"])
   assert "tokenizer" in str(e.value)

@@ -1,4 +1,4 @@
-"""`c2jax sandbox exec` through `python -m c2jax.env.command`."""
+"""`c2jax sandbox exec` through `python -m c2jax.commands.sandbox`."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
 def sandbox_cli(*args):
-  return subprocess.run([sys.executable, '-m', 'c2jax.env.command', *args],
+  return subprocess.run([sys.executable, '-m', 'c2jax.commands.sandbox', *args],
                         capture_output=True, env=dict(os.environ, PYTHONPATH=ROOT))
 
 
