@@ -16,7 +16,8 @@ import json
 import os
 import sys
 
-from c2jax.env import procgen, revert_restore, sandbox as sandbox_lib, solver
+from c2jax.agent import solver
+from c2jax.env import procgen, revert_restore, sandbox as sandbox_lib
 from c2jax.env import tasks as tasks_lib
 
 

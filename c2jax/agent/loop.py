@@ -43,7 +43,7 @@ from c2jax.env import reward as reward_lib
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import tasks as tasks_lib
 from c2jax.env import tools as tools_lib
-from c2jax.rl.rewards import TrajectoryStats
+from c2jax.agent.stats import TrajectoryStats
 from c2jax.rollout.types import Request, SamplingParams
 
 # finish: the model called finish; answer: a turn without tool calls (a final message);

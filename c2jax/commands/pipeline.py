@@ -21,7 +21,8 @@ TRAINING_STAGES = ("pretrain", "longctx", "sft")
 
 def build_traces(cfg, workdir: pathlib.Path) -> dict:
   """Procedural tasks solved through the tools, split into train / held-out JSONL."""
-  from c2jax.env import procgen, solver
+  from c2jax.agent import solver
+  from c2jax.env import procgen
   from c2jax.env import tasks as tasks_lib
 
   train_path, heldout_path = workdir / "train.jsonl", workdir / "heldout.jsonl"

@@ -7,7 +7,7 @@
   grade(sandbox, task, reward='binary' | 'fraction') -> Grade
 """
 
-from c2jax.env import procgen, revert_restore, solver
+from c2jax.env import procgen, revert_restore
 from c2jax.env.limits import Limits
 from c2jax.env.reward import REWARDS, Grade, grade, prepare
 from c2jax.env.sandbox import (ExecResult, PathOutsideWorkspaceError, Sandbox, backends,
@@ -20,5 +20,4 @@ from c2jax.env.tools import (Observation, Toolbox, ToolsetConfig, register_tool,
 __all__ = ['ExecResult', 'Grade', 'Limits', 'Observation', 'PathOutsideWorkspaceError',
            'REWARDS', 'Sandbox', 'Task', 'Toolbox', 'ToolsetConfig', 'backends', 'grade',
            'load_jsonl', 'load_swebench_jsonl', 'load_task_folder', 'make_sandbox',
-           'prepare', 'procgen', 'register_tool', 'revert_restore', 'save_jsonl', 'solver',
-           'tool_names']
+           'prepare', 'procgen', 'register_tool', 'revert_restore', 'save_jsonl', 'tool_names']

@@ -2,7 +2,7 @@
 
 It checks the harness itself: every suite that declares an oracle must score 100% with
 it (tests/eval/test_eval_oracle.py), so a broken grader, loader or sandbox shows up as a
-number below 1. Like c2jax.env.solver (which it uses for procedural tasks), it acts only
+number below 1. Like c2jax.agent.solver (which it uses for procedural tasks), it acts only
 through tool calls, so the transcript, turn and tool-call counts are real; the answer it
 needs comes from task metadata the agent never sees. It is offered every registered
 tool (the oracle checks the harness, not a tool list).
@@ -18,7 +18,7 @@ import time
 
 from c2jax.env import reward as reward_lib
 from c2jax.env import sandbox as sandbox_lib
-from c2jax.env import solver
+from c2jax.agent import solver
 from c2jax.env import tools as tools_lib
 from c2jax.eval import episode as episode_lib
 from c2jax.eval import targeted

@@ -10,7 +10,8 @@ from c2jax.agent import loop
 from c2jax.agent import prompt as prompt_lib
 from c2jax.data import chat
 from c2jax.data import tokenizer as tokenizer_lib
-from c2jax.env import procgen, solver
+from c2jax.agent import solver
+from c2jax.env import procgen
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import tasks as tasks_lib
 from c2jax.rollout import FakeEngine

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from c2jax.env import procgen, reward, solver
+from c2jax.agent import solver
+from c2jax.env import procgen, reward
 from c2jax.env import tasks as tasks_lib
 from c2jax.env import tools as tools_lib
 from c2jax.env.bubblewrap import BubblewrapSandbox

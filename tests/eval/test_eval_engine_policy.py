@@ -15,7 +15,8 @@ from c2jax.agent import config as agent_config
 from c2jax.agent import prompt as prompt_lib
 from c2jax.data import chat
 from c2jax.data import tokenizer as tokenizer_lib
-from c2jax.env import procgen, sandbox, solver
+from c2jax.agent import solver
+from c2jax.env import procgen, sandbox
 from c2jax.eval import engine_policy, runner
 from c2jax.rollout.engine import Engine, SlotOutput
 

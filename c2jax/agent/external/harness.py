@@ -41,7 +41,7 @@ from c2jax.agent.loop import RolloutError, Trajectory
 from c2jax.env import reward as reward_lib
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import tasks as tasks_lib
-from c2jax.rl.rewards import TrajectoryStats
+from c2jax.agent.stats import TrajectoryStats
 from c2jax.serve import capture as capture_lib
 
 

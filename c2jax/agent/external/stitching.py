@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from c2jax.agent.loop import Segment
-from c2jax.rl.rewards import TrajectoryStats
+from c2jax.agent.stats import TrajectoryStats
 
 
 class _Open:
