@@ -28,7 +28,7 @@ from c2jax import config as configlib
 from c2jax import data, model
 from c2jax.agent import config as agent_config
 from c2jax.agent import prompt as prompt_lib
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.config import apply_overrides
 from c2jax.env import procgen
 from c2jax.env.tools import registry

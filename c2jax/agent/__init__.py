@@ -1,10 +1,12 @@
-"""The agent harness: the tool-call text protocol (`protocol`), tool-call formats, the loop.
+"""The agent harness: the loop RL and evaluation share (`loop`), prompts and conversations,
+the scripted solver, external harnesses, and what a chain did (`stats`).
 
-Tools themselves live in c2jax.env.tools; `protocol` is the format models read/write.
+Tool calls as text live in c2jax.toolcalls (re-exported here), the tools themselves in
+c2jax.env.tools.
 """
 
-from c2jax.agent.protocol import (CallError, ToolCall, Turn, parse_turn, render_call,
-                                  render_result, render_turn, to_openai_messages)
+from c2jax.toolcalls.protocol import (CallError, ToolCall, Turn, parse_turn, render_call,
+                                      render_result, render_turn, to_openai_messages)
 
 __all__ = ['CallError', 'ToolCall', 'Turn', 'parse_turn', 'render_call', 'render_result',
            'render_turn', 'to_openai_messages']

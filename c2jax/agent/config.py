@@ -10,7 +10,7 @@ from __future__ import annotations
 import ml_collections
 
 from c2jax import config as configlib
-from c2jax.agent import formats
+from c2jax.toolcalls import formats
 from c2jax.env import tools as tools_lib
 
 SYSTEM_PROMPT = ("You are a coding agent working in a repository at /workspace. Use the "
@@ -25,7 +25,7 @@ def default_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.system_prompt = SYSTEM_PROMPT
   c.tools = tuple(tools_lib.ToolsetConfig.tools)
-  # How the model writes tool calls (c2jax.agent.formats): 'c2jax' with c2jax's own
+  # How the model writes tool calls (c2jax.toolcalls.formats): 'c2jax' with c2jax's own
   # tokenizer; a released model's native format ('qwen3', 'kimi_k2') with its tokenizer
   # and chat template (data.tokenizer_dir).
   c.tool_format = "c2jax"

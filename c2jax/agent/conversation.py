@@ -29,9 +29,9 @@ import json
 
 import numpy as np
 
-from c2jax.agent import formats
+from c2jax.toolcalls import formats
 from c2jax.agent import prompt as prompt_lib
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.data import chat_template, template_turns
 from c2jax.data.model_tokenizer import ModelTokenizer
 

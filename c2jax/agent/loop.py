@@ -38,7 +38,7 @@ import numpy as np
 
 from c2jax.agent import config as agent_config
 from c2jax.agent import conversation as conversation_lib
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.env import reward as reward_lib
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import tasks as tasks_lib

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.data.tokenizer import Tokenizer
 
 

@@ -16,7 +16,7 @@ import re
 
 from c2jax.agent import config as agent_config
 from c2jax.agent import prompt as prompt_lib
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.env import tasks as tasks_lib
 from c2jax.env import tools as tools_lib
 

@@ -1,6 +1,6 @@
 """`c2jax agent step --repo DIR`: run one model turn's tool calls in a sandbox.
 
-Reads a model turn in the tool-call protocol (c2jax.agent.protocol) on standard input,
+Reads a model turn in the tool-call protocol (c2jax.toolcalls.protocol) on standard input,
 runs its calls in a fresh sandbox over a copy-on-write view of DIR (DIR itself is never
 changed) and prints one JSON object per observation: {"index", "name", "ok", "output"}.
 Exits 0 when every call succeeded, 1 otherwise.

@@ -28,7 +28,7 @@ import re
 
 import numpy as np
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.data import chat_template
 from c2jax.data.model_tokenizer import ModelTokenizer
 from c2jax.data.tokenizer import SPECIAL_TOKENS, Tokenizer

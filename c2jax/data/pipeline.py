@@ -23,7 +23,7 @@ import numpy as np
 from absl import logging
 from grain import experimental as grain_experimental
 
-from c2jax.agent import formats
+from c2jax.toolcalls import formats
 from c2jax.data import chat, chat_template, packing, reader, template_turns
 from c2jax.data.model_tokenizer import ModelTokenizer
 from c2jax.data.tokenizer import Tokenizer

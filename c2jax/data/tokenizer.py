@@ -23,7 +23,7 @@ import tokenizers
 from absl import logging
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 
 
 @dataclasses.dataclass(frozen=True)

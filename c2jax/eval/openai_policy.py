@@ -5,7 +5,7 @@ grader as the in-process agent loop, one chat request per turn:
   native  tools go out as OpenAI function specs and come back as `tool_calls`; results
           return as `tool` messages (the endpoint's own function calling);
   text    the system message lists the tools and the <tool_call> format
-          (c2jax.agent.protocol), exactly what c2jax models are trained on; results
+          (c2jax.toolcalls.protocol), exactly what c2jax models are trained on; results
           return as a user message of <tool_result> blocks.
 The transcript is stored in one OpenAI-style form either way. Token counts come from the
 response's `usage`; cost from the configured per-million-token prices.
@@ -23,7 +23,7 @@ import os
 import time
 
 from c2jax.agent import prompt as prompt_lib
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.env import reward as reward_lib
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import tools as tools_lib

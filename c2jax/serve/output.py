@@ -21,7 +21,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 
 
 @dataclasses.dataclass

@@ -27,7 +27,7 @@ import re
 import numpy as np
 
 from c2jax.agent import prompt as agent_prompt
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.data import chat
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.serve import schema

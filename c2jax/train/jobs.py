@@ -101,7 +101,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
   configlib.check_at_most(cfg, "train.seq_len", "model.max_position")
   parallel.validate_parallel(cfg.parallel, num_devices)
   if cfg.task == "sft":
-    from c2jax.agent import formats  # pylint: disable=g-import-not-at-top
+    from c2jax.toolcalls import formats  # pylint: disable=g-import-not-at-top
     configlib.check_choice(cfg, "sft.tool_format", formats.format_names())
   if cfg.task == "sft" and not cfg.sft.train_path:
     raise configlib.ConfigError("sft.train_path", "is empty; give a JSONL of conversations.")

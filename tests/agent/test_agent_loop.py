@@ -326,7 +326,7 @@ def test_released_model_template_and_native_tool_calls_solve(solved_task, direct
   """The same replay with a released model's tokenizer, chat template and native tool-call
   format: the segment is exactly the template's render of the transcript."""
   import pathlib
-  from c2jax.agent import formats
+  from c2jax.toolcalls import formats
   from c2jax.data import chat_template, model_tokenizer
   from c2jax.env import tools as tools_lib
   fixtures = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "templates"

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from c2jax.agent import config as agent_config
-from c2jax.agent import conversation, formats
+from c2jax.agent import conversation
+from c2jax.toolcalls import formats
 from c2jax.data import chat_template, model_tokenizer
 from c2jax.data import tokenizer as tokenizer_lib
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.data import chat
 from c2jax.data.tokenizer import SPECIAL_TOKENS
 

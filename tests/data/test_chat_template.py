@@ -234,7 +234,7 @@ def test_prepare_returns_the_model_tokenizer(tmp_path):
 
 
 def test_chat_dataset_rewrites_trace_call_ids_to_the_format(tokenizers):
-  from c2jax.agent import formats
+  from c2jax.toolcalls import formats
   from c2jax.data import pipeline
   case = next(c for c in CASES if c["name"] == "kimi/agent_tools")
   c2jax_ids = formats.with_call_ids(case["messages"], formats.get_format("c2jax"))

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.env import minilm, tools as tools_lib
 
 FIXTURE = os.path.join(os.path.dirname(__file__), 'fixtures', 'minilm_reference.json')

@@ -122,7 +122,7 @@ def test_traces_are_openai_messages_that_replay_to_the_same_result(tmp_path):
       json.loads(c['function']['arguments'])
   assert messages[-2]['tool_calls'][0]['function']['name'] == 'finish'
   # Replaying only the assistant turns in a fresh sandbox solves the task again.
-  from c2jax.agent import protocol  # pylint: disable=g-import-not-at-top
+  from c2jax.toolcalls import protocol  # pylint: disable=g-import-not-at-top
   with BubblewrapSandbox(task.repo) as box:
     toolbox = tools_lib.Toolbox(box)
     for m in messages:
@@ -162,7 +162,7 @@ def test_agent_sft_eval_scores_the_first_call_against_the_gold_edit(tmp_path):
     import eval_agent_sft  # pylint: disable=g-import-not-at-top
   finally:
     sys.path.pop(0)
-  from c2jax.agent import protocol  # pylint: disable=g-import-not-at-top
+  from c2jax.toolcalls import protocol  # pylint: disable=g-import-not-at-top
   (task,) = procgen.generate_suite(str(tmp_path), 1, seed=9, difficulties=(0,))
   gold = task.metadata['solution'][0]
   edit = lambda new: protocol.render_call('edit_file', dict(

@@ -1,6 +1,6 @@
 """The todo tool: the agent's own to-do list, whose open items the RL reward penalises."""
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.env import tools as tools_lib
 
 

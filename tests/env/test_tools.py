@@ -5,7 +5,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.env import bubblewrap, tools as tools_lib
 from c2jax.env.tools import ToolsetConfig
 

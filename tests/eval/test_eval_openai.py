@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from c2jax.agent import config as agent_config
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.eval import openai_policy, policies, runner, suites
 
 PROMPT_TOKENS_PER_CHAR = 0.25

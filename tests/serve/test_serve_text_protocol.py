@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.data import tokenizer as tokenizer_lib
 from c2jax.serve import prompts, schema
 

@@ -1,7 +1,7 @@
 """Agent tools over a sandbox: registry, per-environment configuration, execution.
 
 `Toolbox(sandbox, ToolsetConfig(...)).run_turn(text)` parses a model turn in the
-tool-call protocol (c2jax.agent.protocol), runs each call and returns one Observation
+tool-call protocol (c2jax.toolcalls.protocol), runs each call and returns one Observation
 per call. Nothing a model writes can make it raise: every problem becomes an error
 observation that says what was wrong. Only a failure of the sandbox itself
 (sandbox.SandboxError) propagates: that is infrastructure, not the model's doing.
@@ -9,7 +9,7 @@ observation that says what was wrong. Only a failure of the sandbox itself
 
 import dataclasses
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env.tools import files, schema, semantic, shell, todo  # pylint: disable=unused-import  (registration)
 from c2jax.env.tools.registry import (Context, Tool, ToolError, ToolsetConfig,

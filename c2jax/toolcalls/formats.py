@@ -27,7 +27,7 @@ import json
 import re
 from collections.abc import Callable
 
-from c2jax.agent import protocol
+from c2jax.toolcalls import protocol
 
 KIMI_SECTION_BEGIN = "<|tool_calls_section_begin|>"
 KIMI_SECTION_END = "<|tool_calls_section_end|>"
