@@ -5,7 +5,6 @@ This file is also the worker: `python test_distributed.py` prints one JSON line.
 """
 
 import json
-import os
 import pathlib
 import socket
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 
 from c2jax import config as configlib
 from c2jax.parallel import distributed, mesh
+from tests.subprocess_checks import child_env, json_result
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 420
@@ -28,23 +28,12 @@ def _free_port() -> int:
 
 
 def _env(devices: int, **extra) -> dict:
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", C2JAX_XLA_CACHE="off",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  for name in distributed.ENV.values():
-    env.pop(name, None)
-  env.update({k: str(v) for k, v in extra.items()})
-  return env
+  return child_env(C2JAX_XLA_CACHE="off",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
 
 
 def _result(process: subprocess.Popen) -> dict:
-  try:
-    out, err = process.communicate(timeout=TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    process.kill()
-    out, err = process.communicate()
-    pytest.fail(f"worker hung for {TIMEOUT_S}s:\n{err[-3000:]}")
-  assert process.returncode == 0, err[-3000:]
-  return json.loads(out.strip().splitlines()[-1])
+  return json_result(process, TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

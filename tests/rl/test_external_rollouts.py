@@ -8,10 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from c2jax.env import tasks as tasks_lib
 from c2jax.data import tokenizer as tokenizer_lib
 from c2jax.rl import actor, external_rollouts, infra, job, rollouts
 from c2jax.serve import read_capture
+from rl_testlib import flag_task_run
 from tests.serve.conftest import ScriptedEngine
 
 pytest.importorskip("openai")
@@ -23,18 +23,7 @@ FAKE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 @pytest.fixture
 def run(tmp_path):
   tokenizer = tokenizer_lib.train_bpe(["You fix bugs. Run the tests. Go on. Done?"] * 8, 300)
-  cfg = job.job_defaults("tiny")
-  cfg.rl.group_size = 2
-  cfg.rl.infra.retries, cfg.rl.infra.prompt_returns = 1, 1
-  repo = tmp_path / "repo"
-  (repo / "pkg").mkdir(parents=True)
-  (repo / "pkg" / "flag.py").write_text("DONE = False\n")
-  task = tasks_lib.Task(id="flag", repo=str(repo), prompt="Set DONE to True in pkg/flag.py.",
-                        test_command="grep -q 'DONE = True' pkg/flag.py",
-                        fail_to_pass=["flag"])
-  dirs = rollouts.RunDirs(tmp_path / "run")
-  pool, queue = dirs.pool(), dirs.queue(cfg)
-  pool.add([(task.id, {"task": task.to_json()})])
+  cfg, task, dirs, pool, queue = flag_task_run(tmp_path)
   script = np.asarray(tokenizer.encode("Go on.")).tolist()
   engine = ScriptedEngine(script, num_slots=2, max_length=4096)
   capture = str(tmp_path / "capture.jsonl")

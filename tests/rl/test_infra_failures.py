@@ -9,9 +9,9 @@ from c2jax.agent import config as agent_config
 from c2jax.agent import prompt as prompt_lib
 from c2jax.data import tokenizer as tokenizer_lib
 from c2jax.env import sandbox as sandbox_lib
-from c2jax.env import tasks as tasks_lib
-from c2jax.rl import actor, infra, job, rollouts
+from c2jax.rl import actor, infra, rollouts
 from c2jax.rollout import FakeEngine
+from rl_testlib import flag_task_run
 
 
 @pytest.fixture(scope="module")
@@ -22,19 +22,8 @@ def tokenizer():
 
 @pytest.fixture
 def run(tmp_path, tokenizer):
-  cfg = job.job_defaults("tiny")
-  cfg.rl.group_size = 2
-  cfg.rl.infra.retries, cfg.rl.infra.prompt_returns = 1, 1
+  cfg, task, dirs, pool, queue = flag_task_run(tmp_path)
   cfg.agent.update(max_turns=1, max_turn_tokens=8)
-  repo = tmp_path / "repo"
-  (repo / "pkg").mkdir(parents=True)
-  (repo / "pkg" / "flag.py").write_text("DONE = False\n")
-  task = tasks_lib.Task(id="flag", repo=str(repo), prompt="Set DONE to True in pkg/flag.py.",
-                        test_command="grep -q 'DONE = True' pkg/flag.py",
-                        fail_to_pass=["flag"])
-  dirs = rollouts.RunDirs(tmp_path / "run")
-  pool, queue = dirs.pool(), dirs.queue(cfg)
-  pool.add([(task.id, {"task": task.to_json()})])
   engine = FakeEngine(vocab_size=tokenizer.vocab_size, num_slots=2, max_length=2048)
 
   def step(factory, engine=engine):

@@ -3,8 +3,6 @@ steps of the tiny MLA + MoE policy on 8 fake CPU devices with FSDP, data + FSDP 
 and expert + context parallelism match one device; two jax.distributed processes on
 loopback match one process. The checks run in subprocesses (rl_sharded_checks.py)."""
 
-import json
-import os
 import pathlib
 import socket
 import subprocess
@@ -14,8 +12,8 @@ import numpy as np
 import pytest
 
 from c2jax import config as configlib
-from c2jax.parallel import distributed
 from c2jax.rl import job
+from tests.subprocess_checks import child_env, json_result
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHECKS = pathlib.Path(__file__).with_name("rl_sharded_checks.py")
@@ -23,27 +21,12 @@ TOLERANCE = 1e-5
 TIMEOUT_S = 900
 
 
-def _env(**extra) -> dict:
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO))
-  for name in distributed.ENV.values():
-    env.pop(name, None)
-  env.update({k: str(v) for k, v in extra.items()})
-  return env
-
-
 def _result(process: subprocess.Popen) -> dict:
-  try:
-    out, err = process.communicate(timeout=TIMEOUT_S)
-  except subprocess.TimeoutExpired:
-    process.kill()
-    out, err = process.communicate()
-    pytest.fail(f"check process hung for {TIMEOUT_S}s:\n{err[-3000:]}")
-  assert process.returncode == 0, err[-4000:]
-  return json.loads(out.strip().splitlines()[-1])
+  return json_result(process, TIMEOUT_S)
 
 
 def _start(mode: str, **env) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, str(CHECKS), mode], cwd=REPO, env=_env(**env),
+  return subprocess.Popen([sys.executable, str(CHECKS), mode], cwd=REPO, env=child_env(**env),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
