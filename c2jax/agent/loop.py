@@ -30,25 +30,17 @@ on sampled tokens only.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
-import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from c2jax.agent import config as agent_config
-from c2jax.agent import conversation as conversation_lib
-from c2jax.toolcalls import protocol
-from c2jax.env import reward as reward_lib
+from c2jax.agent.episode import FINISH_REASONS, Episode, Segment, Trajectory
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import tasks as tasks_lib
-from c2jax.env import tools as tools_lib
-from c2jax.agent.stats import TrajectoryStats
-from c2jax.rollout.types import Request, SamplingParams
+from c2jax.rollout.types import Request
 
-# finish: the model called finish; answer: a turn without tool calls (a final message);
-# max_turns / budget (max_total_tokens) / context (the engine's max_length): cut off.
-FINISH_REASONS = ("finish", "answer", "max_turns", "budget", "context")
+__all__ = ["FINISH_REASONS", "EngineError", "PromptTooLongError", "RolloutError", "Segment",
+           "Trajectory", "default_sandbox_factory", "run_episodes"]
 
 
 class RolloutError(RuntimeError):
@@ -70,178 +62,270 @@ class PromptTooLongError(RolloutError):
   retrying."""
 
 
-@dataclasses.dataclass
-class Segment:
-  """One engine sequence of a chain. T tokens, Lm MoE layers, K experts per token."""
-  tokens: np.ndarray  # [T] int32
-  loss_mask: np.ndarray  # [T] int32: 1 on sampled tokens
-  sampler_logprobs: np.ndarray  # [T] float32: log mu(token t); 0 where loss_mask is 0
-  versions: np.ndarray  # [T] int32: policy version that sampled token t; -1 if not sampled
-  router_indices: np.ndarray  # [T, Lm, K] int32: experts used when token t was fed
-  stats: TrajectoryStats  # this segment's counts (tests are graded per chain)
-
-  def arrays(self) -> dict[str, np.ndarray]:
-    return {"tokens": self.tokens, "loss_mask": self.loss_mask,
-            "sampler_logprobs": self.sampler_logprobs, "versions": self.versions,
-            "router_indices": self.router_indices}
-
-
-@dataclasses.dataclass
-class Trajectory:
-  """A finished chain: its segments, whole-chain stats (tests included), how it ended."""
-  task_id: str
-  segments: list[Segment]
-  stats: TrajectoryStats
-  finish_reason: str
-  messages: list[dict]  # OpenAI-style transcript, for reading; training uses the tokens
-  passed: dict[str, bool]  # hidden test id -> passed
-  duration_s: float
-  infra_retries: int = 0  # fresh-sandbox restarts after infrastructure failures
-
-  @property
-  def solved(self) -> bool:
-    return bool(self.passed) and all(self.passed.values())
-
-  @property
-  def policy_version(self) -> int:
-    """The oldest policy version that sampled any token (-1 when none was sampled)."""
-    sampled = [s.versions[s.loss_mask > 0] for s in self.segments]
-    sampled = np.concatenate(sampled) if sampled else np.zeros(0, np.int32)
-    return int(sampled.min()) if sampled.size else -1
-
-
-class _SegmentBuilder:
-  """Accumulates one engine sequence's tokens and per-token records."""
-
-  def __init__(self):
-    self.tokens, self.mask, self.logprobs, self.versions, self.routing = [], [], [], [], []
-    self.counts = dict(thinking_tokens=0, tool_call_tokens=0, tool_output_tokens=0,
-                       final_message_tokens=0, turns=0, tool_call_errors=0,
-                       unfinished_todos=0)
-    self.tool_call_counts: dict[str, int] = {}
-
-  def __len__(self) -> int:
-    return sum(len(t) for t in self.tokens)
-
-  def add(self, generation) -> None:
-    fed, sampled = len(generation.prompt_tokens), len(generation.tokens)
-    self.tokens += [generation.prompt_tokens, generation.tokens]
-    self.mask += [np.zeros(fed, np.int32), np.ones(sampled, np.int32)]
-    self.logprobs += [np.zeros(fed, np.float32), generation.logprobs.astype(np.float32)]
-    self.versions += [np.full(fed, -1, np.int32), generation.versions.astype(np.int32)]
-    self.routing.append(generation.expert_indices.astype(np.int32))
-
-  def build(self) -> Segment:
-    stats = TrajectoryStats(tool_call_counts=dict(self.tool_call_counts), **self.counts)
-    cat = lambda parts, dtype: np.concatenate(parts).astype(dtype)
-    return Segment(cat(self.tokens, np.int32), cat(self.mask, np.int32),
-                   cat(self.logprobs, np.float32), cat(self.versions, np.int32),
-                   cat(self.routing, np.int32), stats)
-
-
-class _Episode:
-  """One task's rollout as a state machine driven by `run_episodes` (main thread only,
-  except the `*_work` methods, which run in a worker thread)."""
-
-  def __init__(self, cfg, tokenizer, task: tasks_lib.Task, seed: int | None,
-               sandbox_factory: Callable[[tasks_lib.Task], sandbox_lib.Sandbox],
-               attempt: int = 0):
-    self.cfg, self.tokenizer, self.task, self.seed = cfg, tokenizer, task, seed
-    self.sandbox_factory = sandbox_factory
-    self.attempt = attempt  # 0 for the first try; +1 per infrastructure retry
-    self.sandbox = self.toolbox = None
-    self.segments: list[Segment] = []
-    self.current = _SegmentBuilder()
-    # The chat template and tool-call format the model speaks (c2jax's or its own).
-    self.conv = conversation_lib.make_conversation(tokenizer, cfg)
-    self.turns = self.summaries = self.total_tokens = 0
-    self.seq_id: int | None = None
-    self.summarising = False
-    self.finish_reason: str | None = None
-    self.failed = False
-    self.passed: dict[str, bool] = {}
-    self.started = time.monotonic()
-    self.stop_tokens = self.conv.stop_tokens
-
-  @property
-  def messages(self) -> list[dict]:
-    return self.conv.transcript
-
-  def retry(self) -> _Episode:
-    """The same task and seed from scratch, for a fresh sandbox (call after close)."""
-    return _Episode(self.cfg, self.tokenizer, self.task, self.seed, self.sandbox_factory,
-                    self.attempt + 1)
-
-  # ---- worker-thread work ---------------------------------------------------------------
-  def start_work(self) -> np.ndarray:
-    self.started = time.monotonic()  # wall time counts from the start, not the queue
-    self.sandbox = self.sandbox_factory(self.task)
-    reward_lib.prepare(self.sandbox, self.task)
-    self.toolbox = tools_lib.Toolbox(self.sandbox, agent_config.toolset(self.cfg))
-    return self.conv.start(self.cfg.system_prompt, self.toolbox.specs(), self.task.prompt)
-
-  def tools_work(self, text: str):
-    return self.toolbox.run_turn(text, self.conv.format.parse_turn)
-
-  def grade_work(self) -> None:
-    try:
-      self.passed, _ = reward_lib.run_hidden_tests(self.sandbox, self.task,
-                                                   self.cfg.grade_timeout_s)
-    finally:
-      self.close()
-
-  def close(self) -> None:
-    if self.sandbox is not None:
-      self.sandbox.close()
-      self.sandbox = None
-
-  # ---- main-thread transitions ----------------------------------------------------------
-  def sampling(self, max_tokens: int) -> SamplingParams:
-    return SamplingParams(temperature=self.cfg.temperature, top_k=self.cfg.top_k,
-                          top_p=self.cfg.top_p, max_tokens=max(1, int(max_tokens)),
-                          stop_tokens=self.stop_tokens, seed=self.seed)
-
-  def turn_budget(self, engine, extra: int) -> int:
-    room = engine.max_length - len(self.current) - extra - 1
-    return min(self.cfg.max_turn_tokens, self.cfg.max_total_tokens - self.total_tokens, room)
-
-  def record_turn(self, generation) -> str:
-    """Books a model turn's tokens; returns its text (without the closing token)."""
-    self.current.add(generation)
-    self.total_tokens += len(generation.tokens)
-    ids = generation.tokens
-    body = ids[:-1] if len(ids) and ids[-1] in self.stop_tokens else ids
-    return self.tokenizer.decode(body)
-
-  def book_tools(self, generation, turn: protocol.Turn, observations) -> None:
-    self.turns += 1
-    counts = self.current.counts
-    counts["turns"] += 1
-    in_call = self.conv.turn_spans(generation.tokens)
-    final = self.toolbox.finished or not turn.calls
-    counts["tool_call_tokens"] += int(in_call.sum())
-    counts["final_message_tokens" if final else "thinking_tokens"] += int((~in_call).sum())
-    for observation in observations:
-      name = observation.name
-      self.current.tool_call_counts[name] = self.current.tool_call_counts.get(name, 0) + 1
-      counts["tool_call_errors"] += int(not observation.ok)
-    self.conv.book(turn, observations)
-
-  def close_segment(self) -> None:
-    self.segments.append(self.current.build())
-    self.current = _SegmentBuilder()
-
-  def trajectory(self) -> Trajectory:
-    stats = TrajectoryStats.of_chain([s.stats for s in self.segments])
-    stats = dataclasses.replace(stats, tests_total=len(self.passed),
-                                tests_passed=sum(self.passed.values()))
-    return Trajectory(self.task.id, self.segments, stats, self.finish_reason,
-                      self.messages, dict(self.passed), time.monotonic() - self.started,
-                      self.attempt)
-
-
 def default_sandbox_factory(backend: str) -> Callable[[tasks_lib.Task], sandbox_lib.Sandbox]:
   return lambda task: sandbox_lib.make_task_sandbox(backend, task)
+
+
+class _EpisodeScheduler:
+  """Runs a call's episodes concurrently, one engine slot each, as named steps.
+
+  The main thread owns the engine and every Episode; worker threads (`pool`) start
+  sandboxes, run tool calls and grade. Each step below handles one event:
+    start_more      a slot is free: start the next waiting episode's sandbox (worker)
+    on_started      its prompt is ready: first engine request
+    decode_step     one engine step for every active sequence, then on_step()
+    on_turn         a model turn was sampled: run its tool calls (worker)
+    on_tools        the tools ran: end the episode, ask for a self-summary, or feed the
+                    results and request the next turn
+    on_summary      a self-summary was sampled: close the segment, start the next one
+    end / on_graded the episode stopped: grade it (worker), then record the trajectory
+    fail            infrastructure failed: retry on a fresh sandbox, or give up
+  """
+
+  def __init__(self, engine, cfg, episodes: list[Episode],
+               pool: concurrent.futures.Executor, *, infra_retries: int,
+               on_step: Callable[[], None] | None,
+               on_result: Callable[[int, Trajectory | RolloutError], None] | None):
+    self.engine, self.cfg, self.episodes, self.pool = engine, cfg, episodes, pool
+    self.infra_retries, self.on_step, self.on_result = infra_retries, on_step, on_result
+    self.waiting = list(range(len(episodes)))[::-1]  # popped from the end: task order
+    self.by_seq: dict[int, int] = {}  # engine sequence -> episode, while a request is pending
+    self.work: dict[concurrent.futures.Future, tuple[str, int, object]] = {}
+    self.results: dict[int, Trajectory] = {}
+    self.errors: list[str] = []  # infrastructure, beyond retries
+    self.misconfigured: list[str] = []  # not infrastructure: retrying cannot help
+    self.orphans: set[int] = set()  # engine requests of failed episodes, released on return
+    self.engine_error: Exception | None = None
+    self.live = self.retried = 0
+
+  def run(self) -> None:
+    """Until every episode has ended (or the engine failed): decode while any request is
+    pending, and collect finished worker tasks in between (waiting for one when no
+    request is pending)."""
+    self.start_more()
+    while self.live:
+      if self.by_seq:
+        if not self.decode_step():
+          return
+        timeout = 0
+      elif self.work:
+        timeout = None
+      else:
+        raise AssertionError("run_episodes: live episodes but no engine request or tool "
+                             "work pending (a bug in the agent loop).")
+      self.collect_work(timeout)
+    self.drain_orphans()
+
+  # ---- engine --------------------------------------------------------------------------
+  def submit_engine(self, index: int, tokens, max_tokens: int, seq_id=None) -> None:
+    """Requests `max_tokens` more tokens after `tokens`: a new sequence, or appended to
+    the episode's live one (`seq_id`, kept alive between turns: no prefix recompute)."""
+    episode = self.episodes[index]
+    request = Request(tokens, episode.sampling(max_tokens), seq_id, keep_alive=True)
+    episode.seq_id = self.engine.submit(request)
+    self.by_seq[episode.seq_id] = index
+
+  def release(self, episode: Episode) -> None:
+    """Frees the episode's engine sequence (its slot)."""
+    if episode.seq_id is not None:
+      self.by_seq.pop(episode.seq_id, None)
+      self.engine.release(episode.seq_id)
+      episode.seq_id = None
+
+  def decode_step(self) -> bool:
+    """One engine step; routes each finished generation. False if the engine failed."""
+    try:
+      generations = self.engine.step()
+    except Exception as e:  # pylint: disable=broad-except
+      self.engine_error = e
+      return False
+    for generation in generations:
+      if generation.seq_id in self.orphans:
+        self.orphans.discard(generation.seq_id)
+        self.engine.release(generation.seq_id)
+        continue
+      index = self.by_seq.pop(generation.seq_id, None)
+      if index is None:
+        continue
+      if self.episodes[index].summarising:
+        self.on_summary(index, generation)
+      else:
+        self.on_turn(index, generation)
+    if self.on_step is not None:
+      self.on_step()
+    return True
+
+  def drain_orphans(self) -> None:
+    """Failed episodes' requests still in the engine: step until they return, free them."""
+    while self.orphans:
+      for generation in self.engine.step():
+        if generation.seq_id in self.orphans:
+          self.orphans.discard(generation.seq_id)
+          self.engine.release(generation.seq_id)
+
+  # ---- worker tasks --------------------------------------------------------------------
+  def submit_work(self, kind: str, index: int, fn, *args, context=None) -> None:
+    self.work[self.pool.submit(fn, *args)] = (kind, index, context)
+
+  def collect_work(self, timeout: float | None) -> None:
+    """Hands every worker task finished within `timeout` to its step; a task that raised
+    is an infrastructure failure of its episode."""
+    done, _ = concurrent.futures.wait(list(self.work), timeout=timeout,
+                                      return_when=concurrent.futures.FIRST_COMPLETED)
+    for future in done:
+      kind, index, context = self.work.pop(future)
+      try:
+        value = future.result()
+      except Exception as e:  # pylint: disable=broad-except
+        self.fail(index, f"{kind}: {type(e).__name__}: {e}")
+        continue
+      if kind == "started":
+        self.on_started(index, value)
+      elif kind == "tools":
+        turn, observations = value
+        self.on_tools(index, context, turn, observations)
+      else:  # graded
+        self.on_graded(index)
+
+  # ---- episode steps -------------------------------------------------------------------
+  def start_more(self) -> None:
+    """Starts waiting episodes (sandbox + prompt, in a worker) while slots are free."""
+    while self.waiting and self.live < self.engine.num_slots:
+      index = self.waiting.pop()
+      self.live += 1
+      self.submit_work("started", index, self.episodes[index].start_work)
+
+  def on_started(self, index: int, prompt: np.ndarray) -> None:
+    """The sandbox is up and the prompt built: request the first turn, unless the
+    prompt alone leaves no room in the engine (not retried: a bigger engine is needed)."""
+    budget = self.episodes[index].turn_budget(self.engine, len(prompt))
+    if budget < 1:
+      return self.fail(index, f"the prompt ({len(prompt)} tokens) leaves no room in the "
+                       f"engine's max_length = {self.engine.max_length}; build the engine "
+                       "with more.", infra=False)
+    self.submit_engine(index, prompt, budget)
+
+  def on_turn(self, index: int, generation) -> None:
+    """A model turn came back: book its tokens, run its tool calls in a worker."""
+    episode = self.episodes[index]
+    text = episode.record_turn(generation)
+    self.submit_work("tools", index, episode.tools_work, text, context=generation)
+
+  def on_tools(self, index: int, generation, turn, observations) -> None:
+    """The turn's tools ran: end the episode, or feed the results (or a summary request,
+    when the segment passed the trigger or is out of room) and request the next turn."""
+    episode = self.episodes[index]
+    episode.book_tools(generation, turn, observations)
+    reason = episode.stop_reason(turn)
+    if reason is not None:
+      return self.end(index, reason)
+    feed = episode.observation_feed(generation)
+    budget = episode.turn_budget(self.engine, len(feed))
+    if self.wants_summary(episode, budget, len(feed)) and self.ask_summary(
+        index, generation, len(feed)):
+      return
+    if budget < 1:
+      return self.end(index, episode.out_of_room_reason())
+    self.submit_engine(index, feed, budget, episode.seq_id)
+
+  def wants_summary(self, episode: Episode, budget: int, fed: int) -> bool:
+    """Self-summary due: on, summaries left, and the segment reached the trigger with
+    the next `fed` tokens (or the next turn has no room)."""
+    trigger = self.cfg.summary_trigger_tokens
+    return bool(trigger) and episode.summaries < self.cfg.max_summaries and (
+        budget < 1 or len(episode.current) + fed >= trigger)
+
+  def ask_summary(self, index: int, generation, fed: int) -> bool:
+    """Feeds the summary request instead of the `fed` observation tokens and requests the
+    summary; False (nothing done) when the engine sequence has no room for one."""
+    episode, cfg = self.episodes[index], self.cfg
+    ask = np.concatenate([episode.closing_ids(generation),
+                          episode.conv.feed(cfg.summary_prompt)]).astype(np.int32)
+    room = self.engine.max_length - len(episode.current) - len(ask) - 1
+    if room < 1:
+      return False
+    episode.summarising = True
+    episode.total_tokens += len(ask) - fed
+    self.submit_engine(index, ask, min(cfg.summary_tokens, room), episode.seq_id)
+    return True
+
+  def on_summary(self, index: int, generation) -> None:
+    """The self-summary came back: close the segment, start the next one from (system,
+    task, summary) in a new engine sequence, or end when even that does not fit."""
+    episode = self.episodes[index]
+    self.release(episode)
+    tokens = episode.record_summary(generation)
+    budget = episode.turn_budget(self.engine, len(tokens))
+    if budget < 1:
+      episode.finish_reason = "context"
+      return self.submit_work("graded", index, episode.grade_work)
+    self.submit_engine(index, tokens, budget)
+
+  def end(self, index: int, reason: str) -> None:
+    """The episode stopped (`reason`): free its slot, close its segment, grade it."""
+    episode = self.episodes[index]
+    episode.finish_reason = reason
+    self.release(episode)
+    episode.current.counts["unfinished_todos"] = episode.toolbox.open_todos
+    episode.close_segment()
+    self.submit_work("graded", index, episode.grade_work)
+
+  def on_graded(self, index: int) -> None:
+    """Hidden tests ran: the trajectory is done; its slot goes to the next episode."""
+    self.results[index] = self.episodes[index].trajectory()
+    if self.on_result is not None:
+      self.on_result(index, self.results[index])
+    self.live -= 1
+    self.start_more()
+
+  def fail(self, index: int, message: str, infra: bool = True) -> None:
+    """Infrastructure failed this episode: retry it on a fresh sandbox or give up.
+    infra=False: the setup cannot work (the prompt does not fit): no retry."""
+    episode = self.episodes[index]
+    if episode.seq_id is not None:
+      if self.by_seq.pop(episode.seq_id, None) is not None:
+        self.orphans.add(episode.seq_id)  # pending in the engine: released when it returns
+      else:
+        self.engine.release(episode.seq_id)
+      episode.seq_id = None
+    episode.close()
+    episode.failed = True
+    self.live -= 1
+    if infra and episode.attempt < self.infra_retries:
+      self.episodes[index] = episode.retry()
+      self.waiting.append(index)  # next to start
+      self.retried += 1
+    elif not infra:
+      self.give_up(index, PromptTooLongError(f"{episode.task.id}: {message}"),
+                   self.misconfigured)
+    else:
+      message = f"{episode.task.id}: {message} (after {episode.attempt} retries)"
+      self.give_up(index, RolloutError(message, episode.attempt), self.errors)
+    self.start_more()
+
+  def give_up(self, index: int, error: RolloutError, pile: list[str]) -> None:
+    """Reports an episode that will not run: to on_result, else onto `pile` (raised at
+    the end of the call)."""
+    if self.on_result is None:
+      pile.append(str(error))
+    else:
+      self.on_result(index, error)
+
+  # ---- outcome -------------------------------------------------------------------------
+  def outcome(self) -> list[Trajectory | None]:
+    """The trajectories in task order, or the call's error (sandboxes closed)."""
+    if self.engine_error is not None:
+      for episode in self.episodes:
+        episode.close()
+      raise EngineError(f"The engine failed: {type(self.engine_error).__name__}: "
+                        f"{self.engine_error}", self.retried) from self.engine_error
+    if self.misconfigured:
+      raise ValueError(f"{len(self.misconfigured)} episode(s) cannot run: "
+                       + "; ".join(self.misconfigured[:5]))
+    if self.errors:
+      raise RolloutError(f"{len(self.errors)} episode(s) failed: "
+                         + "; ".join(self.errors[:5]), self.retried)
+    return [self.results.get(i) for i in range(len(self.episodes))]
 
 
 def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
@@ -265,204 +349,9 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
   if len(seeds) != len(tasks):
     raise ValueError(f"run_episodes: {len(tasks)} tasks but {len(seeds)} seeds.")
   factory = sandbox_factory or default_sandbox_factory(cfg.backend)
-  episodes = [_Episode(cfg, tokenizer, t, s, factory) for t, s in zip(tasks, seeds)]
-  waiting = list(range(len(episodes)))[::-1]
-  by_seq: dict[int, int] = {}  # engine sequence -> episode, while a request is pending
-  work: dict[concurrent.futures.Future, tuple[str, int, object]] = {}
-  results: dict[int, Trajectory] = {}
-  errors: list[str] = []
-  misconfigured: list[str] = []  # not infrastructure: retrying cannot help
-  orphans: set[int] = set()  # engine requests of failed episodes, released on return
-  engine_error: Exception | None = None
-  live = retried = 0
-
+  episodes = [Episode(cfg, tokenizer, t, s, factory) for t, s in zip(tasks, seeds)]
   with concurrent.futures.ThreadPoolExecutor(cfg.tool_threads) as pool:
-
-    def submit_work(kind, index, fn, *args, context=None):
-      work[pool.submit(fn, *args)] = (kind, index, context)
-
-    def submit_engine(index, tokens, max_tokens, seq_id=None):
-      episode = episodes[index]
-      request = Request(tokens, episode.sampling(max_tokens), seq_id, keep_alive=True)
-      episode.seq_id = engine.submit(request)
-      by_seq[episode.seq_id] = index
-
-    def release(episode):
-      if episode.seq_id is not None:
-        by_seq.pop(episode.seq_id, None)
-        engine.release(episode.seq_id)
-        episode.seq_id = None
-
-    def end(index, reason):
-      episode = episodes[index]
-      episode.finish_reason = reason
-      release(episode)
-      episode.current.counts["unfinished_todos"] = episode.toolbox.open_todos
-      episode.close_segment()
-      submit_work("graded", index, episode.grade_work)
-
-    def after_tools(index, generation, turn, observations):
-      episode = episodes[index]
-      episode.book_tools(generation, turn, observations)
-      if episode.toolbox.finished:
-        return end(index, "finish")
-      if not turn.calls:
-        return end(index, "answer")
-      if episode.turns >= cfg.max_turns:
-        return end(index, "max_turns")
-      if episode.total_tokens >= cfg.max_total_tokens:
-        return end(index, "budget")
-      closed = len(generation.tokens) and generation.tokens[-1] in episode.stop_tokens
-      # Cut at max_tokens: close the turn so the layout stays valid.
-      close = episode.conv.close_ids[:0] if closed else episode.conv.close_ids
-      feed = np.concatenate([close, episode.conv.feed()]).astype(np.int32)
-      episode.current.counts["tool_output_tokens"] += len(feed)
-      episode.total_tokens += len(feed)
-      budget = episode.turn_budget(engine, len(feed))
-      trigger = cfg.summary_trigger_tokens
-      if trigger and episode.summaries < cfg.max_summaries and (
-          budget < 1 or len(episode.current) + len(feed) >= trigger):
-        ask = np.concatenate([close, episode.conv.feed(cfg.summary_prompt)]).astype(np.int32)
-        room = engine.max_length - len(episode.current) - len(ask) - 1
-        if room >= 1:
-          episode.summarising = True
-          episode.total_tokens += len(ask) - len(feed)
-          return submit_engine(index, ask, min(cfg.summary_tokens, room), episode.seq_id)
-      if budget < 1:
-        return end(index, "budget" if episode.total_tokens >= cfg.max_total_tokens
-                   else "context")
-      submit_engine(index, feed, budget, episode.seq_id)
-
-    def after_summary(index, generation):
-      episode = episodes[index]
-      episode.current.add(generation)
-      episode.total_tokens += len(generation.tokens)
-      episode.current.counts["thinking_tokens"] += len(generation.tokens)
-      release(episode)
-      episode.close_segment()
-      episode.summaries += 1
-      episode.summarising = False
-      ids = generation.tokens
-      summary = ids[:-1] if len(ids) and ids[-1] in episode.stop_tokens else ids
-      episode.conv.transcript += [
-          {"role": "assistant", "content": tokenizer.decode(summary)},
-          {"role": "user", "content": cfg.summary_header + tokenizer.decode(summary)}]
-      tokens = episode.conv.restart(cfg.summary_header, summary)
-      budget = episode.turn_budget(engine, len(tokens))
-      if budget < 1:
-        episode.finish_reason = "context"
-        return submit_work("graded", index, episode.grade_work)
-      submit_engine(index, tokens, budget)
-
-    def fail(index, message, infra=True):
-      """Infrastructure failed this episode: retry it on a fresh sandbox or give up.
-      infra=False: the setup cannot work (the prompt does not fit): no retry."""
-      nonlocal live, retried
-      episode = episodes[index]
-      if episode.seq_id is not None:
-        if by_seq.pop(episode.seq_id, None) is not None:
-          orphans.add(episode.seq_id)  # pending in the engine: released when it returns
-        else:
-          engine.release(episode.seq_id)
-        episode.seq_id = None
-      episode.close()
-      episode.failed = True
-      live -= 1
-      if infra and episode.attempt < infra_retries:
-        episodes[index] = episode.retry()
-        waiting.append(index)  # next to start
-        retried += 1
-      elif not infra:
-        if on_result is None:
-          misconfigured.append(f"{episode.task.id}: {message}")
-        else:
-          on_result(index, PromptTooLongError(f"{episode.task.id}: {message}"))
-      else:
-        message = f"{episode.task.id}: {message} (after {episode.attempt} retries)"
-        if on_result is None:
-          errors.append(message)
-        else:
-          on_result(index, RolloutError(message, episode.attempt))
-      start_more()
-
-    def start_more():
-      nonlocal live
-      while waiting and live < engine.num_slots:
-        index = waiting.pop()
-        live += 1
-        submit_work("started", index, episodes[index].start_work)
-
-    start_more()
-    while live:
-      if by_seq:
-        try:
-          generations = engine.step()
-        except Exception as e:  # pylint: disable=broad-except
-          engine_error = e
-          break
-        for generation in generations:
-          if generation.seq_id in orphans:
-            orphans.discard(generation.seq_id)
-            engine.release(generation.seq_id)
-            continue
-          index = by_seq.pop(generation.seq_id, None)
-          if index is None:
-            continue
-          episode = episodes[index]
-          if episode.summarising:
-            after_summary(index, generation)
-          else:
-            text = episode.record_turn(generation)
-            submit_work("tools", index, episode.tools_work, text, context=generation)
-        if on_step is not None:
-          on_step()
-        timeout = 0
-      elif work:
-        timeout = None
-      else:
-        raise AssertionError("run_episodes: live episodes but no engine request or tool "
-                             "work pending (a bug in the agent loop).")
-      done, _ = concurrent.futures.wait(list(work), timeout=timeout,
-                                        return_when=concurrent.futures.FIRST_COMPLETED)
-      for future in done:
-        kind, index, context = work.pop(future)
-        episode = episodes[index]
-        try:
-          value = future.result()
-        except Exception as e:  # pylint: disable=broad-except
-          fail(index, f"{kind}: {type(e).__name__}: {e}")
-          continue
-        if kind == "started":
-          budget = episode.turn_budget(engine, len(value))
-          if budget < 1:
-            fail(index, f"the prompt ({len(value)} tokens) leaves no room in the engine's "
-                 f"max_length = {engine.max_length}; build the engine with more.",
-                 infra=False)
-            continue
-          submit_engine(index, value, budget)
-        elif kind == "tools":
-          turn, observations = value
-          after_tools(index, context, turn, observations)
-        else:  # graded
-          results[index] = episode.trajectory()
-          if on_result is not None:
-            on_result(index, results[index])
-          live -= 1
-          start_more()
-    while orphans and engine_error is None:  # failed episodes' requests: free their slots
-      for generation in engine.step():
-        if generation.seq_id in orphans:
-          orphans.discard(generation.seq_id)
-          engine.release(generation.seq_id)
-  if engine_error is not None:
-    for episode in episodes:
-      episode.close()
-    raise EngineError(f"The engine failed: {type(engine_error).__name__}: "
-                      f"{engine_error}", retried) from engine_error
-  if misconfigured:
-    raise ValueError(f"{len(misconfigured)} episode(s) cannot run: "
-                     + "; ".join(misconfigured[:5]))
-  if errors:
-    raise RolloutError(f"{len(errors)} episode(s) failed: " + "; ".join(errors[:5]),
-                       retried)
-  return [results.get(i) for i in range(len(episodes))]
+    scheduler = _EpisodeScheduler(engine, cfg, episodes, pool, infra_retries=infra_retries,
+                                  on_step=on_step, on_result=on_result)
+    scheduler.run()
+  return scheduler.outcome()
