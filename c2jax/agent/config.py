@@ -19,6 +19,21 @@ SUMMARY_PROMPT = ("Your context is nearly full. Summarise your work so far for y
                   "what the task is, what you found, what you changed, and what is left. "
                   "Do not call tools.")
 SUMMARY_HEADER = "Summary of your earlier work on this task:\n"
+COMPACTION_PROMPT = ("You compact the context of a coding agent. Below are the agent's task "
+                     "and its work so far. Write a short summary the agent can continue "
+                     "from: the task, what it found, what it changed (files, edits), and "
+                     "what is left. Do not call tools.")
+# How a rollout outgrows its context (report §4.1), once a segment reaches
+# summary_trigger_tokens:
+#   none          no management: the rollout stops when the engine's context is full.
+#   self_summary  the policy is asked, in its own sequence, to summarise its work; the
+#                 summary is sampled and trained like any turn (it ends the segment) and
+#                 the next segment starts from (system, task, summary).
+#   compaction    prompt-based compaction, the baseline: a separate call of the model, on
+#                 a fresh sequence holding compaction_prompt and the history as text,
+#                 writes the summary; the next segment starts from it the same way, but
+#                 the summary tokens are in no segment, so they are never trained.
+CONTEXT_MANAGEMENT = ("none", "self_summary", "compaction")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -34,13 +49,16 @@ def default_config() -> ml_collections.ConfigDict:
   c.max_turn_tokens = 256
   # Model + observation tokens over the whole chain, summaries included.
   c.max_total_tokens = 8192
-  # A segment holding at least this many tokens after a turn asks for a self-summary
-  # (0: never; the rollout then stops when the engine's context is full).
+  # One of CONTEXT_MANAGEMENT (above). With 'self_summary' or 'compaction', a segment
+  # holding at least summary_trigger_tokens after a turn (or with no room for the next
+  # one) is summarised, at most max_summaries times a chain, in up to summary_tokens.
+  c.context_management = "none"
   c.summary_trigger_tokens = 0
   c.max_summaries = 2
   c.summary_tokens = 256
-  c.summary_prompt = SUMMARY_PROMPT
-  c.summary_header = SUMMARY_HEADER
+  c.summary_prompt = SUMMARY_PROMPT  # self_summary: the user message asking for it
+  c.compaction_prompt = COMPACTION_PROMPT  # compaction: the compactor's system message
+  c.summary_header = SUMMARY_HEADER  # starts the next segment's summary message
   c.temperature = 1.0
   c.top_k = 0
   c.top_p = 1.0
@@ -81,6 +99,18 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
   if "external" in cfg:
     from c2jax.agent.external import config as external_config  # pylint: disable=import-outside-toplevel
     external_config.validate(cfg.external, key("external"))
+  configlib.check_choice(wrapper, key("context_management"), CONTEXT_MANAGEMENT)
+  if cfg.context_management == "none" and cfg.summary_trigger_tokens:
+    raise configlib.ConfigError(
+        key("summary_trigger_tokens"), f"= {cfg.summary_trigger_tokens} but "
+        f"{key('context_management')} = 'none', so nothing would be summarised; set "
+        f"{key('context_management')} to 'self_summary' or 'compaction', or the trigger "
+        "to 0.")
+  if cfg.context_management != "none" and not cfg.summary_trigger_tokens:
+    raise configlib.ConfigError(
+        key("summary_trigger_tokens"), f"is 0 but {key('context_management')} = "
+        f"{cfg.context_management!r} needs a trigger: the segment length (tokens) at which "
+        "to summarise.")
   if 0 < cfg.summary_trigger_tokens <= cfg.max_turn_tokens:
     raise configlib.ConfigError(
         key("summary_trigger_tokens"), f"= {cfg.summary_trigger_tokens} must exceed "

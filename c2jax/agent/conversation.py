@@ -7,6 +7,7 @@
     ids = conv.feed()              # tool results + the next turn's generation prompt
     ids = conv.feed(summary_prompt)  # ... + a user message asking for a self-summary
     ids = conv.restart(summary_text, summary_ids)                   # next segment's prompt
+    ids = conv.compaction_request(prompt, history, max_tokens)  # a compaction call's prompt
 
 Two layouts, picked by the tokenizer:
 - c2jax's own tokenizer: c2jax's template (prompt.py) with the c2jax tool protocol, the
@@ -92,6 +93,10 @@ class C2jaxConversation:
     extra = np.concatenate([self.tokenizer.encode(header), summary_ids])
     return prompt_lib.prompt_ids(self.tokenizer, self.system, self.task_prompt, extra)
 
+  def compaction_request(self, instruction: str, history: str,
+                         max_tokens: int) -> np.ndarray | None:
+    return prompt_lib.compaction_ids(self.tokenizer, instruction, history, max_tokens)
+
   def turn_spans(self, turn_ids) -> np.ndarray:
     return prompt_lib.turn_spans(self.tokenizer, turn_ids)
 
@@ -170,6 +175,25 @@ class TemplateConversation:
     summary = header + self.tokenizer.decode(summary_ids)
     self.segment = self._initial(summary)
     return self._encode(self._render(self.segment, True)[0])
+
+  def compaction_request(self, instruction: str, history: str,
+                         max_tokens: int) -> np.ndarray | None:
+    """The template's render of (system: instruction, user: history), no tools, with the
+    history's oldest text dropped until it fits `max_tokens` (None if nothing of it fits)."""
+    source = self.tokenizer.template(tools=False)
+    while history:
+      messages = [{"role": "system", "content": instruction}, {"role": "user", "content":
+                  chat_template.mark_control_tokens(history, self.tokenizer.control_tokens)}]
+      text, _ = chat_template.render_text(source, messages, tools=None,
+                                          add_generation_prompt=True,
+                                          **self.tokenizer.special_tokens)
+      ids = self._encode(text)
+      if len(ids) <= max_tokens:
+        return ids
+      # Drop the share of the history the excess suggests (at least one character).
+      excess = (len(ids) - max_tokens) / len(ids)
+      history = history[max(1, int(len(history) * excess) + 1):]
+    return None
 
   def turn_spans(self, turn_ids) -> np.ndarray:
     """bool [N]: tokens overlapping the format's call blocks (markers included)."""

@@ -16,6 +16,7 @@ import numpy as np
 
 from c2jax.agent import config as agent_config
 from c2jax.agent import conversation as conversation_lib
+from c2jax.agent import prompt as prompt_lib
 from c2jax.agent.stats import TrajectoryStats
 from c2jax.env import reward as reward_lib
 from c2jax.env import sandbox as sandbox_lib
@@ -56,6 +57,11 @@ class Trajectory:
   passed: dict[str, bool]  # hidden test id -> passed
   duration_s: float
   infra_retries: int = 0  # fresh-sandbox restarts after infrastructure failures
+  # Tokens counted against agent.max_total_tokens: sampled (summaries included) and fed.
+  total_tokens: int = 0
+  # Prompt + sampled tokens of compaction calls (agent.context_management='compaction'):
+  # extra prefill, in no segment.
+  compaction_tokens: int = 0
 
   @property
   def solved(self) -> bool:
@@ -115,7 +121,12 @@ class Episode:
     self.conv = conversation_lib.make_conversation(tokenizer, cfg)
     self.turns = self.summaries = self.total_tokens = 0
     self.seq_id: int | None = None
-    self.summarising = False
+    # What the pending engine request returns: a model turn, a self-summary (same
+    # sequence) or a compaction summary (a separate sequence).
+    self.awaiting = "turn"
+    self.segment_start = 2  # transcript index of the current segment's first message after
+    #                         (system, task): what a compaction call reads
+    self.compaction_tokens = 0  # prompt + sampled tokens of compaction calls (not trained)
     self.finish_reason: str | None = None
     self.failed = False
     self.passed: dict[str, bool] = {}
@@ -228,14 +239,39 @@ class Episode:
     self.total_tokens += len(generation.tokens)
     self.current.counts["thinking_tokens"] += len(generation.tokens)
     self.close_segment()
-    self.summaries += 1
-    self.summarising = False
+    summary = self._summary_ids(generation)
+    self.conv.transcript.append({"role": "assistant", "content": self.tokenizer.decode(summary)})
+    return self._restart(summary)
+
+  def compaction_request(self, max_tokens: int) -> np.ndarray | None:
+    """A compaction call's prompt: compaction_prompt, then the task and the current
+    segment's messages as text (the latest tool results included), oldest cut to fit
+    `max_tokens`; None if it cannot fit."""
+    history = prompt_lib.history_text(self.task.prompt,
+                                      self.conv.transcript[self.segment_start:])
+    ids = self.conv.compaction_request(self.cfg.compaction_prompt, history, max_tokens)
+    if ids is not None:
+      self.compaction_tokens += len(ids)
+    return ids
+
+  def record_compaction(self, generation) -> np.ndarray:
+    """Books a compaction call's summary (counted against the token budget, in no
+    segment: never trained) and returns the next segment's prompt, as record_summary."""
+    self.total_tokens += len(generation.tokens)
+    self.compaction_tokens += len(generation.tokens)
+    return self._restart(self._summary_ids(generation))
+
+  def _summary_ids(self, generation) -> np.ndarray:
     ids = generation.tokens
-    summary = ids[:-1] if len(ids) and ids[-1] in self.stop_tokens else ids
-    text = self.tokenizer.decode(summary)
-    self.conv.transcript += [
-        {"role": "assistant", "content": text},
-        {"role": "user", "content": self.cfg.summary_header + text}]
+    return ids[:-1] if len(ids) and ids[-1] in self.stop_tokens else ids
+
+  def _restart(self, summary: np.ndarray) -> np.ndarray:
+    """The next segment's prompt: (system, task, header + summary)."""
+    self.summaries += 1
+    self.awaiting = "turn"
+    self.segment_start = len(self.conv.transcript)
+    self.conv.transcript.append(
+        {"role": "user", "content": self.cfg.summary_header + self.tokenizer.decode(summary)})
     return self.conv.restart(self.cfg.summary_header, summary)
 
   def trajectory(self) -> Trajectory:
@@ -244,4 +280,4 @@ class Episode:
                                 tests_passed=sum(self.passed.values()))
     return Trajectory(self.task.id, self.segments, stats, self.finish_reason,
                       self.messages, dict(self.passed), time.monotonic() - self.started,
-                      self.attempt)
+                      self.attempt, self.total_tokens, self.compaction_tokens)

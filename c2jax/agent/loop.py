@@ -5,10 +5,12 @@
 Each episode runs one task in its own sandbox: the engine generates a turn, the sandbox's
 tools run the turn's calls, their results are appended to the live engine sequence as
 tokens (no prefix recompute), and so on until the model calls finish, answers without a
-tool call, or runs out of turns, tokens or context. With `summary_trigger_tokens`, a
-segment that grows past the trigger is asked for a self-summary; a new segment then
-starts from (system, task, summary), and every segment is kept. Finally the hidden tests
-grade the sandbox.
+tool call, or runs out of turns, tokens or context. With agent.context_management, a
+segment that grows past `summary_trigger_tokens` is summarised and a new segment starts
+from (system, task, summary); every segment is kept. 'self_summary': the policy writes
+the summary in its own sequence, a sampled (trained) turn; 'compaction' (the baseline of
+report §4.1): a separate call of the model over the history as text writes it, and its
+tokens are in no segment. Finally the hidden tests grade the sandbox.
 
 Episodes run concurrently, one engine slot each: the engine decodes every active
 sequence in one step while tool calls and grading run in worker threads, so a slow test
@@ -77,7 +79,9 @@ class _EpisodeScheduler:
     on_turn         a model turn was sampled: run its tool calls (worker)
     on_tools        the tools ran: end the episode, ask for a self-summary, or feed the
                     results and request the next turn
-    on_summary      a self-summary was sampled: close the segment, start the next one
+    compact         (context_management='compaction') close the segment, ask a separate
+                    sequence for a summary of the history
+    on_summary / on_compaction   the summary was sampled: start the next segment from it
     end / on_graded the episode stopped: grade it (worker), then record the trajectory
     fail            infrastructure failed: retry on a fresh sandbox, or give up
   """
@@ -147,8 +151,11 @@ class _EpisodeScheduler:
       index = self.by_seq.pop(generation.seq_id, None)
       if index is None:
         continue
-      if self.episodes[index].summarising:
+      awaiting = self.episodes[index].awaiting
+      if awaiting == "summary":
         self.on_summary(index, generation)
+      elif awaiting == "compaction":
+        self.on_compaction(index, generation)
       else:
         self.on_turn(index, generation)
     if self.on_step is not None:
@@ -212,8 +219,9 @@ class _EpisodeScheduler:
     self.submit_work("tools", index, episode.tools_work, text, context=generation)
 
   def on_tools(self, index: int, generation, turn, observations) -> None:
-    """The turn's tools ran: end the episode, or feed the results (or a summary request,
-    when the segment passed the trigger or is out of room) and request the next turn."""
+    """The turn's tools ran: end the episode, or feed the results and request the next
+    turn; when the segment passed the trigger or is out of room, summarise instead
+    (agent.context_management)."""
     episode = self.episodes[index]
     episode.book_tools(generation, turn, observations)
     reason = episode.stop_reason(turn)
@@ -221,9 +229,13 @@ class _EpisodeScheduler:
       return self.end(index, reason)
     feed = episode.observation_feed(generation)
     budget = episode.turn_budget(self.engine, len(feed))
-    if self.wants_summary(episode, budget, len(feed)) and self.ask_summary(
-        index, generation, len(feed)):
-      return
+    if self.wants_summary(episode, budget, len(feed)):
+      if self.cfg.context_management == "self_summary":
+        summarised = self.ask_summary(index, generation, len(feed))
+      else:
+        summarised = self.compact(index)
+      if summarised:
+        return
     if budget < 1:
       return self.end(index, episode.out_of_room_reason())
     self.submit_engine(index, feed, budget, episode.seq_id)
@@ -232,7 +244,7 @@ class _EpisodeScheduler:
     """Self-summary due: on, summaries left, and the segment reached the trigger with
     the next `fed` tokens (or the next turn has no room)."""
     trigger = self.cfg.summary_trigger_tokens
-    return bool(trigger) and episode.summaries < self.cfg.max_summaries and (
+    return self.cfg.context_management != "none" and episode.summaries < self.cfg.max_summaries and (
         budget < 1 or len(episode.current) + fed >= trigger)
 
   def ask_summary(self, index: int, generation, fed: int) -> bool:
@@ -244,17 +256,42 @@ class _EpisodeScheduler:
     room = self.engine.max_length - len(episode.current) - len(ask) - 1
     if room < 1:
       return False
-    episode.summarising = True
+    episode.awaiting = "summary"
     episode.total_tokens += len(ask) - fed
     self.submit_engine(index, ask, min(cfg.summary_tokens, room), episode.seq_id)
     return True
 
   def on_summary(self, index: int, generation) -> None:
-    """The self-summary came back: close the segment, start the next one from (system,
-    task, summary) in a new engine sequence, or end when even that does not fit."""
+    """The self-summary came back: it closes the segment; the next one starts from it."""
     episode = self.episodes[index]
     self.release(episode)
-    tokens = episode.record_summary(generation)
+    self.start_segment(index, episode.record_summary(generation))
+
+  def compact(self, index: int) -> bool:
+    """Prompt-based compaction: close the segment at the model's last turn, free its
+    sequence, and ask the model for a summary in a fresh sequence (compaction_prompt +
+    the history as text). False (nothing done) when not even the prompt fits."""
+    episode, cfg = self.episodes[index], self.cfg
+    prompt = episode.compaction_request(self.engine.max_length - cfg.summary_tokens - 1)
+    if prompt is None:
+      return False
+    self.release(episode)
+    episode.close_segment()
+    episode.awaiting = "compaction"
+    self.submit_engine(index, prompt, cfg.summary_tokens)
+    return True
+
+  def on_compaction(self, index: int, generation) -> None:
+    """The compaction summary came back: free its sequence; the next segment starts
+    from it."""
+    episode = self.episodes[index]
+    self.release(episode)
+    self.start_segment(index, episode.record_compaction(generation))
+
+  def start_segment(self, index: int, tokens: np.ndarray) -> None:
+    """Requests the first turn of a new segment (prompt `tokens`, a new engine sequence),
+    or ends the episode (grading it) when even that prompt leaves no room."""
+    episode = self.episodes[index]
     budget = episode.turn_budget(self.engine, len(tokens))
     if budget < 1:
       episode.finish_reason = "context"

@@ -9,6 +9,8 @@ which is the layout the SFT phase trained on:
   model turn    {turn text, tool-call markers as single tokens}<|end|>      (sampled)
   observations  (<|tool|><tool_result{...}</tool_result><|end|>)* <|assistant|>
   summary ask   <|user|>{summary prompt}<|end|> <|assistant|>
+  compaction    <|bos|> <|system|>{compaction prompt}<|end|> <|user|>{history}<|end|> <|assistant|>
+                (a separate sequence; history_text renders the conversation as plain text)
 """
 
 from __future__ import annotations
@@ -100,3 +102,39 @@ def turn_spans(tokenizer: Tokenizer, turn_ids) -> np.ndarray:
     if token == close_id:
       inside = False
   return spans
+
+
+def history_text(task_prompt: str, messages: list[dict]) -> str:
+  """A conversation (OpenAI-style messages) as plain text for a compaction call: the task,
+  then every message in order, tool calls written as name(arguments) so no tool-call
+  marker appears."""
+  lines = [f"Task: {task_prompt}"]
+  for message in messages:
+    content = message.get("content") or ""
+    if message["role"] == "assistant":
+      calls = [f"call {c['function']['name']}({c['function']['arguments']})"
+               for c in message.get("tool_calls", ())]
+      lines.append("Agent: " + "\n".join([content] + calls if content else calls))
+    elif message["role"] == "tool":
+      lines.append(f"Result of {message.get('name', 'a tool')}: {content}")
+    else:
+      lines.append(f"{message['role'].capitalize()}: {content}")
+  return "\n\n".join(lines)
+
+
+def compaction_ids(tokenizer: Tokenizer, instruction: str, history: str,
+                   max_tokens: int) -> np.ndarray | None:
+  """A compaction call's prompt of at most `max_tokens`: the instruction as the system
+  message, the history as the user message, its oldest tokens dropped to fit (None when
+  not even one history token fits)."""
+  specials = tokenizer.specials
+  head = np.concatenate([_marker(tokenizer, specials.bos),
+                         message_ids(tokenizer, "system", instruction),
+                         _marker(tokenizer, specials.user)])
+  tail = np.concatenate([_marker(tokenizer, specials.end),
+                         _marker(tokenizer, specials.assistant)])
+  keep = max_tokens - len(head) - len(tail)
+  if keep < 1:
+    return None
+  body = np.asarray(tokenizer.encode(history), np.int32)[-keep:]
+  return np.concatenate([head, body, tail]).astype(np.int32)

@@ -156,7 +156,8 @@ def test_self_summary_starts_a_new_segment_from_system_task_and_summary(tmp_path
                                              "new_string": "DONE = True"}),
                               ("finish", {"message": "done"})])
   engine = ScriptedEngine([[look, summary], [fix]])
-  cfg = _config(summary_trigger_tokens=301, max_turn_tokens=300)
+  cfg = _config(context_management="self_summary", summary_trigger_tokens=301,
+                max_turn_tokens=300)
   [trajectory] = loop.run_episodes(engine, tokenizer, cfg, [task])
 
   assert trajectory.finish_reason == "finish" and trajectory.solved
@@ -355,3 +356,77 @@ def test_released_model_template_and_native_tool_calls_solve(solved_task, direct
   np.testing.assert_array_equal(segment.loss_mask, rendered.loss_mask[:end])
   assert trajectory.stats.turns == len(turns) and trajectory.stats.tool_call_errors == 0
   assert trajectory.stats.tool_call_tokens > 0
+
+
+def test_compaction_summarises_in_a_separate_untrained_call(tmp_path, tokenizer):
+  """context_management='compaction': the segment ends at the model's turn; a separate
+  sequence (compaction prompt + history as text) writes the summary, which starts the
+  next segment like a self-summary but lies in no segment (never trained)."""
+  task = _small_task(tmp_path)
+  look = _turn(tokenizer, "Looking.", [("read_file", {"path": "pkg/flag.py"})])
+  summary = _turn(tokenizer, "I read pkg/flag.py; DONE must become True.", [])
+  engine = ScriptedEngine([[look], [summary], [_fix_turn(tokenizer)]])
+  cfg = _config(context_management="compaction", summary_trigger_tokens=301,
+                max_turn_tokens=300)
+  [trajectory] = loop.run_episodes(engine, tokenizer, cfg, [task])
+
+  assert trajectory.finish_reason == "finish" and trajectory.solved
+  first, second = trajectory.segments
+  system = trajectory.messages[0]["content"]
+  prompt = prompt_lib.prompt_ids(tokenizer, system, task.prompt)
+  np.testing.assert_array_equal(first.tokens, np.concatenate([prompt, look]))
+  assert int(first.loss_mask.sum()) == len(look)  # the summary is not in it
+  # The compaction call saw the instruction, the task and the tool result as text.
+  compactor = tokenizer.decode(engine.contexts[1])
+  assert cfg.compaction_prompt in compactor and task.prompt in compactor
+  assert "DONE = False" in compactor and "read_file" in compactor
+  extra = np.concatenate([tokenizer.encode(cfg.summary_header), summary[:-1]])
+  expected = prompt_lib.prompt_ids(tokenizer, system, task.prompt, extra)
+  np.testing.assert_array_equal(second.tokens[:len(expected)], expected)
+  assert not second.loss_mask[:len(expected)].any()
+  assert trajectory.compaction_tokens == len(engine.contexts[1]) + len(summary)
+  sampled = sum(int(s.loss_mask.sum()) for s in trajectory.segments)
+  assert trajectory.total_tokens == (sampled + len(summary)
+                                     + trajectory.stats.tool_output_tokens)
+
+
+def test_compaction_prompt_keeps_the_newest_history_within_its_limit(tokenizer):
+  history = prompt_lib.history_text("Fix it.", [
+      {"role": "assistant", "content": "first", "tool_calls": [
+          {"function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]},
+      {"role": "tool", "name": "read_file", "content": "old " * 50 + "newest"}])
+  assert "call read_file" in history and history.startswith("Task: Fix it.")
+  full = prompt_lib.compaction_ids(tokenizer, "Summarise.", history, 10_000)
+  cut = prompt_lib.compaction_ids(tokenizer, "Summarise.", history, len(full) - 20)
+  assert len(cut) == len(full) - 20
+  np.testing.assert_array_equal(cut[-30:], full[-30:])  # the oldest tokens went
+  assert prompt_lib.compaction_ids(tokenizer, "Summarise.", history, 5) is None
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (dict(context_management="rolling"), "expected one of"),
+    (dict(summary_trigger_tokens=500), "nothing would be summarised"),
+    (dict(context_management="compaction"), "needs a trigger")])
+def test_context_management_config_errors_name_the_key(overrides, message):
+  from c2jax import config as configlib
+  cfg = agent_config.default_config()
+  cfg.update(overrides)
+  with pytest.raises(configlib.ConfigError, match=message):
+    agent_config.validate(cfg)
+
+
+def test_compaction_prompt_in_a_released_models_template_fits_its_limit():
+  import pathlib
+  from c2jax.agent import conversation
+  from c2jax.data import model_tokenizer
+  fixtures = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "templates"
+  tok = model_tokenizer.load_model_tokenizer(fixtures / "qwen3")
+  conv = conversation.make_conversation(tok, _config(tool_format="qwen3"))
+  history = prompt_lib.history_text("Fix it.", [
+      {"role": "tool", "name": "read_file", "content": "old " * 200 + "newest"}])
+  full = conv.compaction_request("Summarise.", history, 100_000)
+  cut = conv.compaction_request("Summarise.", history, len(full) // 2)
+  assert len(cut) <= len(full) // 2
+  assert "newest" in tok.decode(cut) and "Summarise." in tok.decode(cut)
+  assert "Task: Fix it." not in tok.decode(cut)  # the oldest text went
+  assert conv.compaction_request("Summarise.", history, 3) is None
