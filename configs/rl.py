@@ -6,6 +6,11 @@ Variants:
   tiny  the CPU demo: difficulty-0 tasks (the prompt names the constant to fix), two
         actors, held-out pass rate and best-of-4 at step 0 and every 10 steps
         (docs/benchmarks.md, "Reinforcement learning").
+  summary  `tiny` with self-summarisation on (report §4.1): a segment reaching 256 tokens
+        (the prompt is ~230) asks the policy for a summary of at most 64 tokens, up to
+        twice a rollout, within the same 768-token budget; every segment of a chain is
+        trained with the chain's reward. agent.context_management='compaction' gives the
+        prompt-based baseline (docs/findings.md, experiments/findings/summary_vs_compaction.py).
   test  random init, a few prompts and steps: the test suite's check of the machinery.
   kimi_k25  the learner step at the report's RL scale, for planning: the Kimi-K2.5 model
         on the mesh fsdp=-1, expert=8, context=8 (EP=8, CP=8), 16 groups of 8 rollouts
@@ -20,7 +25,8 @@ import pathlib
 from c2jax import config as configlib
 from c2jax.rl import job
 
-TEST_ARGS = ("tiny", "test", "kimi_k25")
+TEST_ARGS = ("tiny", "summary", "test", "kimi_k25")
+VARIANTS = TEST_ARGS
 HERE = pathlib.Path(__file__).parent
 # The tools the procedural tasks need; a short tool list keeps the prompt small for the
 # CPU models (the SFT traces are rendered with the same list: configs/agent_sft.py).
@@ -29,9 +35,8 @@ AGENT_TOOLS = ("read_file", "edit_file", "finish")
 
 def get_config(variant: str = "tiny"):
   variant = variant or "tiny"
-  if variant not in ("tiny", "test", "kimi_k25"):
-    raise ValueError(f"configs/rl.py has variants 'tiny', 'test' and 'kimi_k25', not "
-                     f"{variant!r}.")
+  if variant not in VARIANTS:
+    raise ValueError(f"configs/rl.py has variants {VARIANTS}, not {variant!r}.")
   if variant == "kimi_k25":
     return _kimi_k25()
   # The model is inherited from the checkpoint in init_from (YaRN and all, when the SFT
@@ -62,6 +67,12 @@ def get_config(variant: str = "tiny"):
   c.actors.max_length = 512
   c.eval.every = 10
   c.eval.samples = 4
+  if variant == "summary":
+    c.agent.context_management = "self_summary"
+    c.agent.summary_trigger_tokens = 256
+    c.agent.summary_tokens = 64
+    c.agent.max_summaries = 2
+    c.agent.max_turns = 6  # turns after a summary; the token budget is unchanged
   if variant == "test":
     c.init_from = ""
     c.agent.max_turns = 2
