@@ -430,3 +430,45 @@ def test_compaction_prompt_in_a_released_models_template_fits_its_limit():
   assert "newest" in tok.decode(cut) and "Summarise." in tok.decode(cut)
   assert "Task: Fix it." not in tok.decode(cut)  # the oldest text went
   assert conv.compaction_request("Summarise.", history, 3) is None
+
+
+@pytest.mark.parametrize("mode", ["self_summary", "compaction"])
+def test_every_segment_of_a_summarised_chain_reaches_the_learner_batch(tmp_path, tokenizer,
+                                                                       mode):
+  """RL trains every segment of a chain with the chain's advantage; a compaction call's
+  summary is in no segment, so it is in no batch row."""
+  from c2jax.rl import job, learner_runtime, rollouts
+  look = _turn(tokenizer, "Looking.", [("read_file", {"path": "pkg/flag.py"})])
+  summary = _turn(tokenizer, "DONE must become True.", [])
+  fix = _fix_turn(tokenizer)
+  cfg = job.job_defaults("tiny")
+  cfg.agent = _config(context_management=mode, summary_trigger_tokens=301,
+                      max_turn_tokens=300, max_turns=2)
+  cfg.rl.group_size, cfg.learner.groups_per_step = 2, 1
+  # Both chains look and summarise; then chain 0 fixes (solved), chain 1 looks again.
+  scripts = {"self_summary": [[[look, summary], [fix]], [[look, summary], [look]]],
+             "compaction": [[[look], [summary], [fix]], [[look], [summary], [look]]]}[mode]
+  chains = [loop.run_episodes(ScriptedEngine(script), tokenizer, cfg.agent,
+                              [_small_task(tmp_path / str(i))])[0]
+            for i, script in enumerate(scripts)]
+  assert chains[0].solved and not chains[1].solved
+  group, _ = rollouts.make_group(cfg.rl, "flag", chains)
+  batch, info = learner_runtime.build_batch(cfg, [group])
+  segments = [s for chain in chains for s in chain.segments]
+  assert len(chains[0].segments) == 2 and info["segments"] == len(segments)
+  # The batch rows are exactly the segments, each with its chain's advantage.
+  rows = []
+  for row in range(len(batch["tokens"])):
+    n = int(batch["valid"][row].sum())
+    if n:
+      rows.append((tuple(batch["tokens"][row, :n].tolist()),
+                   tuple(batch["loss_mask"][row, :n].tolist()), float(batch["advantages"][row])))
+  expected = [(tuple(segment.tokens.tolist()), tuple(segment.loss_mask.tolist()),
+               float(group.advantages_G[chain_index]))
+              for chain_index, chain in enumerate(chains) for segment in chain.segments]
+  assert sorted(rows) == sorted(expected)
+  assert group.advantages_G[0] > 0 > group.advantages_G[1]
+  sampled = int(batch["loss_mask"].sum())
+  assert sampled == sum(int(s.loss_mask.sum()) for s in segments)
+  if mode == "compaction":  # the summary tokens are trained nowhere
+    assert sampled == 3 * len(look) + len(fix)
