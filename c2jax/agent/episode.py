@@ -59,8 +59,9 @@ class Trajectory:
   infra_retries: int = 0  # fresh-sandbox restarts after infrastructure failures
   # Tokens counted against agent.max_total_tokens: sampled (summaries included) and fed.
   total_tokens: int = 0
-  # Prompt + sampled tokens of compaction calls (agent.context_management='compaction'):
-  # extra prefill, in no segment.
+  # Prompt tokens of compaction calls (agent.context_management='compaction'): the
+  # extra prefill of re-reading the history, in no segment and not in total_tokens (their
+  # sampled summaries are).
   compaction_tokens: int = 0
 
   @property
@@ -126,7 +127,7 @@ class Episode:
     self.awaiting = "turn"
     self.segment_start = 2  # transcript index of the current segment's first message after
     #                         (system, task): what a compaction call reads
-    self.compaction_tokens = 0  # prompt + sampled tokens of compaction calls (not trained)
+    self.compaction_tokens = 0  # prompt tokens of compaction calls (see Trajectory)
     self.finish_reason: str | None = None
     self.failed = False
     self.passed: dict[str, bool] = {}
@@ -258,7 +259,6 @@ class Episode:
     """Books a compaction call's summary (counted against the token budget, in no
     segment: never trained) and returns the next segment's prompt, as record_summary."""
     self.total_tokens += len(generation.tokens)
-    self.compaction_tokens += len(generation.tokens)
     return self._restart(self._summary_ids(generation))
 
   def _summary_ids(self, generation) -> np.ndarray:

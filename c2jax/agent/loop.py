@@ -241,11 +241,12 @@ class _EpisodeScheduler:
     self.submit_engine(index, feed, budget, episode.seq_id)
 
   def wants_summary(self, episode: Episode, budget: int, fed: int) -> bool:
-    """Self-summary due: on, summaries left, and the segment reached the trigger with
-    the next `fed` tokens (or the next turn has no room)."""
+    """A summary is due: context management on, summaries left, and the segment reached
+    the trigger with the next `fed` tokens (or the next turn has no room)."""
     trigger = self.cfg.summary_trigger_tokens
-    return self.cfg.context_management != "none" and episode.summaries < self.cfg.max_summaries and (
-        budget < 1 or len(episode.current) + fed >= trigger)
+    return (self.cfg.context_management != "none"
+            and episode.summaries < self.cfg.max_summaries
+            and (budget < 1 or len(episode.current) + fed >= trigger))
 
   def ask_summary(self, index: int, generation, fed: int) -> bool:
     """Feeds the summary request instead of the `fed` observation tokens and requests the
