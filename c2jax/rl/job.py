@@ -118,6 +118,14 @@ def validate(cfg, num_devices: int | None = None) -> None:
   if cfg.agent.max_turn_tokens >= cfg.actors.max_length:
     raise configlib.ConfigError("agent.max_turn_tokens", "must be below actors.max_length "
                                 "(the prompt needs room too).")
+  agent = cfg.agent
+  if (agent.context_management != "none"
+      and agent.summary_trigger_tokens + agent.summary_tokens >= cfg.actors.max_length):
+    raise configlib.ConfigError(
+        "agent.summary_trigger_tokens", f"= {agent.summary_trigger_tokens} plus "
+        f"agent.summary_tokens = {agent.summary_tokens} reaches actors.max_length = "
+        f"{cfg.actors.max_length}: a segment at the trigger has no room left for its summary, "
+        "so none would ever be written; lower the trigger or raise actors.max_length.")
   _check_sampling_is_scorable(cfg.agent)
   _validate_parallel(cfg, num_devices)
   steps_needed = cfg.learner.steps * cfg.learner.groups_per_step
