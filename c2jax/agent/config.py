@@ -111,6 +111,11 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
         key("summary_trigger_tokens"), f"is 0 but {key('context_management')} = "
         f"{cfg.context_management!r} needs a trigger: the segment length (tokens) at which "
         "to summarise.")
+  if cfg.context_management != "none" and "external" in cfg and cfg.external.enabled:
+    raise configlib.ConfigError(
+        key("context_management"), f"is {cfg.context_management!r} but "
+        f"{key('external.enabled')} is True: an external harness manages its own context "
+        "(c2jax's loop does not run); set context_management='none'.")
   if 0 < cfg.summary_trigger_tokens <= cfg.max_turn_tokens:
     raise configlib.ConfigError(
         key("summary_trigger_tokens"), f"= {cfg.summary_trigger_tokens} must exceed "

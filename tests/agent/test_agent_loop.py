@@ -406,7 +406,9 @@ def test_compaction_prompt_keeps_the_newest_history_within_its_limit(tokenizer):
 @pytest.mark.parametrize("overrides,message", [
     (dict(context_management="rolling"), "expected one of"),
     (dict(summary_trigger_tokens=500), "nothing would be summarised"),
-    (dict(context_management="compaction"), "needs a trigger")])
+    (dict(context_management="compaction"), "needs a trigger"),
+    (dict(context_management="self_summary", summary_trigger_tokens=500,
+          external=dict(enabled=True)), "external harness")])
 def test_context_management_config_errors_name_the_key(overrides, message):
   from c2jax import config as configlib
   cfg = agent_config.default_config()
