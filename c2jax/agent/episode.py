@@ -57,7 +57,8 @@ class Trajectory:
   passed: dict[str, bool]  # hidden test id -> passed
   duration_s: float
   infra_retries: int = 0  # fresh-sandbox restarts after infrastructure failures
-  # Tokens counted against agent.max_total_tokens: sampled (summaries included) and fed.
+  # Tokens counted against agent.max_total_tokens: sampled (summaries included) and fed
+  # after the first prompt (0 from producers that do not count them: external harnesses).
   total_tokens: int = 0
   # Prompt tokens of compaction calls (agent.context_management='compaction'): the
   # extra prefill of re-reading the history, in no segment and not in total_tokens (their
@@ -125,8 +126,9 @@ class Episode:
     # What the pending engine request returns: a model turn, a self-summary (same
     # sequence) or a compaction summary (a separate sequence).
     self.awaiting = "turn"
-    self.segment_start = 2  # transcript index of the current segment's first message after
-    #                         (system, task): what a compaction call reads
+    # Transcript index of the current segment's first message after (system, task): a
+    # compaction call reads the transcript from there.
+    self.segment_start = 2
     self.compaction_tokens = 0  # prompt tokens of compaction calls (see Trajectory)
     self.finish_reason: str | None = None
     self.failed = False
@@ -141,7 +143,7 @@ class Episode:
   def retry(self) -> Episode:
     """The same task and seed from scratch, for a fresh sandbox (call after close)."""
     return Episode(self.cfg, self.tokenizer, self.task, self.seed, self.sandbox_factory,
-                    self.attempt + 1)
+                   self.attempt + 1)
 
   # ---- worker-thread work ---------------------------------------------------------------
   def start_work(self) -> np.ndarray:
