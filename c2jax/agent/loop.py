@@ -77,8 +77,9 @@ class _EpisodeScheduler:
     on_started      its prompt is ready: first engine request
     decode_step     one engine step for every active sequence, then on_step()
     on_turn         a model turn was sampled: run its tool calls (worker)
-    on_tools        the tools ran: end the episode, ask for a self-summary, or feed the
-                    results and request the next turn
+    on_tools        the tools ran: end the episode, summarise (past the trigger), or
+                    feed the results and request the next turn
+    ask_summary     (context_management='self_summary') ask in the episode's own sequence
     compact         (context_management='compaction') close the segment, ask a separate
                     sequence for a summary of the history
     on_summary / on_compaction   the summary was sampled: start the next segment from it
