@@ -212,6 +212,40 @@ def summarise(per_seed: dict[str, list[dict]]) -> dict:
       key: spread([d[key] for d in diffs]) for key in METRICS}}
 
 
+def _direction(diff: dict, better: str, worse: str) -> str:
+  """`better` / `worse` when every seed's difference has that sign, else 'unclear'."""
+  if diff["min"] > 0:
+    return better
+  if diff["max"] < 0:
+    return worse
+  return "unclear"
+
+
+def verdict(summary: dict) -> dict:
+  """Does the run agree with the report (self-summary: higher pass rate, fewer tokens
+  than compaction)? A direction counts only when every seed shows it; with no summary
+  written in either mode the run says nothing about the question."""
+  modes, diff = summary["modes"], summary["self_summary_minus_compaction"]
+  summarised = all(modes[m]["summaries"]["mean"] > 0 for m in ("self_summary", "compaction"))
+  prefill = [a["tokens"] - b["tokens"] - b["compaction_tokens"] for a, b in
+             zip(modes["self_summary"]["per_seed"], modes["compaction"]["per_seed"])]
+  out = {"summarised": summarised,
+         "pass_rate": _direction(diff["pass_rate"], "higher", "lower"),
+         "tokens": _direction(diff["tokens"], "more", "fewer"),
+         "tokens_with_compaction_prefill": _direction(spread(prefill), "more", "fewer")}
+  if not summarised:
+    out["agrees_with_report"] = None
+    out["text"] = ("inconclusive: no rollout reached the summary trigger in both modes, so "
+                   "the modes did not differ in what they ran")
+  else:
+    agrees = out["pass_rate"] != "lower" and out["tokens"] == "fewer"
+    out["agrees_with_report"] = agrees if out["pass_rate"] == "higher" else None
+    out["text"] = (f"self_summary vs compaction: pass rate {out['pass_rate']}, budgeted "
+                   f"tokens {out['tokens']}, with compaction prefill "
+                   f"{out['tokens_with_compaction_prefill']} (every seed must agree)")
+  return out
+
+
 def plot(summary: dict, path: pathlib.Path, title: str) -> None:
   modes = list(summary["modes"])
   fig, (ax_pass, ax_tokens) = plt.subplots(1, 2, figsize=(10, 4))
@@ -270,7 +304,7 @@ def run(args) -> dict:
                    "summary_trigger_tokens": args.trigger,
                    "summary_tokens": args.summary_tokens, "max_turns": args.max_turns,
                    "temperature": 1.0},
-      **summary, "episodes": episodes}
+      **summary, "verdict": verdict(summary), "episodes": episodes}
   (args.out / f"{NAME}.json").write_text(json.dumps(result, indent=1))
   title = (f"{policy}; {args.tasks} tasks x {args.seeds} seeds, budget {args.budget} "
            f"tokens, context {args.max_length}, trigger {args.trigger}")
@@ -285,6 +319,7 @@ def main(argv=None) -> None:
           f"(seeds {m['pass_rate']['min']:.3f}-{m['pass_rate']['max']:.3f}), tokens "
           f"{m['tokens']['mean']:.0f}, compaction calls {m['compaction_tokens']['mean']:.0f}, "
           f"summaries {m['summaries']['mean']:.2f}")
+  print(f"verdict: {result['verdict']['text']}")
 
 
 if __name__ == "__main__":

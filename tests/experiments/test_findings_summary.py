@@ -33,6 +33,7 @@ def test_smoke_runs_every_mode_and_writes_plot_and_json(tmp_path):
   assert all(e["tokens"] <= budget for e in data["episodes"])
   assert len(data["episodes"]) == 3 * data["settings"]["tasks"]
   assert {"mean", "std", "min", "max"} <= set(data["self_summary_minus_compaction"]["tokens"])
+  assert data["verdict"]["summarised"] and "text" in data["verdict"]
 
 
 def test_a_real_run_needs_a_checkpoint():
