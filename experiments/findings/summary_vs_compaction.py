@@ -24,6 +24,10 @@ configs/rl.py:summary against --config.agent.context_management=compaction for t
       --init-from runs/tiny/sft --seeds 2 --tasks 16 --out docs/figures
   PYTHONPATH=. python experiments/findings/summary_vs_compaction.py --smoke --out /tmp/s
 
+The defaults fit the tiny tokenizer with the full tool list (a ~470-token prompt): a
+rollout summarises after its first turn or two, and without management a five-turn
+solution (find, read, edit, check, finish) runs out of the 704-token context.
+
 Writes OUT/summary_vs_compaction.png and OUT/summary_vs_compaction.json. --smoke replaces
 the model by a policy that calls read_file every turn (no checkpoint; checks that every
 mode runs and summarises; shows no finding).
@@ -79,14 +83,17 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--difficulty", type=int, default=1,
                  help="procgen difficulty (1: find, read, edit, check, finish)")
   p.add_argument("--budget", type=int, default=1024, help="agent.max_total_tokens")
-  p.add_argument("--max-length", type=int, default=640, help="the engine's context")
-  p.add_argument("--trigger", type=int, default=560, help="agent.summary_trigger_tokens")
+  p.add_argument("--max-length", type=int, default=704, help="the engine's context")
+  p.add_argument("--trigger", type=int, default=512, help="agent.summary_trigger_tokens")
   p.add_argument("--summary-tokens", type=int, default=64, help="agent.summary_tokens")
   p.add_argument("--max-turns", type=int, default=10, help="agent.max_turns")
   p.add_argument("--slots", type=int, default=16, help="engine slots (episodes at a time)")
   args = p.parse_args(argv)
   if args.seeds < 1 or args.tasks < 1:
     p.error(f"--seeds and --tasks must be >= 1 (got {args.seeds}, {args.tasks}).")
+  if args.trigger + args.summary_tokens >= args.max_length:
+    p.error(f"--trigger {args.trigger} + --summary-tokens {args.summary_tokens} must stay "
+            f"below --max-length {args.max_length}: a self-summary needs room in its sequence.")
   if args.smoke:
     args.seeds, args.tasks = 1, 2
   elif not args.init_from:
