@@ -242,25 +242,30 @@ class _EpisodeScheduler:
     self.submit_engine(index, feed, budget, episode.seq_id)
 
   def wants_summary(self, episode: Episode, budget: int, fed: int) -> bool:
-    """A summary is due: context management on, summaries left, and the segment reached
-    the trigger with the next `fed` tokens (or the next turn has no room)."""
+    """A summary is due: context management on, summaries left, token budget left (a
+    summary cannot help a chain that has spent it), and the segment reached the trigger
+    with the next `fed` tokens (or the next turn has no room)."""
     trigger = self.cfg.summary_trigger_tokens
     return (self.cfg.context_management != "none"
             and episode.summaries < self.cfg.max_summaries
+            and episode.total_tokens < self.cfg.max_total_tokens
             and (budget < 1 or len(episode.current) + fed >= trigger))
 
   def ask_summary(self, index: int, generation, fed: int) -> bool:
     """Feeds the summary request instead of the `fed` observation tokens and requests the
-    summary; False (nothing done) when the engine sequence has no room for one."""
+    summary; False (nothing done) when the engine sequence or the token budget has no
+    room for one."""
     episode, cfg = self.episodes[index], self.cfg
     ask = np.concatenate([episode.closing_ids(generation),
                           episode.conv.feed(cfg.summary_prompt)]).astype(np.int32)
     room = self.engine.max_length - len(episode.current) - len(ask) - 1
-    if room < 1:
+    left = cfg.max_total_tokens - (episode.total_tokens + len(ask) - fed)
+    max_tokens = min(cfg.summary_tokens, room, left)
+    if max_tokens < 1:
       return False
     episode.awaiting = "summary"
     episode.total_tokens += len(ask) - fed
-    self.submit_engine(index, ask, min(cfg.summary_tokens, room), episode.seq_id)
+    self.submit_engine(index, ask, max_tokens, episode.seq_id)
     return True
 
   def on_summary(self, index: int, generation) -> None:
@@ -272,15 +277,18 @@ class _EpisodeScheduler:
   def compact(self, index: int) -> bool:
     """Prompt-based compaction: close the segment at the model's last turn, free its
     sequence, and ask the model for a summary in a fresh sequence (compaction_prompt +
-    the history as text). False (nothing done) when not even the prompt fits."""
+    the history as text). False (nothing done) when not even the prompt fits, or the
+    token budget has no room for a summary."""
     episode, cfg = self.episodes[index], self.cfg
-    prompt = episode.compaction_request(self.engine.max_length - cfg.summary_tokens - 1)
+    max_tokens = min(cfg.summary_tokens, cfg.max_total_tokens - episode.total_tokens)
+    prompt = (episode.compaction_request(self.engine.max_length - max_tokens - 1)
+              if max_tokens >= 1 else None)
     if prompt is None:
       return False
     self.release(episode)
     episode.close_segment()
     episode.awaiting = "compaction"
-    self.submit_engine(index, prompt, cfg.summary_tokens)
+    self.submit_engine(index, prompt, max_tokens)
     return True
 
   def on_compaction(self, index: int, generation) -> None:
@@ -296,7 +304,7 @@ class _EpisodeScheduler:
     episode = self.episodes[index]
     budget = episode.turn_budget(self.engine, len(tokens))
     if budget < 1:
-      episode.finish_reason = "context"
+      episode.finish_reason = episode.out_of_room_reason()
       return self.submit_work("graded", index, episode.grade_work)
     self.submit_engine(index, tokens, budget)
 

@@ -474,3 +474,18 @@ def test_every_segment_of_a_summarised_chain_reaches_the_learner_batch(tmp_path,
   assert sampled == sum(int(s.loss_mask.sum()) for s in segments)
   if mode == "compaction":  # the summary tokens are trained nowhere
     assert sampled == 3 * len(look) + len(fix)
+
+
+@pytest.mark.parametrize("mode", ["self_summary", "compaction"])
+def test_a_chain_that_spent_its_token_budget_is_not_summarised(tmp_path, tokenizer, mode):
+  """The turn's tool results use up agent.max_total_tokens: the chain ends ('budget')
+  instead of summarising past its budget."""
+  look = _turn(tokenizer, "Looking.", [("read_file", {"path": "pkg/flag.py"})])
+  summary = _turn(tokenizer, "DONE must become True.", [])
+  engine = ScriptedEngine([[look, summary], [summary], [look]])
+  cfg = _config(context_management=mode, summary_trigger_tokens=301, max_turn_tokens=300,
+                max_total_tokens=len(look) + 3)
+  [trajectory] = loop.run_episodes(engine, tokenizer, cfg, [_small_task(tmp_path)])
+  assert trajectory.finish_reason == "budget"
+  assert len(trajectory.segments) == 1 and trajectory.compaction_tokens == 0
+  assert len(engine.contexts) == 1  # no summary request of either kind
