@@ -25,6 +25,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -114,8 +115,10 @@ class Started:
   def finish(self, returncode: int) -> float:
     """Writes the done / failed marker and releases the lock; returns the seconds taken."""
     seconds = round(time.time() - self.started, 2)
+    # Where the point ran: this process is the runner, or a Ray worker on some node.
     record = {"returncode": returncode, "seconds": seconds,
-              "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+              "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname(),
+              "launcher_pid": os.getpid()}
     marker = DONE_FILE if returncode == 0 else FAILED_FILE
     (self.directory / marker).write_text(json.dumps(record) + "\n")
     self.log.close()
