@@ -35,6 +35,10 @@ from c2jax import config as configlib
 from c2jax.sweep import metrics as metrics_lib
 
 
+# The table's own columns (c2jax/sweep/table.py); metrics may not reuse them.
+RESERVED_COLUMNS = frozenset({"point", "status", "seconds", "run_dir", "log"})
+
+
 class SweepError(ValueError):
   """A sweep file or its overrides are wrong; the message says which and how to fix it."""
 
@@ -116,14 +120,20 @@ def expand(sweep: Sweep, source: pathlib.Path, extra: Sequence[str] = ()) -> Pla
                  itertools.product(*sweep.grid.values())])
   axes = _axes(sweep, raw_points)
   shown = _short_names(axes)
-  common = {**sweep.fixed, **parse_assignments(extra, base)}
+  for name in set(sweep.metrics) & set(axes):
+    raise SweepError(f"{source}: metrics[{name!r}] has the name of a swept key; rename it.")
+  command_line = parse_assignments(extra, base)
+  for key in command_line:
+    if key in axes:
+      raise SweepError(f"--set {key}=...: {source.name} sweeps config.{key}; a value for "
+                       "every point would make them all the same point.")
   points, names = [], {}
   for index, raw in enumerate(raw_points):
     if not isinstance(raw, Mapping):
       raise SweepError(f"{source}: point {index} is {type(raw).__name__}, not a dict of overrides.")
     swept = {key: raw[key] for key in axes if key in raw}
     name = point_name(swept, shown)
-    overrides = {**raw, **common}
+    overrides = {**sweep.fixed, **raw, **command_line}  # later wins
     config = _apply(base, overrides, f"point {name} (number {index}) of {source.name}")
     if name in names:
       raise SweepError(f"{source}: points {names[name]} and {index} are the same point ({name}).")
@@ -144,6 +154,9 @@ def _check_shape(sweep: Sweep, source: pathlib.Path) -> None:
   if not sweep.metrics:
     raise SweepError(f"{source}: metrics= is empty; name what to collect from each run.")
   for name, metric in sweep.metrics.items():
+    if name in RESERVED_COLUMNS:
+      raise SweepError(f"{source}: metrics[{name!r}]: the table has its own column of that "
+                       f"name ({sorted(RESERVED_COLUMNS)}); rename the metric.")
     if not isinstance(metric, metrics_lib.Metric):
       raise SweepError(f"{source}: metrics[{name!r}] is {type(metric).__name__}; use "
                        "c2jax.sweep.last/minimum/maximum/at_step/from_json/... to build it.")

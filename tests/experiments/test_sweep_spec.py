@@ -165,3 +165,15 @@ def test_cli_dry_run_lists_points_and_rejects_bad_files(tmp_path):
   assert result.returncode == 2
   assert "config.model.hiden_size is not a key" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_set_may_not_touch_an_axis_and_metrics_may_not_shadow_columns(tmp_path):
+  path = write_sweep(tmp_path, 'grid={"steps": [2, 3]}, fixed={"seq_len": 8}')
+  with pytest.raises(sweep.SweepError, match="sweeps config.steps"):
+    sweep.load(str(path), ["steps=4"])
+  plan = sweep.load(str(path), ["seq_len=16"])  # the command line wins over fixed=
+  assert plan.points[1].config.seq_len == 16 and plan.points[1].config.steps == 3
+  shadow = tmp_path / "shadow.py"
+  shadow.write_text(path.read_text().replace('"loss": sweep', '"status": sweep'))
+  with pytest.raises(sweep.SweepError, match="its own column"):
+    sweep.load(str(shadow))
