@@ -24,7 +24,7 @@ SWEEP = "experiments/scaling_tiny.py:test"
 def tiny_settings(data_cache):
   """One small corpus and tokenizer shared by every point; short, small batches."""
   return [f"--set=data.cache_dir={data_cache}", "--set=data.vocab_size=1024",
-          "--set=model.vocab_size=1024", "--set=data.max_total_bytes=1000000",
+          "--set=model.vocab_size=1024", "--set=data.max_total_bytes=4000000",
           "--set=data.tokenizer_train_bytes=300000", "--set=train.seq_len=32",
           "--set=train.batch_size=4", "--set=train.log_every=1"]
 
