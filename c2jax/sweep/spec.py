@@ -102,10 +102,16 @@ def load(spec: str, extra: Sequence[str] = ()) -> Plan:
     raise SweepError(f"sweep file {path_text} does not exist.")
   module_spec = importlib.util.spec_from_file_location(f"c2jax_sweep_{source.stem}", source)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  try:
+    module_spec.loader.exec_module(module)
+  except Exception as err:  # the user's file: report it as theirs, not as a crash of ours
+    raise SweepError(f"{source} failed to load: {type(err).__name__}: {err}") from err
   if not callable(getattr(module, "get_sweep", None)):
     raise SweepError(f"{source} has no get_sweep(arg=None) function returning a c2jax.sweep.Sweep.")
-  sweep = module.get_sweep(arg) if arg is not None else module.get_sweep()
+  try:
+    sweep = module.get_sweep(arg) if arg is not None else module.get_sweep()
+  except Exception as err:
+    raise SweepError(f"{source}: get_sweep({arg!r}) raised {type(err).__name__}: {err}") from err
   if not isinstance(sweep, Sweep):
     raise SweepError(f"{source}: get_sweep returned {type(sweep).__name__}, not a c2jax.sweep.Sweep.")
   return expand(sweep, source, extra)
@@ -114,7 +120,11 @@ def load(spec: str, extra: Sequence[str] = ()) -> Plan:
 def expand(sweep: Sweep, source: pathlib.Path, extra: Sequence[str] = ()) -> Plan:
   _check_shape(sweep, source)
   config_path, config_arg = _resolve_config(sweep.config, source)
-  base = configlib.load_config_file(config_path, config_arg)
+  try:
+    base = configlib.load_config_file(config_path, config_arg)
+  except Exception as err:
+    raise SweepError(f"{source}: config={sweep.config!r} failed to load: "
+                     f"{type(err).__name__}: {err}") from err
   raw_points = (list(sweep.points) if sweep.points is not None else
                 [dict(zip(sweep.grid, values)) for values in
                  itertools.product(*sweep.grid.values())])

@@ -177,3 +177,9 @@ def test_set_may_not_touch_an_axis_and_metrics_may_not_shadow_columns(tmp_path):
   shadow.write_text(path.read_text().replace('"loss": sweep', '"status": sweep'))
   with pytest.raises(sweep.SweepError, match="its own column"):
     sweep.load(str(shadow))
+
+
+def test_errors_inside_the_sweep_file_are_reported_as_its_own():
+  with pytest.raises(sweep.SweepError, match=r"get_sweep\('huge'\) raised ValueError: "
+                     r"scaling_tiny.py:huge: expected one of \['default', 'test'\]"):
+    sweep.load(str(REPO / "experiments/scaling_tiny.py") + ":huge")
