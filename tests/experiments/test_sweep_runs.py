@@ -72,6 +72,7 @@ def killed_and_resumed(tmp_path_factory):
   done_before = {d.name: (d / "sweep_done.json").stat().st_mtime_ns for d in run_dirs(workdir)
                  if (d / "sweep_done.json").exists()}
   unfinished = [d for d in run_dirs(workdir) if d.name not in done_before]
+  checkpointed = [d for d in unfinished if (d / "checkpoints" / "2").is_dir()]
   assert done_before and unfinished, f"the sweep was not killed mid-way:\n{first_output}"
   # The points the runner had started died with it (their lock is released).
   for directory in unfinished:
@@ -83,6 +84,7 @@ def killed_and_resumed(tmp_path_factory):
   resumed = subprocess.run(sweep_command(workdir, data_cache), cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=900)
   return dict(workdir=workdir, done_before=done_before, unfinished=unfinished,
+              checkpointed=checkpointed,
               launched_before=launched_before, resumed=resumed, first_output=first_output)
 
 
@@ -98,9 +100,8 @@ def test_resume_skips_finished_points_and_tables_every_point(killed_and_resumed)
   for name, mtime in k["done_before"].items():
     assert (workdir / "runs" / name / "sweep_done.json").stat().st_mtime_ns == mtime
   # A point killed after its step-2 checkpoint resumed from it instead of starting over.
-  with_checkpoint = [d for d in k["unfinished"] if (d / "checkpoints" / "2").is_dir()]
-  assert with_checkpoint
-  assert all("resume: step" in (d / "sweep.log").read_text() for d in with_checkpoint)
+  assert k["checkpointed"]
+  assert all("resume: step" in (d / "sweep.log").read_text() for d in k["checkpointed"])
   rows = sweep.read(workdir)
   assert len(rows) == 4 and all(r["status"] == "done" for r in rows)
   assert sorted((r["model.hidden_size"], r["train.steps"]) for r in rows) == [
