@@ -178,7 +178,10 @@ class RayBackend:
   the sweep's work directory (shared storage) and have c2jax installed."""
 
   def __init__(self, cpus_per_point: float = 1.0):
-    import ray  # only for --backend=ray
+    try:
+      import ray  # only for --backend=ray
+    except ImportError:
+      raise SweepError("--backend=ray needs Ray: pip install 'c2jax[ray]'.") from None
 
     self.ray = ray
     if not ray.is_initialized():
