@@ -9,6 +9,7 @@ import pytest
 from c2jax import sweep
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 SMOKE_SWEEP = '''

@@ -16,6 +16,7 @@ import pytest
 
 from c2jax import sweep
 
+pytestmark = pytest.mark.slow
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "experiments" / "notebooks"
 SWEEP = "experiments/scaling_tiny.py:test"
