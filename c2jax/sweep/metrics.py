@@ -9,6 +9,7 @@ per token, attention included: c2jax.parallel.roofline.train_flops_per_token, x 
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import math
@@ -23,9 +24,13 @@ class MetricMissing(LookupError):
   """A finished run does not hold the value a metric asks for (the message says why)."""
 
 
-class Metric:
+class Metric(abc.ABC):
+  """One column of the table: `collect` reads it for a finished point (or raises
+  MetricMissing saying what is absent)."""
+
+  @abc.abstractmethod
   def collect(self, run_dir: pathlib.Path, config: ml_collections.ConfigDict):
-    raise NotImplementedError
+    """The value for the point run in `run_dir` with `config`."""
 
 
 def _rows(run_dir: pathlib.Path) -> list[dict]:
