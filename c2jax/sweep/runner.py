@@ -78,10 +78,16 @@ def check_run_dirs(plan: Plan, workdir: pathlib.Path) -> None:
                            f"{lock.read().strip() or '?'}); wait for it or kill it.") from None
 
 
+# Resolved here, in the parent: between fork and exec the child must not dlopen or allocate
+# (another thread of the parent may have held the loader or malloc lock at the fork).
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+_PR_SET_PDEATHSIG = 1
+_SIGKILL = int(signal.SIGKILL)
+
+
 def _die_with_parent() -> None:
-  """In the child, before exec: SIGKILL it when the process that started it dies."""
-  if sys.platform.startswith("linux"):
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  """In the child, before exec: SIGKILL it when the thread that started it dies."""
+  _PRCTL(_PR_SET_PDEATHSIG, _SIGKILL)
 
 
 class Started:
@@ -106,7 +112,7 @@ class Started:
     # this process dies first.
     self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, pass_fds=(self.lock.fileno(),),
-                                    preexec_fn=_die_with_parent)
+                                    preexec_fn=_die_with_parent if _PRCTL else None)
     self.lock.seek(0)
     self.lock.truncate()
     self.lock.write(str(self.process.pid))
@@ -187,11 +193,11 @@ class RayBackend:
     if not ray.is_initialized():
       ray.init(address=os.environ.get("RAY_ADDRESS"))
     self.task = ray.remote(num_cpus=cpus_per_point, max_retries=0)(run_point)
-    self.running: dict = {}  # object ref -> point name
+    self.running: dict = {}  # object ref -> (point name, run directory)
 
   def submit(self, name: str, command: list[str], directory: pathlib.Path) -> None:
     # The worker's own Python runs the point: the driver's may not exist on that node.
-    self.running[self.task.remote(command[1:], str(directory))] = name
+    self.running[self.task.remote(command[1:], str(directory))] = (name, directory)
 
   def wait(self, timeout: float) -> list[tuple[str, int, float]]:
     if not self.running:
@@ -200,12 +206,16 @@ class RayBackend:
                              timeout=timeout, fetch_local=True)
     results = []
     for ref in ready:
-      name = self.running.pop(ref)
+      name, directory = self.running.pop(ref)
       try:
         returncode, seconds = self.ray.get(ref)
-      except Exception as err:  # pylint: disable=broad-except
-        print(f"sweep: point {name}: the Ray task failed: {err}", flush=True)
+      except Exception as err:  # pylint: disable=broad-except  (the worker died: OOM, node lost)
         returncode, seconds = -1, 0.0
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        (directory / FAILED_FILE).write_text(json.dumps(
+            {"returncode": returncode, "ray_error": reason}) + "\n")
+        with open(directory / LOG_FILE, "a") as log:
+          log.write(f"\n=== sweep: the Ray task running this point failed: {err}\n")
       results.append((name, returncode, seconds))
     return results
 

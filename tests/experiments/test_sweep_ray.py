@@ -26,12 +26,19 @@ def get_sweep(arg=None):
 
 @pytest.fixture(scope="module")
 def local_ray():
-  # Workers import this checkout's c2jax, as the driver does.
+  # Workers import this checkout's c2jax, as the driver does. Ray's memory monitor is off:
+  # on a shared test machine it kills these small workers for other processes' memory.
   path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+  saved = os.environ.get("RAY_memory_monitor_refresh_ms")
+  os.environ["RAY_memory_monitor_refresh_ms"] = "0"
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
            runtime_env={"env_vars": {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}})
   yield
   ray.shutdown()
+  if saved is None:
+    os.environ.pop("RAY_memory_monitor_refresh_ms")
+  else:
+    os.environ["RAY_memory_monitor_refresh_ms"] = saved
 
 
 def test_points_run_as_ray_tasks_and_resume(local_ray, tmp_path):
