@@ -49,9 +49,15 @@ setup(
         # setuptools: tests/test_install_names.py installs a copy of the project offline.
         # ray: tests/rl/test_ray_backend.py runs the Ray actor backend on a local cluster.
         # mini-swe-agent: the external harness tests/agent/test_external_harness.py drives.
+        # scipy, nbclient, ipykernel, nbformat: tests/experiments/test_sweep_runs.py
+        # executes the notebooks in experiments/notebooks/.
         "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "setuptools>=70",
-                 "ray>=2.9", "mini-swe-agent>=2.4"],
-        # Rollout actors as Ray tasks across machines: --config.actors.backend=ray.
+                 "ray>=2.9", "mini-swe-agent>=2.4", "scipy>=1.11", "nbclient>=0.10",
+                 "ipykernel>=6.29", "nbformat>=5.9"],
+        # experiments/notebooks/ (scaling-law fits): pip install -e .[notebooks]
+        "notebooks": ["scipy>=1.11", "ipykernel>=6.29", "nbclient>=0.10", "nbformat>=5.9"],
+        # Rollout actors and sweep points as Ray tasks across machines:
+        # --config.actors.backend=ray, c2jax sweep --backend=ray.
         "ray": ["ray>=2.9"],
     },
     entry_points={"console_scripts": ["c2jax=c2jax.cli:run"]},

@@ -46,7 +46,7 @@ def test_rl_two_steps_on_a_built_suite(suite, tmp_path):
   workdir = tmp_path / 'run'
   command = [sys.executable, '-m', 'c2jax.cli', 'rl', '--config=configs/rl.py:test',
              f'--workdir={workdir}', f'--config.data.cache_dir={tmp_path / "data"}',
-             '--config.data.vocab_size=1024', '--config.data.max_total_bytes=1000000',
+             '--config.data.vocab_size=1024', '--config.data.max_total_bytes=4000000',
              '--config.data.tokenizer_train_bytes=300000', '--config.learner.steps=2',
              '--config.tasks.source=suite', f'--config.tasks.path={suite}',
              '--config.tasks.train_count=2', '--config.tasks.heldout_count=1']

@@ -25,7 +25,7 @@ TOLERANCE = 1e-4
 _TINY = ["--config.train.seq_len=32", "--config.train.batch_size=8",
          "--config.train.eval_every=0", "--config.train.checkpoint_every=2",
          "--config.train.steps=2", "--config.train.warmup_steps=1",
-         "--config.data.max_total_bytes=1000000", "--config.data.tokenizer_train_bytes=300000"]
+         "--config.data.max_total_bytes=4000000", "--config.data.tokenizer_train_bytes=300000"]
 
 
 def _cli(*args, timeout=600):

@@ -61,7 +61,7 @@ def test_ray_actors_feed_the_learner_without_a_shared_disk(tmp_path, local_ray, 
   cfg = configlib.load_config_file(str(REPO / "configs/rl.py"), "test")
   cfg.data.cache_dir = str(tmp_path / "data")
   cfg.data.vocab_size = 1024
-  cfg.data.max_total_bytes = 1_000_000
+  cfg.data.max_total_bytes = 4_000_000
   cfg.data.tokenizer_train_bytes = 300_000
   cfg.learner.steps = STEPS
   cfg.actors.backend = "ray"
