@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import pathlib
 from typing import NamedTuple
@@ -44,7 +45,10 @@ class BuildOptions:
   heldout_fraction: float = 0.05
   heldout_repositories: tuple[str, ...] = ()  # always held out, whatever their hash
   max_file_bytes: int = 256 * 1024
-  max_total_bytes: int | None = None  # None: no limit
+  # None: no limit. Each split has its share: held-out repositories may keep up to
+  # heldout_fraction of it (5% when only heldout_repositories are named), training ones
+  # the rest, so a large early repository of one split cannot starve the other.
+  max_total_bytes: int | None = None
   shard_bytes: int = 64 * 2**20
 
   def validate(self) -> None:
@@ -56,6 +60,14 @@ class BuildOptions:
     if self.max_total_bytes is not None and self.max_total_bytes <= 0:
       raise ValueError(f"max_total_bytes is {self.max_total_bytes}; use > 0, or None for "
                        "no limit.")
+
+  def split_budgets(self) -> dict[str, float] | None:
+    """Bytes each split may keep, or None without a total budget."""
+    if self.max_total_bytes is None:
+      return None
+    share = self.heldout_fraction or (0.05 if self.heldout_repositories else 0.0)
+    return {"heldout": share * self.max_total_bytes,
+            "train": (1.0 - share) * self.max_total_bytes}
 
   def to_json(self) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v
@@ -190,7 +202,8 @@ def _read_file(repo: sources.Repository, path: str, options: BuildOptions,
 
 
 def _build_repository(repo: sources.Repository, split: str, writer: _ShardWriter,
-                      options: BuildOptions, seen: set[str], kept_total: int) -> dict:
+                      options: BuildOptions, seen: set[str], budget_left: float) -> dict:
+  """Writes a repository's kept files; stops (truncated) where its split's budget ends."""
   stats = {"name": repo.name, "split": split, "first": writer.count, "count": 0,
            "bytes": 0, "languages": {}, "dropped": {}, "truncated": False}
   dropped = collections.defaultdict(lambda: [0, 0])
@@ -201,9 +214,9 @@ def _build_repository(repo: sources.Repository, split: str, writer: _ShardWriter
       dropped[result.reason][1] += result.size
       continue
     language, digest, text, size = result
-    if options.max_total_bytes is not None and kept_total + size > options.max_total_bytes:
-      # The budget ends the build here: this and the repository's remaining files are
-      # dropped, later repositories are not reached.
+    if size > budget_left:
+      # The split's budget ends here: this and the repository's remaining files are
+      # dropped, later repositories of this split are not reached.
       rest = repo.files[i:]
       dropped["over_total_budget"][0] += len(rest)
       dropped["over_total_budget"][1] += sum(
@@ -212,7 +225,7 @@ def _build_repository(repo: sources.Repository, split: str, writer: _ShardWriter
       break
     seen.add(digest)
     writer.write(records.encode(repo.name, path, language, digest, text), size)
-    kept_total += size
+    budget_left -= size
     stats["count"] += 1
     stats["bytes"] += size
     stats["languages"][language] = stats["languages"].get(language, 0) + 1
@@ -232,8 +245,13 @@ def build(out: str | os.PathLike, options: BuildOptions = BuildOptions(), *,
     reader = array_record_module.ArrayRecordReader(str(out / entry["shard"]))
     seen.update(records.decode(raw)["sha256"] for raw in reader.read_all())
     reader.close()
+  budgets = options.split_budgets()
+  left = {split: math.inf if budgets is None else budgets[split] for split in SPLITS}
+  full = {split: budgets is not None and budgets[split] <= 0 for split in SPLITS}
+  for repo in finished.values():
+    left[repo["split"]] -= repo["bytes"]
+    full[repo["split"]] |= repo["truncated"]
   kept_total = sum(repo["bytes"] for repo in finished.values())
-  budget_reached = any(repo["truncated"] for repo in finished.values())
   next_index = {split: sum(e["split"] == split for e in manifest) for split in SPLITS}
 
   repos = sorted(sources.discover(options.sources), key=lambda r: _unit_hash(r.name))
@@ -243,18 +261,22 @@ def build(out: str | os.PathLike, options: BuildOptions = BuildOptions(), *,
   for repo in bar:
     if repo.name in finished:
       continue
-    if budget_reached:
+    if all(full.values()):
       not_reached += 1
       continue
     split = split_of(repo.name, options)
+    if full[split]:
+      not_reached += 1
+      continue
     if writers[split] is None:
       writers[split] = _ShardWriter(out, split, next_index[split])
       next_index[split] += 1
     writer = writers[split]
-    stats = _build_repository(repo, split, writer, options, seen, kept_total)
+    stats = _build_repository(repo, split, writer, options, seen, left[split])
     writer.repositories.append(stats)
     kept_total += stats["bytes"]
-    budget_reached = stats["truncated"]
+    left[split] -= stats["bytes"]
+    full[split] = stats["truncated"]
     processed += 1
     bar.set_postfix(kept=f"{kept_total / 2**20:.1f}MiB", refresh=False)
     if writer.bytes >= options.shard_bytes:

@@ -129,3 +129,19 @@ def test_bad_options_are_explained():
     corpus.BuildOptions(heldout_fraction=1.5).validate()
   with pytest.raises(ValueError, match="max_total_bytes"):
     corpus.BuildOptions(max_total_bytes=0).validate()
+
+
+def test_each_split_keeps_its_share_of_the_budget(tree, built, tmp_path):
+  # A budget the training repositories alone would fill: held-out ones still get their
+  # share (heldout_fraction of it; half here), so an early large repository cannot leave the
+  # held-out split empty.
+  heldout_bytes = built.summary["splits"]["heldout"]["bytes"]
+  train_bytes = built.summary["splits"]["train"]["bytes"]
+  budget = int(heldout_bytes / 0.5) + 1
+  assert 0.5 * budget < train_bytes  # the training split is truncated
+  summary = corpus.build(tmp_path, options(tree, max_total_bytes=budget, heldout_fraction=0.5),
+                         progress=False)
+  heldout = summary["splits"]["heldout"]
+  assert heldout["repositories"] >= 1 and 0 < heldout["bytes"] <= 0.5 * budget
+  assert 0 < summary["splits"]["train"]["bytes"] <= 0.5 * budget
+  assert summary["budget_reached"]
