@@ -315,7 +315,7 @@ def train(cfg, workdir) -> dict:
             f"{checkpointer.directory}. Lower config.learner.learning_rate or check the "
             "rewards and advantages, then rerun."))
     if lead is not None:
-      lead.start()
+      _on_leader(lead.start)
     while step < cfg.learner.steps:
       batch = _next_batch(lead, step, rt.batch_ways())
       with rt.scope():
