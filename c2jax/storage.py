@@ -5,7 +5,11 @@ to any URL those libraries can write (`gs://bucket/run`, `s3://bucket/run`,
 `file:///abs/dir`). `pathlib.Path(x).absolute()` would turn `gs://b/run` into
 `<cwd>/gs:/b/run`, so every config value naming such a location goes through
 `resolve` (validated, local paths made absolute, URLs kept) and then through
-`orbax_path` / `kvstore_spec` for the library that reads it.
+`orbax_path` / `kvstore_spec` for the library that reads it. Readers of a finished run
+(init_from, export, serve, eval) open it with `orbax_path` too: pathlib and etils.epath
+paths share the methods they use (`/`, exists, is_dir, iterdir, read_text). What only
+reads local files (HF safetensors directories) asks `require_local`, which turns a
+remote URL into an error saying so.
 
   resolve('ckpt')                 -> '/cwd/ckpt'
   resolve('file:///data/run/')    -> 'file:///data/run'
@@ -66,10 +70,10 @@ def resolve(location, what: str = "location") -> str:
   return f"{parsed.scheme}://{parsed.netloc}{path}"
 
 
-def local_path(location) -> pathlib.Path | None:
+def local_path(location, what: str = "location") -> pathlib.Path | None:
   """The local directory `location` names (a plain path or a file:// URL); None for a
   remote URL."""
-  text = resolve(location)
+  text = resolve(location, what)
   if not is_url(text):
     return pathlib.Path(text)
   if text.startswith("file://"):
@@ -86,15 +90,28 @@ def join(location, *parts) -> str:
   return base + ("" if base.endswith("/") else "/") + tail
 
 
-def orbax_path(location):
+def orbax_path(location, what: str = "location"):
   """What orbax's CheckpointManager takes: a local pathlib.Path (also for file:// URLs)
-  or an etils.epath.Path for an object store (gs:// needs gcsfs, s3:// needs s3fs)."""
-  local = local_path(location)
+  or an etils.epath.Path for an object store (gs:// needs gcsfs, s3:// needs s3fs).
+  `what` names the config key or flag in errors."""
+  local = local_path(location, what)
   if local is not None:
     return local
   from etils import epath  # pylint: disable=g-import-not-at-top
 
-  return epath.Path(resolve(location))
+  return epath.Path(resolve(location, what))
+
+
+def require_local(location, what: str, kind: str) -> pathlib.Path:
+  """The local directory of `location` (a path or a file:// URL); a remote URL is an
+  error naming `what` (the flag or key) and `kind` (what is read from local disk only)."""
+  local = local_path(location, what)
+  if local is None:
+    raise StorageLocationError(
+        f"{what} = {os.fspath(location)!r}: {kind} is read from local disk only; copy it "
+        "to a local directory first (e.g. `gcloud storage cp -r` or `aws s3 cp "
+        "--recursive`) and pass that path (or a file:// URL).")
+  return local
 
 
 def kvstore_spec(location) -> dict | str:

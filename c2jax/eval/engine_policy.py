@@ -43,8 +43,8 @@ def _to_jax(tree, jnp):
 
 
 def load_run(run_dir: str):
-  """(model config, params, tokenizer) of the newest checkpoint of a c2jax run dir, or
-  of an HF directory (see load_hf)."""
+  """(model config, params, tokenizer) of the newest checkpoint of a c2jax run dir (a
+  local path or any URL c2jax.storage reads), or of a local HF directory (see load_hf)."""
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 
@@ -53,7 +53,9 @@ def load_run(run_dir: str):
   from c2jax.model import variants  # pylint: disable=g-import-not-at-top
   from c2jax.train import init_params  # pylint: disable=g-import-not-at-top
 
-  directory = pathlib.Path(run_dir).expanduser()
+  from c2jax import storage  # pylint: disable=g-import-not-at-top
+
+  directory = storage.orbax_path(run_dir, "config.policy.run")
   config_path = directory / "config.json"
   if not config_path.is_file():
     raise FileNotFoundError(
@@ -62,7 +64,8 @@ def load_run(run_dir: str):
         "model directory.")
   saved = json.loads(config_path.read_text())
   if "model" not in saved:  # HF's config.json describes the model at its top level
-    return load_hf(directory)
+    return load_hf(storage.require_local(run_dir, "config.policy.run", "an HF model "
+                                         "directory"))
   model_cfg = variants.get(saved["model"]["name"])
   apply_overrides(model_cfg, saved["model"])
   tokenizer = data.prepare_from_config(ml_collections.ConfigDict(saved["data"]),
@@ -115,7 +118,7 @@ class EnginePolicy:
                        f"max_position = {model_cfg.max_position}.")
     engine = lambda: JaxEngine(model_cfg, params, num_slots=slots, max_length=max_length,
                                detokenize=tokenizer.decode)
-    policy = cls(engine, tokenizer, agent_cfg, label or pathlib.Path(run_dir).name)
+    policy = cls(engine, tokenizer, agent_cfg, label or str(run_dir).rstrip("/").split("/")[-1])
     policy.model_cfg, policy.params = model_cfg, params  # for scored (base-model) suites
     return policy
 

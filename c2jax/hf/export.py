@@ -25,6 +25,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import tensorstore as ts
 
+from c2jax import storage
 from c2jax.hf import checkpoint as converted_lib
 from c2jax.hf import config as hf_config
 from c2jax.hf import convert
@@ -42,7 +43,8 @@ class ExportError(ValueError):
   """A run that cannot be exported; the message says what to do."""
 
 
-def _checkpoints_dir(run: pathlib.Path) -> pathlib.Path:
+def _checkpoints_dir(run):
+  """RUN/checkpoints or RUN itself (pathlib or etils.epath: c2jax.storage.orbax_path)."""
   return run / "checkpoints" if (run / "checkpoints").is_dir() else run
 
 
@@ -78,7 +80,8 @@ class _LeafSource:
     """The whole leaf, read straight from the step's tensorstore arrays (one copy in
     memory, about twice orbax's speed); through orbax when that layout is not found."""
     location = self._manager.directory / str(self._step) / "state"
-    spec = {"driver": "zarr", "kvstore": {"driver": "ocdbt", "base": f"file://{location}",
+    spec = {"driver": "zarr", "kvstore": {"driver": "ocdbt",
+                                          "base": storage.kvstore_spec(location),
                                           "path": "params." + ".".join(path) + "/"}}
     array = _open_array(spec)
     expected = tuple(self._get(path).shape)
@@ -95,7 +98,7 @@ class _LeafSource:
     return np.asarray(leaf)
 
 
-def _is_run(path: pathlib.Path) -> bool:
+def _is_run(path) -> bool:
   try:
     return sources.detect(path) == "run"
   except sources.SourceError:
@@ -119,7 +122,7 @@ def _nest(flat: dict) -> dict:
   return tree
 
 
-def _saved_params(ckpt_dir: pathlib.Path, step: int) -> dict:
+def _saved_params(ckpt_dir, step: int) -> dict:
   """Abstract params (ShapeDtypeStructs on the default device) from orbax metadata."""
   handler = ocp.PyTreeCheckpointHandler()
   try:
@@ -134,23 +137,26 @@ def _saved_params(ckpt_dir: pathlib.Path, step: int) -> dict:
 
 def _origin(job: dict, log) -> tuple[dict | None, pathlib.Path | None]:
   """(HF config.json, directory of tokenizer & co.) of the HF directory the run started
-  from, following init_from through earlier phases; (None, None) if it began fresh."""
+  from, following init_from through earlier phases (runs may be URLs); (None, None) if
+  it began fresh."""
   seen = 0
   while job and job.get("init_from") and seen < _MAX_CHAIN:
     seen += 1
-    path = pathlib.Path(job["init_from"]).expanduser()
+    source = job["init_from"]
     try:
-      kind = sources.detect(path)
-    except sources.SourceError:
-      log(f"export: init_from {str(path)!r} is gone; the exported config.json is built "
-          "from the run's model config alone and no source tokenizer files are copied")
+      kind = sources.detect(source)
+    except sources.SourceError as err:
+      log(f"export: init_from {source!r} cannot be read ({err}); the exported config.json "
+          "is built from the run's model config alone and no source tokenizer files are "
+          "copied")
       return None, None
     if kind == "hf":
+      path = sources.local_dir(source)
       return json.loads((path / "config.json").read_text()), path
     if kind == "converted":
-      reader = converted_lib.CheckpointReader(path)
+      reader = converted_lib.CheckpointReader(sources.local_dir(source))
       return reader.hf_source, reader.files_dir if reader.files_dir.is_dir() else None
-    config = path / "config.json"
+    config = storage.orbax_path(source) / "config.json"
     job = json.loads(config.read_text()) if config.exists() else None
   return None, None
 
@@ -204,16 +210,21 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                max_shard_bytes: int = convert.DEFAULT_SHARD_BYTES, log=print) -> dict:
   """Writes the run's parameters at `step` (newest if None) as an HF directory;
   `quantize` ('fp8', 'fp8-ue8m0', 'int4': c2jax.hf.quantized.EXPORT_SCHEMES) writes a
-  released model's quantised layout instead of plain weights."""
-  run = pathlib.Path(run_dir).expanduser()
-  out = pathlib.Path(out_dir).expanduser()
+  released model's quantised layout instead of plain weights. `run_dir` is a local path
+  or any URL c2jax.storage reads (gs://, s3://, file://); `out_dir` a local directory
+  (or a file:// URL)."""
+  try:
+    run = storage.orbax_path(run_dir, "--run")
+    out = storage.require_local(out_dir, "--to-hf", "an HF export")
+  except storage.StorageLocationError as err:
+    raise ExportError(str(err)) from None
   if dtype is not None and dtype not in DTYPES:
     raise ExportError(f"--dtype {dtype!r} is not one of {sorted(DTYPES)}.")
   ckpt_dir = _checkpoints_dir(run)
   if not _is_run(run):
     raise ExportError(f"{run} is not a c2jax run directory (no checkpoints/); pass the "
                       "workdir of a pretrain / sft / rl run.")
-  manager = ocp.CheckpointManager(ckpt_dir.absolute(), item_names=("state", "data", "config"))
+  manager = ocp.CheckpointManager(ckpt_dir, item_names=("state", "data", "config"))
   try:
     steps = sorted(manager.all_steps())
     if not steps:
@@ -233,7 +244,7 @@ def export_run(run_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
                           "config.json; export needs the model config.")
       job = json.loads(saved.read_text())
     cfg = hf_config.config_from_dict(job["model"])
-    abstract = _saved_params(ckpt_dir.absolute(), step)
+    abstract = _saved_params(ckpt_dir, step)
     if dtype is not None:
       cfg.param_dtype = DTYPES[dtype]
     else:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 import ml_collections
 import numpy as np
 
+from c2jax import storage
 from c2jax.hf import checkpoint
 from c2jax.hf import config as hf_config
 from c2jax.hf import names
@@ -50,13 +51,22 @@ class SourceError(ValueError):
 
 
 def detect(path: str | os.PathLike) -> str:
-  """'run', 'hf' or 'converted', from the files in `path`; SourceError if none matches."""
-  directory = pathlib.Path(path).expanduser()
+  """'run', 'hf' or 'converted', from the files in `path` (a local directory or a URL
+  c2jax.storage accepts); SourceError if none matches. Only a run may be remote."""
+  try:
+    directory = storage.orbax_path(path, "init_from")
+  except storage.StorageLocationError as err:
+    raise SourceError(str(err)) from None
   if not directory.is_dir():
     raise SourceError(f"init_from = {str(path)!r} is not a directory; pass a c2jax run "
                       "directory, an HF model directory or `c2jax convert` output.")
   if (directory / "checkpoints").is_dir() or _has_orbax_steps(directory):
     return "run"
+  if storage.local_path(path) is None:
+    raise SourceError(
+        f"init_from = {str(path)!r} holds no c2jax run (checkpoints/ with orbax steps); "
+        "HF model directories and `c2jax convert` output are read from local disk only: "
+        "copy it to a local directory first and pass that path (or a file:// URL).")
   if (directory / checkpoint.CONFIG_FILE).exists():
     return "converted"
   weights = ((directory / safetensors_io.INDEX_FILE).exists()
@@ -72,28 +82,37 @@ def detect(path: str | os.PathLike) -> str:
       "safetensors).")
 
 
-def _has_orbax_steps(directory: pathlib.Path) -> bool:
+def local_dir(path: str | os.PathLike) -> pathlib.Path:
+  """The local directory of an HF or converted source (a path or a file:// URL)."""
+  try:
+    return storage.require_local(path, "init_from",
+                                 "an HF model directory or `c2jax convert` output")
+  except storage.StorageLocationError as err:
+    raise SourceError(str(err)) from None
+
+
+def _has_orbax_steps(directory) -> bool:
   return any(p.is_dir() and p.name.isdigit() and (p / "state").is_dir()
              for p in directory.iterdir())
 
 
 def model_config(path: str | os.PathLike) -> ml_collections.ConfigDict:
   """The c2jax model config stored with any init_from source (what a phase inherits)."""
-  directory = pathlib.Path(path).expanduser()
-  kind = detect(directory)
+  kind = detect(path)
+  if kind == "run":
+    job = storage.orbax_path(path, "init_from") / "config.json"
+    if not job.exists():
+      raise SourceError(f"{path} has checkpoints but no config.json (the job config a "
+                        "c2jax run writes); point init_from at the run's workdir.")
+    return hf_config.config_from_dict(_read_json(job)["model"])
+  directory = local_dir(path)
   if kind == "hf":  # as declared (MTP layers a checkpoint lacks start fresh), untied head
     hf, _ = open_tensors(directory, _read_json(directory / "config.json"))
     return _declared_config(hf)[0]
-  if kind == "converted":
-    return checkpoint.CheckpointReader(directory).cfg
-  job = directory / "config.json"
-  if not job.exists():
-    raise SourceError(f"{directory} has checkpoints but no config.json (the job config a "
-                      "c2jax run writes); point init_from at the run's workdir.")
-  return hf_config.config_from_dict(_read_json(job)["model"])
+  return checkpoint.CheckpointReader(directory).cfg
 
 
-def _read_json(path: pathlib.Path) -> dict:
+def _read_json(path) -> dict:
   try:
     return json.loads(path.read_text())
   except json.JSONDecodeError as err:
@@ -115,7 +134,7 @@ class HFSource:
   kind = "hf"
 
   def __init__(self, hf_dir: str | os.PathLike, log: Callable[[str], None] = print):
-    self.dir = pathlib.Path(hf_dir).expanduser()
+    self.dir = local_dir(hf_dir)
     self.hf, self.reader = open_tensors(self.dir, _read_json(self.dir / "config.json"))
     text, _ = hf_config.text_config(self.hf)
     tied = bool(text.get("tie_word_embeddings", False))
@@ -191,7 +210,7 @@ class ConvertedSource:
 
   def __init__(self, ckpt_dir: str | os.PathLike, log: Callable[[str], None] = print):
     del log
-    self.dir = pathlib.Path(ckpt_dir).expanduser()
+    self.dir = local_dir(ckpt_dir)
     self.reader = checkpoint.CheckpointReader(self.dir)
     self.cfg = self.reader.cfg
     self.mtp_dropped = False

@@ -14,15 +14,25 @@ With no coordinator anywhere the job is single-process and nothing is initialise
 CPU processes exchange collectives through gloo (jax_cpu_collectives_implementation).
 After initialisation, `c2jax.parallel.make_mesh` builds a hybrid mesh whose data-like
 axes span the processes.
+
+A job whose host-side work happens once (the RL learner: actors, queue, weight
+publishing) runs it on the leader, process 0, and shares results with two collectives
+that every process calls at the same point (with one process both are free):
+  batch = distributed.broadcast_arrays(batch if distributed.is_leader() else None)
+  host = distributed.gather_for_leader(state.params)   # whole arrays on the leader
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import io
 import os
 
 import jax
 import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
 
 from c2jax import config as configlib
 
@@ -114,3 +124,63 @@ def initialize(dist_cfg, environ=None) -> bool:
       num_processes=settings.num_processes, process_id=settings.process_id,
       initialization_timeout=settings.initialization_timeout_s)
   return True
+
+
+def is_leader() -> bool:
+  """Whether this is process 0, which does a multi-process job's host-side work."""
+  return jax.process_index() == 0
+
+
+_STOP = -1  # the size broadcast when the leader has nothing more to send
+_MIN_BUCKET = 1 << 12
+
+
+def broadcast_arrays(arrays: dict | None) -> dict | None:
+  """The leader's dict of host arrays (name -> numpy array) on every process; what the
+  others pass is ignored. A leader passing None (it is stopping) makes every process
+  return None. Every process must call this at the same point; with one process the
+  dict is returned as is.
+
+  The arrays travel as one serialised buffer, padded to a power of two so that batches
+  of slowly changing shapes reuse a few compiled broadcasts."""
+  if jax.process_count() == 1:
+    return arrays
+  payload = b""
+  if is_leader() and arrays is not None:
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    payload = buffer.getvalue()
+  size = len(payload) if is_leader() and arrays is not None else _STOP
+  size = int(multihost_utils.broadcast_one_to_all(np.int32(size)))
+  if size == _STOP:
+    return None
+  bucket = max(_MIN_BUCKET, 1 << (size - 1).bit_length())
+  data = np.zeros(bucket, np.uint8)
+  if is_leader():
+    data[:size] = np.frombuffer(payload, np.uint8)
+  data = np.asarray(multihost_utils.broadcast_one_to_all(data))
+  with np.load(io.BytesIO(data[:size].tobytes())) as loaded:
+    return {name: loaded[name] for name in loaded.files}
+
+
+@functools.lru_cache(maxsize=8)
+def _replicate(mesh):
+  return jax.jit(lambda tree: tree,
+                 out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+
+def gather_for_leader(tree):
+  """`tree` (global arrays on one mesh) in a form the leader can read whole: with one
+  process the tree itself (np.asarray reads any leaf); with several, host numpy arrays on
+  the leader and None on the others. A collective: every process must call it. The
+  arrays are replicated over the mesh for the copy, so each device briefly holds them
+  all."""
+  if jax.process_count() == 1:
+    return tree
+  leaves = jax.tree.leaves(tree)
+  if not leaves:
+    return tree if is_leader() else None
+  whole = _replicate(leaves[0].sharding.mesh)(tree)
+  if not is_leader():
+    return None
+  return jax.tree.map(lambda leaf: np.asarray(leaf.addressable_data(0)), whole)

@@ -90,7 +90,10 @@ class ProcessActors(Actors):
     self.processes: dict[str, subprocess.Popen] = {}
 
   def _spawn(self, actor_id: str) -> None:
-    env = dict(os.environ)
+    from c2jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+
+    # An actor is not a process of the learner's jax.distributed job.
+    env = {k: v for k, v in os.environ.items() if k not in distributed.ENV.values()}
     import jax  # pylint: disable=g-import-not-at-top
 
     if jax.default_backend() == "cpu":

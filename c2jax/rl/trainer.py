@@ -8,8 +8,14 @@ jitted `rl_step`, record the groups as trained at this step, publish the new wei
 delta) for the actors, checkpoint. The learner runs on the shared training runtime
 (c2jax.rl.learner_runtime): sharded as config.parallel says, metrics read one step late,
 a non-finite loss stops the run naming the step before anything is saved. Time spent
-waiting for groups is the learner's idle time. Held-out evaluation (pass rate, best-of-k) runs at step 0 and every `eval.every`
-steps with the learner's own engine.
+waiting for groups is the learner's idle time. Held-out evaluation (pass rate,
+best-of-k) runs at step 0 and every `eval.every` steps with the learner's own engine.
+
+Multi-process (config.parallel.distributed, c2jax.parallel.distributed): start the same
+command once per process. Process 0 leads: it owns the run directory, the task pool, the
+queue, the actors, the weight publisher, the metrics and the evals. Every process
+restores, steps and checkpoints its shards of the state; process 0 broadcasts each
+step's packed batch, and the new parameters are gathered to it once to be published.
 
 Rerunning the same command resumes: the newest readable checkpoint gives the step and
 state; groups trained after it go back to the queue (`GroupQueue.recover`), prompts
@@ -164,54 +170,63 @@ def _take_groups(cfg, run, actors, step: int) -> list:
   return groups
 
 
-def train(cfg, workdir) -> dict:
-  # Multi-process learners join here, before anything asks JAX for its devices.
-  distributed.initialize(cfg.parallel.distributed)
-  if jax.process_count() > 1:
-    raise RuntimeError(
-        f"c2jax rl joined {jax.process_count()} processes, but its queue, actors, weight "
-        "publisher and evals run in one process; run the learner as one process over its "
-        "local devices (unset parallel.distributed / JAX_COORDINATOR_ADDRESS). The "
-        "multi-process learner step itself is c2jax.rl.learner_runtime.")
-  # The policy's model is the one its init_from checkpoint trained (declared changes aside).
-  cfg = model_source.resolve(cfg)
-  job.validate(cfg, jax.device_count())
-  run = _Run(cfg, workdir)
-  rt = learner_runtime.build(cfg)
-  checkpointer = checkpoint_lib.Checkpointer(rollouts.checkpoint_location(cfg, run.dirs),
-                                             keep=cfg.learner.keep_checkpoints,
-                                             every=cfg.learner.checkpoint_every)
-  step, state, ref_params, restored = learner_runtime.start(rt, checkpointer)
-  if restored is not None:
-    print(f"rl: resuming from step {step}", flush=True)
-  _recover(run, step, restored)
+class _Lead:
+  """Process 0's side of the learner: the actors, queue, weight publisher, metrics and
+  held-out evaluation. `params` are the starting parameters as the leader reads them
+  (c2jax.parallel.distributed.gather_for_leader)."""
 
-  # A fresh weight directory per incarnation: versions published after the checkpoint
-  # we resumed from belong to a discarded future.
-  weights_dir = rollouts.fresh_weights_dir(cfg, run.dirs, step)
-  publisher = weights_lib.WeightPublisher(weights_dir, full_every=cfg.actors.full_every)
-  publisher.publish(state.params, step, full=True)
+  def __init__(self, cfg, run, step: int, params):
+    self.cfg, self.run = cfg, run
+    # A fresh weight directory per incarnation: versions published after the checkpoint
+    # we resumed from belong to a discarded future.
+    weights_dir = rollouts.fresh_weights_dir(cfg, run.dirs, step)
+    self.publisher = weights_lib.WeightPublisher(weights_dir, full_every=cfg.actors.full_every)
+    self.publisher.publish(params, step, full=True)
+    self.writer = metrics_lib.MetricsWriter(run.dirs.root, resume_step=step)
+    self.heldout = heldout_lib.HeldoutEval(cfg, run, self.writer, params, step)
+    if cfg.eval.at_start and step == 0 and not (run.dirs.root / "eval0.done").exists():
+      self.heldout(params, 0)
+      (run.dirs.root / "eval0.done").touch()
+    if step == 0:
+      probe_curriculum(cfg, run, self.heldout.engine_at(params, 0))
+    self.actors = actors_lib.make_actors(cfg, run.dirs, weights_dir)
+    self.timing = {"idle_s": 0.0, "eval_s": 0.0, "rollouts": 0}
+    self.first_step = step
+    self._groups, self._batch_metrics = [], {}
 
-  writer = metrics_lib.MetricsWriter(run.dirs.root, resume_step=step)
-  heldout = heldout_lib.HeldoutEval(cfg, run, writer, state.params, step)
-  if cfg.eval.at_start and step == 0 and not (run.dirs.root / "eval0.done").exists():
-    heldout(state.params, 0)
-    (run.dirs.root / "eval0.done").touch()
-  if step == 0:
-    probe_curriculum(cfg, run, heldout.engine_at(state.params, 0))
+  def start(self) -> None:
+    self.actors.start()
+    self.timing["started"] = time.monotonic()
 
-  step_fn = learner_runtime.make_step(rt)
-  actors = actors_lib.make_actors(cfg, run.dirs, weights_dir)
-  actors.start()
-  timing = {"started": time.monotonic(), "idle_s": 0.0, "eval_s": 0.0, "rollouts": 0}
-  first_step = step
+  def _elapsed(self) -> float:
+    return time.monotonic() - self.timing["started"] - self.timing["eval_s"]
 
-  def report(at_step, step_metrics, extra):
+  def take_batch(self, step: int, batch_ways: int) -> dict:
+    """The packed batch of the step's groups (waiting for them is idle time)."""
+    waited = time.monotonic()
+    self._groups = _take_groups(self.cfg, self.run, self.actors, step)
+    self.timing["idle_s"] += time.monotonic() - waited
+    batch, self._batch_metrics = learner_runtime.build_batch(self.cfg, self._groups,
+                                                             batch_ways)
+    return batch
+
+  def trained(self, step: int) -> dict:
+    """Records the step's groups as trained at `step`; the host metrics of the step."""
+    groups = self._groups
+    self.run.queue.mark_trained([g.group_id for g in groups], step)
+    self.timing["rollouts"] += sum(len(g.rewards_G) for g in groups)
+    elapsed = self._elapsed()
+    return {**_group_metrics(groups, step - 1), **self._batch_metrics,
+            "idle_fraction": self.timing["idle_s"] / max(elapsed, 1e-9),
+            "stale_groups": self.run.queue.counts()["stale"], **infra.totals(self.run.dirs),
+            "rollouts_per_s": self.timing["rollouts"] / max(elapsed, 1e-9)}
+
+  def report(self, at_step, step_metrics, extra):
+    cfg = self.cfg
     scalars = {**step_metrics, **extra}
-    writer.write(at_step, scalars)
+    self.writer.write(at_step, scalars)
     if at_step % cfg.learner.log_every == 0 or at_step == cfg.learner.steps:
-      elapsed = time.monotonic() - timing["started"] - timing["eval_s"]
-      eta = elapsed / max(at_step - first_step, 1) * (cfg.learner.steps - at_step)
+      eta = self._elapsed() / max(at_step - self.first_step, 1) * (cfg.learner.steps - at_step)
       print(f"rl: step {at_step}/{cfg.learner.steps} reward {scalars['reward']:+.3f} "
             f"pass {scalars['pass_rate']:.2f} loss {scalars['loss']:+.4f} "
             f"staleness {scalars['staleness_groups']:.1f} idle "
@@ -219,43 +234,110 @@ def train(cfg, workdir) -> dict:
             f"eta {eta / 60:.1f} min", flush=True)
     return scalars
 
-  late = runtime.LateMetrics(report, lambda at_step: (
-      f"The last good checkpoint is step {max(checkpointer.steps(), default=0)} in "
-      f"{checkpointer.directory}. Lower config.learner.learning_rate or check the "
-      "rewards and advantages, then rerun."))
+  def evaluate(self, params, step: int) -> None:
+    self.timing["eval_s"] += self.heldout(params, step)
+
+  def close(self) -> None:
+    self.actors.stop()
+    # Stopped actors' unfinished prompts wait in the pool for the next run.
+    self.run.pool.requeue(None, finished=self.run.queue.contains)
+    self.writer.close()
+
+  def summary(self, step: int) -> dict:
+    return {"step": step, "evals": self.heldout.results,
+            "idle_fraction": self.timing["idle_s"] / max(self._elapsed(), 1e-9),
+            "wall_s": time.monotonic() - self.timing["started"]}
+
+
+class LeaderStoppedError(RuntimeError):
+  """Process 0 of a multi-process learner stopped; the others stop with it."""
+
+
+def _on_leader(work):
+  """work() on process 0; if it fails, the other processes, which wait in the next
+  batch broadcast meanwhile, are told to stop instead of waiting there for ever."""
   try:
+    return work()
+  except BaseException:
+    if jax.process_count() > 1:
+      distributed.broadcast_arrays(None)
+    raise
+
+
+def _next_batch(lead, step: int, batch_ways: int):
+  """The step's batch on every process: process 0 takes the groups and packs them, the
+  others receive them."""
+  batch = None
+  if lead is not None:
+    batch = _on_leader(lambda: lead.take_batch(step, batch_ways))
+  batch = distributed.broadcast_arrays(batch)
+  if batch is None:
+    raise LeaderStoppedError(f"rl: process 0 stopped at step {step}; its output says why.")
+  return batch
+
+
+def train(cfg, workdir) -> dict:
+  """Runs (or resumes) the RL job in `workdir`; returns a summary.
+
+  With several jax.distributed processes (config.parallel.distributed, or the JAX_*
+  environment variables) every process calls this with the same config and workdir:
+  process 0 leads (run directory, task pool, queue, actors, weight publishing, metrics,
+  evals); every process restores, steps and checkpoints the sharded state, on the batch
+  process 0 broadcasts."""
+  # Multi-process learners join here, before anything asks JAX for its devices.
+  distributed.initialize(cfg.parallel.distributed)
+  # The policy's model is the one its init_from checkpoint trained (declared changes aside).
+  cfg = model_source.resolve(cfg)
+  job.validate(cfg, jax.device_count())
+  run = _Run(cfg, workdir) if distributed.is_leader() else None
+  dirs = rollouts.RunDirs(pathlib.Path(workdir).absolute())
+  rt = learner_runtime.build(cfg)
+  checkpointer = checkpoint_lib.Checkpointer(rollouts.checkpoint_location(cfg, dirs),
+                                             keep=cfg.learner.keep_checkpoints,
+                                             every=cfg.learner.checkpoint_every)
+  step, state, ref_params, restored = learner_runtime.start(rt, checkpointer)
+  if run is not None:
+    if restored is not None:
+      print(f"rl: resuming from step {step}"
+            + (f" ({jax.process_count()} learner processes)" if jax.process_count() > 1
+               else ""), flush=True)
+    _recover(run, step, restored)
+  lead = None
+  try:
+    host = distributed.gather_for_leader(state.params)
+    if run is not None:
+      lead = _on_leader(lambda: _Lead(cfg, run, step, host))
+    step_fn = learner_runtime.make_step(rt)
+    late = runtime.LateMetrics(
+        lead.report if lead is not None else lambda at_step, metrics, extra: None,
+        lambda at_step: (
+            f"The last good checkpoint is step {max(checkpointer.steps(), default=0)} in "
+            f"{checkpointer.directory}. Lower config.learner.learning_rate or check the "
+            "rewards and advantages, then rerun."))
+    if lead is not None:
+      _on_leader(lead.start)
     while step < cfg.learner.steps:
-      waited = time.monotonic()
-      groups = _take_groups(cfg, run, actors, step)
-      timing["idle_s"] += time.monotonic() - waited
-      batch, batch_metrics = learner_runtime.build_batch(cfg, groups, rt.batch_ways())
+      batch = _next_batch(lead, step, rt.batch_ways())
       with rt.scope():
         state, step_metrics = step_fn(state, ref_params, rt.place(batch))
       step += 1
-      run.queue.mark_trained([g.group_id for g in groups], step)
-      timing["rollouts"] += sum(len(g.rewards_G) for g in groups)
-      elapsed = time.monotonic() - timing["started"] - timing["eval_s"]
-      late.push(step, step_metrics, {
-          **_group_metrics(groups, step - 1), **batch_metrics,
-          "idle_fraction": timing["idle_s"] / max(elapsed, 1e-9),
-          "stale_groups": run.queue.counts()["stale"], **infra.totals(run.dirs),
-          "rollouts_per_s": timing["rollouts"] / max(elapsed, 1e-9)})
-      publisher.publish(state.params, step)
+      host = distributed.gather_for_leader(state.params)
+      late.push(step, step_metrics, lead.trained(step) if lead is not None else {})
+      if lead is not None:
+        lead.publisher.publish(host, step)
       if step % cfg.learner.checkpoint_every == 0 or step == cfg.learner.steps:
         late.flush()  # a non-finite loss stops the run before this step is saved
         checkpointer.save(step, state, {}, {"config": json.loads(cfg.to_json())},
                           force=True)
       if step % cfg.eval.every == 0 or step == cfg.learner.steps:
         late.flush()
-        timing["eval_s"] += heldout(state.params, step)
+        if lead is not None:
+          lead.evaluate(host, step)
     late.flush()
   finally:
-    actors.stop()
-    # Stopped actors' unfinished prompts wait in the pool for the next run.
-    run.pool.requeue(None, finished=run.queue.contains)
+    if lead is not None:
+      lead.close()
     checkpointer.close()
-    writer.close()
-  elapsed = time.monotonic() - timing["started"] - timing["eval_s"]
-  return {"step": step, "evals": heldout.results,
-          "idle_fraction": timing["idle_s"] / max(elapsed, 1e-9),
-          "wall_s": time.monotonic() - timing["started"]}
+  if lead is None:
+    return {"step": step, "process": jax.process_index()}
+  return lead.summary(step)

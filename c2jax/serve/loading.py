@@ -8,6 +8,8 @@ template) extend it in one place. PATH is either
     checkpoint step as the policy version; or
   - an HF directory (`config.json` with `model_type` + safetensors + `tokenizer.json`)
     through c2jax.hf.load, policy version 0.
+A run may also be given as any URL c2jax.storage reads (gs://, s3://, file://); an HF
+directory must be on local disk (a file:// URL is local).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import jax
 import ml_collections
 
 from c2jax import config as configlib
-from c2jax import data, model
+from c2jax import data, model, storage
 from c2jax.model import config as model_config
 from c2jax.data.tokenizer import Tokenizer
 
@@ -35,7 +37,7 @@ class Loaded:
 
 
 def load(path: str) -> Loaded:
-  directory = pathlib.Path(path).expanduser().absolute()
+  directory = storage.orbax_path(path, "--model")
   config_file = directory / "config.json"
   if not config_file.is_file():
     raise FileNotFoundError(f"--model {path}: no config.json there; pass a c2jax run "
@@ -44,12 +46,12 @@ def load(path: str) -> Loaded:
   if (directory / "checkpoints").is_dir():
     return _load_run(directory, config)
   if "model_type" in config:
-    return _load_hf(directory)
+    return _load_hf(storage.require_local(path, "--model", "an HF model directory"))
   raise ValueError(f"--model {path}: config.json is neither a c2jax run's (no "
                    "checkpoints/ beside it) nor an HF model's (no model_type).")
 
 
-def _check_vocab(directory: pathlib.Path, tokenizer: Tokenizer, cfg) -> None:
+def _check_vocab(directory, tokenizer: Tokenizer, cfg) -> None:
   if tokenizer.vocab_size > cfg.vocab_size:
     raise ValueError(f"--model {directory}: the tokenizer has {tokenizer.vocab_size} "
                      f"tokens (chat markers included) but the model's vocab_size is "
@@ -57,7 +59,7 @@ def _check_vocab(directory: pathlib.Path, tokenizer: Tokenizer, cfg) -> None:
                      "of range. Serve a model trained with this tokenizer.")
 
 
-def _load_run(directory: pathlib.Path, config: dict) -> Loaded:
+def _load_run(directory, config: dict) -> Loaded:
   from c2jax.train import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
   from c2jax.train import init_params  # pylint: disable=g-import-not-at-top
 

@@ -10,11 +10,10 @@ directory and `c2jax convert` output are told apart, checked and placed the same
 
 from __future__ import annotations
 
-import pathlib
-
 import jax
 import orbax.checkpoint as ocp
 
+from c2jax import storage
 from c2jax.hf import placement
 from c2jax.hf import sources as init_sources
 from c2jax.model import mtp as mtp_lib
@@ -53,16 +52,17 @@ def restore_init_params(cfg, fresh_params, shardings=None):
   the restored arrays; None restores them to the default device.
   """
   source = cfg.init_from
-  directory = pathlib.Path(source).expanduser().absolute()
+  # A local path, or for a run any URL c2jax.storage accepts (gs://, s3://, file://).
+  directory = storage.orbax_path(source, "config.init_from")
   if not directory.exists():
     raise FileNotFoundError(
         f"config.init_from = {source!r} does not exist; run the previous phase first "
         "(see configs/longctx.py and configs/sft.py for the chain), or point it at an HF "
         "model directory.")
-  if init_sources.detect(directory) == "run":
+  if init_sources.detect(source) == "run":
     saved, where, restore = _orbax_source(directory, source)
   else:
-    loaded = init_sources.open_source(directory)
+    loaded = init_sources.open_source(source)
     saved, where = _nested(loaded.shapes), f"{directory} ({loaded.kind})"
 
     def restore(abstract, placement_shardings):
@@ -86,7 +86,7 @@ def restore_init_params(cfg, fresh_params, shardings=None):
   return params
 
 
-def _orbax_source(directory: pathlib.Path, source: str):
+def _orbax_source(directory, source: str):
   """(saved shapes, description, restore(abstract, shardings)) of a c2jax run."""
   if (directory / "checkpoints").is_dir():
     directory = directory / "checkpoints"
@@ -118,7 +118,7 @@ def _nested(shapes: dict) -> dict:
   return tree
 
 
-def _saved_param_shapes(directory: pathlib.Path, step: int) -> dict:
+def _saved_param_shapes(directory, step: int) -> dict:
   """The saved parameter tree of a checkpoint step, as shapes, read from orbax metadata
   (no array is loaded)."""
   handler = ocp.PyTreeCheckpointHandler()

@@ -13,25 +13,25 @@ the phase's model as given; the parameter shapes are still checked on restore.
 
 from __future__ import annotations
 
-import pathlib
-
 import ml_collections
 import orbax.checkpoint as ocp
 
 from c2jax import config as configlib
+from c2jax import storage
 from c2jax.model import config as model_config
 from c2jax.model import lineage
 
 
-def _checkpoint_dir(path: pathlib.Path) -> pathlib.Path | None:
-  """The orbax step directory root of a c2jax run (RUN or RUN/checkpoints), or None."""
+def _checkpoint_dir(path):
+  """The orbax step directory root of a c2jax run (RUN or RUN/checkpoints), or None;
+  pathlib or etils.epath paths (c2jax.storage.orbax_path)."""
   for candidate in (path / "checkpoints", path):
     if candidate.is_dir() and any(child.name.isdigit() for child in candidate.iterdir()):
       return candidate
   return None
 
 
-def _run_model(directory: pathlib.Path) -> dict | None:
+def _run_model(directory) -> dict | None:
   """The `model` section of the job config saved with the newest checkpoint step."""
   manager = ocp.CheckpointManager(
       directory, item_names=("config",),
@@ -67,9 +67,9 @@ def source_model(init_from: str) -> tuple[ml_collections.ConfigDict | None, str]
   records no model config (an older c2jax checkpoint)."""
   from c2jax.hf import sources  # pylint: disable=g-import-not-at-top
 
-  path = pathlib.Path(init_from).expanduser().absolute()
   try:
-    kind = sources.detect(path)
+    kind = sources.detect(init_from)
+    path = storage.orbax_path(init_from, "init_from")
     if kind != "run":
       where = (f"the HF model {path}" if kind == "hf" else
                f"the converted checkpoint {path}")

@@ -62,6 +62,13 @@ def test_two_processes_form_one_mesh_and_match_one_process(runs):
     for key in ("loss", "grad_norm", "param_sum"):
       np.testing.assert_allclose(result[key], single[key], rtol=2e-5, err_msg=key)
   assert pair[0]["loss"] == pair[1]["loss"]
+  # The leader's host-side helpers (c2jax rl's batch broadcast and weight gather).
+  for result in pair + [single]:
+    assert result["shared"] == {"ids": list(range(7)), "x": [[0.0] * 3] * 2}
+    assert result["stopped"]
+  assert pair[1]["gathered_sum"] is None
+  for result in (pair[0], single):
+    np.testing.assert_allclose(result["gathered_sum"], single["param_sum"], rtol=2e-5)
 
 
 def test_resolve_reads_config_then_environment():
@@ -115,7 +122,16 @@ def _worker() -> None:
                                       for x in jax.tree.leaves(p)))(state.params)
   fsdp = rt.mesh.axis_names.index("fsdp")
   processes = np.moveaxis(rt.mesh.devices, fsdp, 0).reshape(rt.mesh.shape["fsdp"], -1)
+  # Process 0's host arrays reach every process; a None from it reaches them as None.
+  mine = {"ids": np.arange(7, dtype=np.int32) + 10 * jax.process_index(),
+          "x": np.full((2, 3), jax.process_index(), np.float32)}
+  shared = distributed.broadcast_arrays(mine)
+  stopped = distributed.broadcast_arrays(None if distributed.is_leader() else mine)
+  gathered = distributed.gather_for_leader(state.params)
   print(json.dumps({
+      "shared": {k: v.tolist() for k, v in shared.items()}, "stopped": stopped is None,
+      "gathered_sum": None if gathered is None else float(
+          sum(np.sum(np.asarray(x, np.float32)) for x in jax.tree.leaves(gathered))),
       "process": [jax.process_index(), jax.process_count()],
       "devices": [jax.local_device_count(), jax.device_count()],
       "fsdp_processes": [int(row[0].process_index) for row in processes],

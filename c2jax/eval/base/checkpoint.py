@@ -14,13 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import pathlib
 
 import jax
 import ml_collections
 
 from c2jax import config as configlib
-from c2jax import data, model
+from c2jax import data, model, storage
 from c2jax.model import config as model_config
 from c2jax.train import init_params
 
@@ -30,10 +29,10 @@ class LoadedRun:
   cfg: ml_collections.ConfigDict  # the model config
   params: dict
   tokenizer: data.Tokenizer
-  directory: pathlib.Path
+  directory: object  # pathlib.Path, or etils.epath.Path for a URL (c2jax.storage)
 
 
-def _job_config(directory: pathlib.Path) -> dict:
+def _job_config(directory) -> dict:
   path = directory / "config.json"
   if not path.is_file():
     raise FileNotFoundError(
@@ -49,12 +48,13 @@ def _job_config(directory: pathlib.Path) -> dict:
 
 def load_run(run_dir: str | os.PathLike, *, keep_mtp: bool = False,
              progress: bool = False) -> LoadedRun:
-  """The run's model config, newest parameters and tokenizer.
+  """The run's model config, newest parameters and tokenizer. `run_dir` is a local path
+  or any URL c2jax.storage reads (gs://, s3://, file://).
 
   keep_mtp: keep the multi-token-prediction modules (for speculative decoding); by
   default they are left out, as scoring and greedy decoding do not use them.
   """
-  directory = pathlib.Path(run_dir).expanduser().absolute()
+  directory = storage.orbax_path(run_dir, "run directory")
   job = _job_config(directory)
   cfg = model_config.defaults()
   configlib.apply_overrides(cfg, job["model"])

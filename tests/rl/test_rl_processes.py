@@ -1,0 +1,193 @@
+"""`c2jax rl` with two learner processes over jax.distributed (loopback, 2 x 2 fake CPU
+devices) matches one process on 4 devices: two RL steps on the same groups give the same
+losses and parameters within 1e-5. Process 0 leads (queue, actors, weights, metrics,
+eval); process 1 only steps and checkpoints its shards.
+
+Both runs resume from the same step-0 checkpoint with the same two groups waiting in the
+queue and an empty task pool (so the actors exit at once): the batches are then the same
+whatever the timing of the processes."""
+
+import json
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from c2jax import config as configlib
+from c2jax.data import tokenizer as tokenizer_lib
+from c2jax.env import procgen
+from c2jax.env import tasks as tasks_lib
+from c2jax.rl import job, learner_runtime, rollouts
+from c2jax.rl.group_store import Group
+from c2jax.train import checkpoint as checkpoint_lib
+from c2jax.train import runtime
+from tests.subprocess_checks import child_env
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+STEPS = 2
+TOLERANCE = 1e-5
+TIMEOUT_S = 600
+CONFIG_FILE = """
+from c2jax import config as configlib
+
+
+def get_config(arg=None):
+  c = configlib.load_config_file({rl!r}, "test")
+  c.data.cache_dir = {cache!r}
+  c.data.sources = [{sources!r}]
+  c.data.heldout_repositories = ["two"]
+  c.data.heldout_fraction = 0.0
+  c.data.tokenizer_file = {tokenizer!r}
+  c.learner.steps = {steps}
+  c.learner.learning_rate = 1e-3
+  c.rl.kl.coef = 0.05
+  c.agent.temperature = 0.8
+  return c
+"""
+
+
+def _write_sources(root: pathlib.Path) -> None:
+  for name, text in (("one", "def a(x):\n  return x + 1\n"), ("two", "B = [1, 2]\n")):
+    (root / "src" / name).mkdir(parents=True)
+    (root / "src" / name / "m.py").write_text(text)
+  texts = ["def a(x):\n  return x + 1\n", "B = [1, 2]\n", "Fix the bug in f."] * 20
+  tokenizer_lib.train_bpe(texts, 300).save(root / "tokenizer.json")
+
+
+def _groups(cfg) -> list[Group]:
+  """One group of two rollouts per step (one rollout in two segments)."""
+  rng = np.random.default_rng(0)
+  layers = cfg.model.num_layers - cfg.model.first_k_dense
+  k, experts = cfg.model.moe.num_experts_per_tok, cfg.model.moe.num_experts
+
+  def segment(n):
+    mask = (np.arange(n) >= n // 3).astype(np.int32)
+    return dict(tokens=rng.integers(1, cfg.model.vocab_size, n).astype(np.int32),
+                valid=np.ones(n, np.int32), loss_mask=mask,
+                sampler_logprobs=(-2.0 - rng.random(n) * mask).astype(np.float32),
+                versions=np.zeros(n, np.int32),
+                router_indices=rng.integers(0, experts, (n, layers, k)).astype(np.int32))
+  info = dict(solved=[True, False], sampled_tokens=[10, 8], total_tokens=[20, 14],
+              turns=[1, 2], thinking_tokens=[0, 0])
+  return [Group(f"g{i}", 0, np.float32([1, 0]), np.float32([0.5, -0.5]),
+                [segment(n) for n in (24, 11, 14)], np.int32([0, 0, 1]), dict(info))
+          for i in range(STEPS)]
+
+
+def _prepare_run(workdir: pathlib.Path, cfg, state, heldout) -> None:
+  """A run directory as `c2jax rl` leaves it at step 0, with the groups queued."""
+  dirs = rollouts.RunDirs(workdir)
+  dirs.heldout.parent.mkdir(parents=True)
+  tasks_lib.save_jsonl(heldout, str(dirs.heldout))
+  dirs.pool()
+  queue = dirs.queue(cfg)
+  queue.capacity = STEPS
+  for group in _groups(cfg):
+    queue.put(group)
+  saver = checkpoint_lib.Checkpointer(dirs.checkpoints, async_save=False)
+  saver.save(0, state, {}, {"config": json.loads(cfg.to_json())}, force=True)
+  saver.close()
+
+
+def _free_port() -> int:
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+def _rl(config_file, workdir, devices, log, *flags) -> subprocess.Popen:
+  env = child_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+  if flags:  # as the other jax.distributed tests: no shared compilation cache
+    env["C2JAX_XLA_CACHE"] = "off"
+  return subprocess.Popen(
+      [sys.executable, "-m", "c2jax.cli", "rl", f"--config={config_file}",
+       f"--workdir={workdir}", *flags], cwd=REPO, env=env, stdout=log,
+      stderr=subprocess.STDOUT)
+
+
+def _wait(processes, logs) -> None:
+  for process, log in zip(processes, logs):
+    try:
+      process.wait(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+      for other in processes:
+        other.kill()
+      pytest.fail(f"c2jax rl hung:\n{log.read_text()[-3000:]}")
+    assert process.returncode == 0, log.read_text()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("rl_processes")
+  _write_sources(root)
+  config_file = root / "rl_config.py"
+  config_file.write_text(CONFIG_FILE.format(
+      rl=str(REPO / "configs" / "rl.py"), cache=str(root / "cache"),
+      sources=f"{root}/src/*", tokenizer=str(root / "tokenizer.json"), steps=STEPS))
+  cfg = configlib.load_config_file(config_file)
+  job.validate(cfg)
+  state = jax.device_get(runtime.init_state(learner_runtime.build(cfg)))
+  heldout = [procgen.generate(str(root / "heldout_repos"), 7, 1)]
+  for name in ("one", "two"):
+    _prepare_run(root / name, cfg, state, heldout)
+  port = _free_port()
+  logs = [root / "one.log", root / "two.0.log", root / "two.1.log"]
+  handles = [open(log, "wb") for log in logs]  # pylint: disable=consider-using-with
+  try:
+    processes = [_rl(config_file, root / "one", 4, handles[0])]
+    processes += [_rl(config_file, root / "two", 2, handles[1 + rank],
+                      f"--config.parallel.distributed.coordinator_address=127.0.0.1:{port}",
+                      "--config.parallel.distributed.num_processes=2",
+                      f"--config.parallel.distributed.process_id={rank}")
+                  for rank in range(2)]
+    _wait(processes, logs)
+  finally:
+    for handle in handles:
+      handle.close()
+  return root, cfg, state, logs
+
+
+def _losses(workdir: pathlib.Path) -> dict[int, float]:
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return {row["step"]: row["loss"] for row in rows if "loss" in row}
+
+
+def _params(workdir: pathlib.Path, like):
+  reader = checkpoint_lib.Checkpointer(workdir / "checkpoints", async_save=False)
+  try:
+    return reader.steps(), reader.restore_params(STEPS, checkpoint_lib.abstract_like(like))
+  finally:
+    reader.close()
+
+
+@pytest.mark.slow  # three `c2jax rl` processes, each compiling the tiny RL step
+def test_two_learner_processes_match_one(runs):
+  root, _, state, logs = runs
+  one, two = _losses(root / "one"), _losses(root / "two")
+  assert sorted(one) == [1, 2] and sorted(two) == [1, 2]
+  np.testing.assert_allclose([two[s] for s in (1, 2)], [one[s] for s in (1, 2)],
+                             atol=TOLERANCE, rtol=0)
+  assert one[1] != one[2]  # the steps really update the policy
+  steps_one, params_one = _params(root / "one", state.params)
+  steps_two, params_two = _params(root / "two", state.params)
+  assert steps_one == steps_two == [0, 1, 2]
+  diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+             for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(params_two)))
+  assert diff <= TOLERANCE
+  moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+              for a, b in zip(jax.tree.leaves(params_one), jax.tree.leaves(state.params)))
+  assert moved > 10 * TOLERANCE
+  # Process 0 led (one queue, one publisher, metrics); process 1 only stepped.
+  follower = logs[2].read_text().strip().splitlines()[-1]
+  assert json.loads(follower) == {"step": STEPS, "process": 1}
+  assert "resuming from step 0 (2 learner processes)" in logs[1].read_text()
+  queue = rollouts.RunDirs(root / "two").queue(runs[1])
+  assert queue.trained_steps() == {1: ["g0"], 2: ["g1"]}
+  weights = root / "two" / "weights"
+  [incarnation] = [p for p in weights.iterdir() if p.name.startswith("from-step-")]
+  manifests = sorted(p.name for p in (incarnation / "manifests").iterdir())
+  assert len(manifests) == STEPS + 1, manifests
