@@ -175,3 +175,38 @@ def test_probe_rollouts_seed_the_statistics(dirs):
 def test_an_order_run_cannot_continue_as_running(tmp_path):
   with pytest.raises(FileNotFoundError, match="sampling = 'order'"):
     curriculum_pool.PoolFeed(_feed_cfg(), rollouts.RunDirs(tmp_path), None)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("sampling", "weighted", "expected one of"),
+    ("ema", 1.5, "at most 1"),
+    ("min_weight", 0.0, "> 0"),
+    ("lookahead", 1, "actors busy"),
+    ("turns_weight", 0.0, "both 0"),
+])
+def test_config_errors_name_the_key(key, value, message):
+  from c2jax import config as configlib
+  from c2jax.rl import job
+
+  cfg = job.job_defaults()
+  cfg.rl.curriculum.sampling = "running"
+  if key == "turns_weight":
+    cfg.rl.curriculum.thinking_weight = 0.0
+  cfg.rl.curriculum[key] = value
+  with pytest.raises(configlib.ConfigError, match=f"rl.curriculum.{key}.*{message}"):
+    job.validate(cfg)
+
+
+def test_running_needs_no_prompt_per_step_but_order_does():
+  from c2jax import config as configlib
+  from c2jax.rl import job
+
+  cfg = job.job_defaults()
+  cfg.tasks.train_count = 3  # 20 steps x 2 groups
+  with pytest.raises(configlib.ConfigError, match="sampling = 'running'"):
+    job.validate(cfg)
+  cfg.rl.curriculum.sampling = "running"
+  job.validate(cfg)
+  cfg.rl.curriculum.update(sampling="order", strength=1.0, probe_samples=0)
+  with pytest.raises(configlib.ConfigError, match="probe_samples"):
+    job.validate(cfg)
