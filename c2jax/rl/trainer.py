@@ -187,6 +187,8 @@ def train(cfg, workdir) -> dict:
     source = feed.start(restored[2] if restored is not None else None)
     print(f"rl: running curriculum over {len(feed.tasks)} prompts, statistics from "
           f"{source}; {feed.top_up()} drawn", flush=True)
+  else:
+    run.pool.keep_open(False)  # e.g. left open by a killed run with sampling = 'running'
 
   step_fn = learner_runtime.make_step(rt)
   actors = actors_lib.make_actors(cfg, run.dirs, weights_dir)
