@@ -20,7 +20,7 @@ STEPS = 4
 def _command(workdir, data_cache):
   return [sys.executable, "-m", "c2jax.cli", "rl", "--config=configs/rl.py:test",
           f"--workdir={workdir}", f"--config.data.cache_dir={data_cache}",
-          "--config.data.vocab_size=1024", "--config.data.max_total_bytes=1000000",
+          "--config.data.vocab_size=1024", "--config.data.max_total_bytes=3000000",
           "--config.data.tokenizer_train_bytes=300000", f"--config.learner.steps={STEPS}",
           "--config.rl.curriculum.strength=1.0"]
 
