@@ -51,10 +51,12 @@ def read_rows(root, mode, seed):
 
 
 def curves(rows):
-  """{name: (steps, values)}: held-out pass rate, training pass rate, uniform groups."""
+  """{name: (steps, values)}: held-out pass rate, training pass rate, zero-advantage
+  groups and (running curriculum only) the effective number of prompts drawn from."""
   out = {}
   for key, name in (("eval/pass_rate", "heldout"), ("pass_rate", "train"),
-                    ("uniform_groups", "uniform")):
+                    ("uniform_groups", "uniform"),
+                    ("curriculum/effective_prompts", "effective")):
     points = sorted({row["step"]: row[key] for row in rows if key in row}.items())
     out[name] = (np.array([p[0] for p in points]), np.array([p[1] for p in points]))
   return out
@@ -73,36 +75,51 @@ def plot(results, figure, window):
 
   fig, axes = plt.subplots(1, 3, figsize=(15, 4))
   colors = {"order": "tab:blue", "running": "tab:orange"}
-  titles = {"heldout": "held-out pass rate", "train": f"training pass rate ({window}-step mean)",
-            "uniform": f"zero-advantage groups ({window}-step mean)"}
+  titles = {"heldout": "held-out pass rate",
+            "train": "training pass rate" + (f" ({window}-step mean)" if window > 1 else ""),
+            "effective": "running curriculum: effective prompts (exp entropy)"}
+  names = ("heldout", "train", "effective")
+  first_seed = min(s for _, s in results)
   for (mode, seed), c in sorted(results.items()):
     label = f"{'off' if mode == 'order' else 'running'} seed {seed}"
-    style = "-" if seed == min(s for _, s in results) else "--"
-    for ax, name in zip(axes, ("heldout", "train", "uniform")):
+    # Off: thick solid; running: thin dashed on top, so equal curves both show.
+    style = dict(color=colors[mode], label=label, alpha=1.0 if seed == first_seed else 0.6,
+                 linestyle="-" if mode == "order" else "--",
+                 linewidth=4 if mode == "order" else 1.5)
+    for ax, name in zip(axes, names):
       steps, values = c[name]
-      if name != "heldout":
+      if not len(steps):
+        continue
+      if name == "train":
         values = _smooth(values, window)
         steps = steps[len(steps) - len(values):]
-      ax.plot(steps, values, style, color=colors[mode], label=label, marker="o" if
-              name == "heldout" else None)
-  for ax, name in zip(axes, ("heldout", "train", "uniform")):
+      ax.plot(steps, values, marker="o" if name == "heldout" else None, **style)
+  for ax, name in zip(axes, names):
     ax.set_title(titles[name])
     ax.set_xlabel("learner step")
     ax.grid(alpha=0.3)
+    if name != "effective":
+      ax.set_ylim(-0.02, 1.0)
   axes[0].legend()
   fig.tight_layout()
   fig.savefig(figure, dpi=110)
   print(f"wrote {figure}")
 
 
+def _ends(values):
+  return f"{values[0]:.1f} -> {values[-1]:.1f}" if len(values) else "-"
+
+
 def table(results):
   lines = ["| curriculum | seed | held-out pass rate by step | mean train pass rate | "
-           "zero-advantage groups |", "|---|---|---|---|---|"]
+           "zero-advantage groups | effective prompts, first -> last step |",
+           "|---|---|---|---|---|---|"]
   for (mode, seed), c in sorted(results.items()):
     steps, values = c["heldout"]
     evals = " / ".join(f"{s}: {v:.1%}" for s, v in zip(steps, values))
     lines.append(f"| {'off (order)' if mode == 'order' else 'running'} | {seed} | {evals} | "
-                 f"{np.mean(c['train'][1]):.1%} | {np.mean(c['uniform'][1]):.0%} |")
+                 f"{np.mean(c['train'][1]):.1%} | {np.mean(c['uniform'][1]):.0%} | "
+                 f"{_ends(c['effective'][1])} |")
   return "\n".join(lines)
 
 
@@ -112,7 +129,7 @@ def main(argv):
   parser.add_argument("--seeds", default="0,1")
   parser.add_argument("--modes", default=",".join(MODES))
   parser.add_argument("--figure", default="")
-  parser.add_argument("--window", type=int, default=4)
+  parser.add_argument("--window", type=int, default=1)
   parser.add_argument("--plot_only", action="store_true")
   args, extra = parser.parse_known_args(argv)
   extra = [a for a in extra if a != "--"]
