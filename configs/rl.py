@@ -17,7 +17,9 @@ Variants:
         of up to 16k tokens a step.
         `c2jax plan --memory --config=configs/rl.py:kimi_k25 --mesh=fsdp=16,expert=8,context=8`
         (docs/scaling.md, "RL learner").
-Override anything, e.g. --config.rl.kl.estimator=k3 --config.rl.advantage=grpo.
+Override anything, e.g. --config.rl.kl.estimator=k3 --config.rl.advantage=grpo, or
+--config.rl.curriculum.sampling=running to draw prompts by running pass-rate statistics
+(c2jax/rl/curriculum.py; off by default, docs/benchmarks.md "Running curriculum").
 """
 
 import pathlib

@@ -7,7 +7,9 @@
   default_config(), validate(cfg)                  the `config.rl` section
 Further modules, imported directly where needed:
   group_queue.GroupQueue, task_pool.TaskPool, groups.assemble_group, packing.pack_batch,
-  curriculum.CurriculumSampler, learner.rl_step (the pure step), learner_runtime (the
+  curriculum.CurriculumSampler / RunningCurriculum (single-epoch order / draws from
+  running statistics), curriculum_pool (probe rollouts, the running curriculum's pool
+  feed in the learner), learner.rl_step (the pure step), learner_runtime (the
   step on the shared training runtime: sharding, batches, restore), heldout (held-out
   evals during RL), weights.WeightPublisher/Subscriber,
   actor (the rollout actor process), actors (process / Ray backends), infra

@@ -122,8 +122,7 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
     on_step()
     leased = pool.lease(actor_id)
     if leased is None:
-      counts = pool.counts()
-      if counts["pending"] == 0 and counts["leased"] == 0:
+      if pool.exhausted():
         print(f"{actor_id}: no prompts left; exiting.", flush=True)
         return 0
       time.sleep(0.2)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import ml_collections
 
 from c2jax import config as configlib
-from c2jax.rl import advantages, kl, losses
+from c2jax.rl import advantages, curriculum, kl, losses
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -65,11 +65,19 @@ def default_config() -> ml_collections.ConfigDict:
   c.router_replay = ml_collections.ConfigDict(dict(filter=True, factor=0.5))
   c.queue = ml_collections.ConfigDict(dict(capacity=16, max_lag=2, poll_s=0.02))
   c.packing = ml_collections.ConfigDict(dict(attention_cost=1.0 / 4096))
-  # strength > 0: before the first step, the starting policy rolls out every prompt
-  # `probe_samples` times; prompts that needed more turns / thinking tokens are then
-  # leased earlier (curriculum.CurriculumSampler; 0 = the pool's own order).
+  # The curriculum (c2jax/rl/curriculum.py). sampling = 'order': every prompt once
+  # (single epoch); with strength > 0 the starting policy first rolls out every prompt
+  # `probe_samples` times and prompts that needed more turns / thinking tokens are leased
+  # earlier (strength 0 = the pool's own order). sampling = 'running': prompts are drawn
+  # with replacement while the learner trains, weighted by moving averages (weight `ema`
+  # on the newest group) of each prompt's pass rate (groups likely to be all-pass or
+  # all-fail, which have zero advantage, are down-weighted to `min_weight`; unseen
+  # prompts count as `prior_pass`) times (turns/thinking difficulty) ** strength; the
+  # learner keeps `lookahead` draws pending or leased. probe_samples > 0 seeds those
+  # averages from probe rollouts of every prompt (0 = start from the prior).
   c.curriculum = ml_collections.ConfigDict(dict(
-      strength=0.0, turns_weight=1.0, thinking_weight=1.0, probe_samples=1))
+      sampling="order", strength=0.0, turns_weight=1.0, thinking_weight=1.0,
+      probe_samples=1, ema=0.3, prior_pass=0.5, min_weight=0.05, lookahead=4))
   return c
 
 
@@ -83,17 +91,22 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
   configlib.check_choice(wrapper, key("loss.aggregation"), losses.AGGREGATIONS)
   configlib.check_choice(wrapper, key("kl.estimator"), kl.KL_ESTIMATORS)
   configlib.check_choice(wrapper, key("kl.placement"), kl.KL_PLACEMENTS)
+  configlib.check_choice(wrapper, key("curriculum.sampling"), curriculum.SAMPLINGS)
   for name in ("group_size", "loss.tis_cap", "loss.normalizer_tokens", "queue.capacity",
-               "reward.length_penalty.k", "curriculum.probe_samples", "logprobs.seq_chunk",
-               "logprobs.vocab_chunk"):
+               "reward.length_penalty.k", "logprobs.seq_chunk", "logprobs.vocab_chunk",
+               "curriculum.ema", "curriculum.min_weight", "curriculum.lookahead"):
     configlib.check_positive(wrapper, key(name))
   for name in ("std_eps", "kl.coef", "loss.clip_low", "loss.clip_high", "queue.max_lag",
                "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength",
-               "infra.retries", "infra.prompt_returns"):
+               "curriculum.turns_weight", "curriculum.thinking_weight",
+               "curriculum.probe_samples", "curriculum.prior_pass", "infra.retries",
+               "infra.prompt_returns"):
     configlib.check_positive(wrapper, key(name), allow_zero=True)
-  for name in ("infra.retries", "infra.prompt_returns"):
+  for name in ("infra.retries", "infra.prompt_returns", "curriculum.probe_samples",
+               "curriculum.lookahead"):
     if not isinstance(configlib.get(wrapper, key(name)), int):
       raise configlib.ConfigError(key(name), "must be a whole number.")
+  _validate_curriculum(cfg.curriculum, key("curriculum"))
   if cfg.advantage == "rloo" and cfg.group_size < 2:
     raise configlib.ConfigError(key("group_size"), "must be >= 2 for advantage 'rloo'.")
   if not 0.0 < cfg.router_replay.factor <= 1.0:
@@ -101,6 +114,21 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
                                 f"is {cfg.router_replay.factor}; must be in (0, 1].")
   if "behaviour" in cfg.reward:
     _validate_behaviour(wrapper, cfg.reward.behaviour, key("reward.behaviour"))
+
+
+def _validate_curriculum(curriculum_cfg, prefix: str) -> None:
+  for name in ("ema", "prior_pass", "min_weight"):
+    if curriculum_cfg[name] > 1:
+      raise configlib.ConfigError(f"{prefix}.{name}", f"is {curriculum_cfg[name]}; must be "
+                                  "at most 1 (it is a weight or a pass rate).")
+  if curriculum_cfg.turns_weight + curriculum_cfg.thinking_weight <= 0:
+    raise configlib.ConfigError(f"{prefix}.turns_weight", "and thinking_weight are both 0; "
+                                "difficulty needs at least one of them.")
+  if (curriculum_cfg.sampling == "order" and curriculum_cfg.strength > 0
+      and curriculum_cfg.probe_samples == 0):
+    raise configlib.ConfigError(f"{prefix}.probe_samples", "is 0 but strength > 0: the "
+                                "'order' curriculum ranks prompts by probe rollouts; set "
+                                "probe_samples >= 1 or strength = 0.")
 
 
 def _validate_behaviour(wrapper, behaviour_cfg, prefix: str) -> None:

@@ -129,11 +129,17 @@ def validate(cfg, num_devices: int | None = None) -> None:
   _check_sampling_is_scorable(cfg.agent)
   _validate_parallel(cfg, num_devices)
   steps_needed = cfg.learner.steps * cfg.learner.groups_per_step
-  if cfg.tasks.train_count < steps_needed:
+  if cfg.rl.curriculum.sampling == "running":
+    if cfg.rl.curriculum.lookahead < cfg.actors.count:
+      raise configlib.ConfigError(
+          "rl.curriculum.lookahead", f"= {cfg.rl.curriculum.lookahead} draws cannot keep "
+          f"actors.count = {cfg.actors.count} actors busy; raise it to at least that.")
+  elif cfg.tasks.train_count < steps_needed:
     raise configlib.ConfigError(
         "tasks.train_count", f"= {cfg.tasks.train_count} prompts cannot feed "
         f"learner.steps * learner.groups_per_step = {steps_needed} groups: each prompt "
-        "is trained once (single epoch).")
+        "is trained once (single epoch); or draw prompts with replacement "
+        "(rl.curriculum.sampling = 'running').")
 
 
 def _check_sampling_is_scorable(agent_cfg) -> None:

@@ -50,6 +50,9 @@ class RunHub:
   def counts(self) -> dict[str, int]:
     return self.pool.counts()
 
+  def exhausted(self) -> bool:
+    return self.pool.exhausted()
+
   def complete(self, actor_id: str, task_id: str) -> None:
     self.pool.complete(actor_id, task_id)
 
@@ -100,6 +103,9 @@ class RemotePool(_Remote):
 
   def counts(self):
     return self._call("counts")
+
+  def exhausted(self):
+    return self._call("exhausted")
 
   def complete(self, actor_id, task_id):
     return self._call("complete", actor_id, task_id)

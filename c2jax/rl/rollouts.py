@@ -3,7 +3,9 @@
 Run directory of `c2jax rl` (one per run; actors on other machines see it on shared
 storage):
   config.json          the resolved job config (actors read it)
-  tasks/repos/         procedural repositories; tasks/heldout.jsonl the held-out tasks
+  tasks/repos/         procedural repositories; tasks/heldout.jsonl the held-out tasks;
+                       tasks/train.jsonl the training prompts a running curriculum draws
+                       from (otherwise they are all in the pool from the start)
   pool/                prompts waiting for / leased to actors (task_pool.TaskPool)
   queue/               finished groups (group_queue.GroupQueue)
   weights/<run>/       published weights of the current learner incarnation (or under
@@ -48,6 +50,10 @@ class RunDirs:
   @property
   def heldout(self) -> pathlib.Path:
     return self.root / "tasks" / "heldout.jsonl"
+
+  @property
+  def train(self) -> pathlib.Path:
+    return self.root / "tasks" / "train.jsonl"
 
   @property
   def weights(self) -> pathlib.Path:

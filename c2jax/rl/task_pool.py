@@ -6,6 +6,8 @@ One directory shared by the supervisor and its actor processes:
   done/<task_id>                       its group reached the GroupQueue (the payload,
                                        kept so the task can be reopened)
   released/<task_id>                   how often `release` returned it
+  open                                 present while the learner will add more tasks
+                                       (a running curriculum draws them as it trains)
 A crashed actor loses only its in-flight rollouts: `requeue(actor_id, finished=...)`
 returns its leases to pending, except tasks whose group was already queued (the actor
 died after `put` but before `complete`), which are marked done so they never run twice.
@@ -167,6 +169,20 @@ class TaskPool:
           os.replace(source, self.root / "pending" / name)
           requeued += 1
       return requeued
+
+  def keep_open(self, is_open: bool) -> None:
+    """Whether more tasks will be added: while open, an empty pool means 'wait for the
+    learner's next draws', not 'done' (see `exhausted`)."""
+    with locked(self._lock):
+      if is_open:
+        atomic_write(self.root / "open", b"")
+      elif (self.root / "open").exists():
+        (self.root / "open").unlink()
+
+  def exhausted(self) -> bool:
+    """True when nothing is pending or leased and no more tasks will be added."""
+    with locked(self._lock):
+      return not (self._pending() or self._leases() or (self.root / "open").exists())
 
   def counts(self) -> dict[str, int]:
     with locked(self._lock):

@@ -10,6 +10,10 @@ delta) for the actors, checkpoint. The learner runs on the shared training runti
 a non-finite loss stops the run naming the step before anything is saved. Time spent
 waiting for groups is the learner's idle time. Held-out evaluation (pass rate,
 best-of-k) runs at step 0 and every `eval.every` steps with the learner's own engine.
+With a running curriculum (config.rl.curriculum.sampling = 'running') the learner also
+folds each step's groups into the curriculum's statistics, keeps the pool filled with
+prompts drawn by them, and checkpoints them with the parameters
+(c2jax.rl.curriculum_pool).
 
 Multi-process (config.parallel.distributed, c2jax.parallel.distributed): start the same
 command once per process. Process 0 leads: it owns the run directory, the task pool, the
@@ -34,12 +38,11 @@ import jax
 import numpy as np
 
 from c2jax import data
-from c2jax.agent import loop as agent_loop
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
 from c2jax.parallel import distributed
 from c2jax.rl import actors as actors_lib
-from c2jax.rl import curriculum as curriculum_lib
+from c2jax.rl import curriculum_pool
 from c2jax.rl import heldout as heldout_lib
 from c2jax.rl import infra, job, learner_runtime, rollouts, task_sources
 from c2jax.rl import weights as weights_lib
@@ -51,66 +54,40 @@ _HELDOUT_SEED_OFFSET = 1_000_000  # held-out repositories never share a seed wit
 
 
 def build_tasks(cfg, dirs: rollouts.RunDirs) -> None:
-  """Generates the train prompts into the pool and the held-out tasks (once per run)."""
+  """Generates the train prompts and the held-out tasks (once per run). The train prompts
+  go into the pool, or with a running curriculum to tasks/train.jsonl (it draws them)."""
   if dirs.heldout.exists():
     return
+  dirs.heldout.parent.mkdir(parents=True, exist_ok=True)
   if cfg.tasks.source != "procgen":
     train_tasks, heldout = task_sources.load_split(cfg.tasks, rollouts_needed(cfg))
-    dirs.heldout.parent.mkdir(parents=True, exist_ok=True)
+  else:
+    difficulties = list(cfg.tasks.difficulties)
+
+    def make(count, offset):
+      return [procgen.generate(str(dirs.repos), cfg.tasks.seed + offset + i,
+                               difficulties[i % len(difficulties)]) for i in range(count)]
+
+    train_tasks = make(cfg.tasks.train_count, 0)
+    heldout = make(cfg.tasks.heldout_count, _HELDOUT_SEED_OFFSET)
+  if cfg.rl.curriculum.sampling == "running":
+    _save_tasks(train_tasks, dirs.train)
+  else:
     dirs.pool().add((t.id, {"task": t.to_json()}) for t in train_tasks)
-    tasks_lib.save_jsonl(heldout, str(dirs.heldout) + ".tmp")
-    pathlib.Path(str(dirs.heldout) + ".tmp").rename(dirs.heldout)
-    return
-  difficulties = list(cfg.tasks.difficulties)
+  _save_tasks(heldout, dirs.heldout)  # last: its presence says the tasks are built
 
-  def make(count, offset):
-    return [procgen.generate(str(dirs.repos), cfg.tasks.seed + offset + i,
-                             difficulties[i % len(difficulties)]) for i in range(count)]
 
-  train_tasks = make(cfg.tasks.train_count, 0)
-  dirs.pool().add((t.id, {"task": t.to_json()}) for t in train_tasks)
-  heldout = make(cfg.tasks.heldout_count, _HELDOUT_SEED_OFFSET)
-  tasks_lib.save_jsonl(heldout, str(dirs.heldout) + ".tmp")
-  pathlib.Path(str(dirs.heldout) + ".tmp").rename(dirs.heldout)
+def _save_tasks(tasks, path: pathlib.Path) -> None:
+  tasks_lib.save_jsonl(tasks, str(path) + ".tmp")
+  pathlib.Path(str(path) + ".tmp").rename(path)
 
 
 def rollouts_needed(cfg) -> int:
-  """Train prompts the run consumes: each prompt is trained once (single epoch)."""
+  """Train prompts the run needs: each prompt is trained once (single epoch), unless a
+  running curriculum draws them with replacement (then one is enough)."""
+  if cfg.rl.curriculum.sampling == "running":
+    return 1
   return int(cfg.learner.steps * cfg.learner.groups_per_step)
-
-
-def curriculum_order(task_ids, observations, curriculum_cfg, seed: int) -> list[str]:
-  """Every prompt, hard ones (more turns / thinking tokens in `observations`, tuples of
-  (task_id, turns, thinking_tokens)) drawn earlier as config.rl.curriculum says."""
-  sampler = curriculum_lib.CurriculumSampler(
-      task_ids, curriculum_cfg.strength, curriculum_cfg.turns_weight,
-      curriculum_cfg.thinking_weight, seed)
-  for task_id, turns, thinking in observations:
-    sampler.observe(task_id, turns, thinking)
-  return sampler.draw(len(task_ids))
-
-
-def probe_curriculum(cfg, run, engine) -> None:
-  """Rolls out every pending prompt with the starting policy and reorders the pool by
-  difficulty (once per run; see config.rl.curriculum)."""
-  marker = run.dirs.root / "curriculum.json"
-  curriculum = cfg.rl.curriculum
-  if curriculum.strength <= 0 or marker.exists():
-    return
-  pending = run.pool.pending_tasks()
-  tasks = [tasks_lib.Task.from_json(payload["task"]) for _, payload in pending]
-  samples = curriculum.probe_samples
-  jobs = [task for task in tasks for _ in range(samples)]
-  seeds = [s for task in tasks for s in rollouts.rollout_seeds("probe:" + task.id, samples)]
-  started = time.monotonic()
-  trajectories = agent_loop.run_episodes(engine, run.tokenizer, cfg.agent, jobs, seeds=seeds)
-  observations = [(t.task_id, t.stats.turns, t.stats.thinking_tokens) for t in trajectories]
-  order = curriculum_order([task_id for task_id, _ in pending], observations, curriculum,
-                           cfg.learner.seed)
-  run.pool.reorder(order)
-  marker.write_text(json.dumps({"order": order, "seconds": time.monotonic() - started}))
-  print(f"rl: curriculum over {len(order)} prompts from {len(trajectories)} probe rollouts "
-        f"({time.monotonic() - started:.0f}s)", flush=True)
 
 
 def _group_metrics(groups, step: int) -> dict[str, float]:
@@ -124,6 +101,8 @@ def _group_metrics(groups, step: int) -> dict[str, float]:
       "tokens_per_rollout": float(np.mean([t for i in info for t in i["total_tokens"]])),
       "sampled_per_rollout": float(np.mean([t for i in info for t in i["sampled_tokens"]])),
       "turns": float(np.mean([t for i in info for t in i["turns"]])),
+      # All pass or all fail: zero advantage, nothing learnt (a curriculum lowers it).
+      "uniform_groups": float(np.mean([len(set(i["solved"])) == 1 for i in info])),
       "staleness_groups": float(np.mean([step - g.policy_version for g in groups])),
       "staleness_tokens": float(np.mean(step - versions)) if versions.size else 0.0,
   }
@@ -155,14 +134,17 @@ def _recover(run, step: int, restored) -> None:
           f"back in the pool ({reopened} refused as ahead of step {step})", flush=True)
 
 
-def _take_groups(cfg, run, actors, step: int) -> list:
-  """The step's groups, waiting (and checking on the actors) while the queue is short."""
+def _take_groups(cfg, run, actors, step: int, feed) -> list:
+  """The step's groups, waiting (and checking on the actors, and keeping a running
+  curriculum's draws coming) while the queue is short."""
   groups = []
   while len(groups) < cfg.learner.groups_per_step:
     try:
       groups.append(run.queue.get(step, timeout=cfg.learner.wait_s))
     except queue_lib.Empty:
       actors.check(run.pool, run.queue)
+      if feed is not None:
+        feed.top_up()
       if actors.all_finished and run.queue.counts()["ready"] == 0:
         raise RuntimeError(
             f"The pool ran out of prompts at step {step} of {cfg.learner.steps}; "
@@ -175,7 +157,7 @@ class _Lead:
   held-out evaluation. `params` are the starting parameters as the leader reads them
   (c2jax.parallel.distributed.gather_for_leader)."""
 
-  def __init__(self, cfg, run, step: int, params):
+  def __init__(self, cfg, run, step: int, params, restored_data):
     self.cfg, self.run = cfg, run
     # A fresh weight directory per incarnation: versions published after the checkpoint
     # we resumed from belong to a discarded future.
@@ -188,7 +170,15 @@ class _Lead:
       self.heldout(params, 0)
       (run.dirs.root / "eval0.done").touch()
     if step == 0:
-      probe_curriculum(cfg, run, self.heldout.engine_at(params, 0))
+      curriculum_pool.probe(cfg, run, self.heldout.engine_at(params, 0))
+    self.feed = None
+    if cfg.rl.curriculum.sampling == "running":
+      self.feed = curriculum_pool.PoolFeed(cfg, run.dirs, run.pool)
+      source = self.feed.start(restored_data)
+      print(f"rl: running curriculum over {len(self.feed.tasks)} prompts, statistics from "
+            f"{source}; {self.feed.top_up()} drawn", flush=True)
+    else:
+      run.pool.keep_open(False)  # e.g. left open by a killed run with sampling = 'running'
     self.actors = actors_lib.make_actors(cfg, run.dirs, weights_dir)
     self.timing = {"idle_s": 0.0, "eval_s": 0.0, "rollouts": 0}
     self.first_step = step
@@ -204,7 +194,7 @@ class _Lead:
   def take_batch(self, step: int, batch_ways: int) -> dict:
     """The packed batch of the step's groups (waiting for them is idle time)."""
     waited = time.monotonic()
-    self._groups = _take_groups(self.cfg, self.run, self.actors, step)
+    self._groups = _take_groups(self.cfg, self.run, self.actors, step, self.feed)
     self.timing["idle_s"] += time.monotonic() - waited
     batch, self._batch_metrics = learner_runtime.build_batch(self.cfg, self._groups,
                                                              batch_ways)
@@ -214,12 +204,22 @@ class _Lead:
     """Records the step's groups as trained at `step`; the host metrics of the step."""
     groups = self._groups
     self.run.queue.mark_trained([g.group_id for g in groups], step)
+    curriculum_metrics = {}
+    if self.feed is not None:
+      curriculum_metrics = self.feed.observe(groups)
+      self.feed.top_up()
     self.timing["rollouts"] += sum(len(g.rewards_G) for g in groups)
     elapsed = self._elapsed()
     return {**_group_metrics(groups, step - 1), **self._batch_metrics,
             "idle_fraction": self.timing["idle_s"] / max(elapsed, 1e-9),
             "stale_groups": self.run.queue.counts()["stale"], **infra.totals(self.run.dirs),
-            "rollouts_per_s": self.timing["rollouts"] / max(elapsed, 1e-9)}
+            "rollouts_per_s": self.timing["rollouts"] / max(elapsed, 1e-9),
+            **curriculum_metrics}
+
+  def data_state(self) -> dict:
+    """What the checkpoint keeps beside the parameters: a running curriculum's statistics
+    belong with the parameters they were trained with (restored together)."""
+    return {"curriculum": self.feed.state()} if self.feed is not None else {}
 
   def report(self, at_step, step_metrics, extra):
     cfg = self.cfg
@@ -239,6 +239,8 @@ class _Lead:
 
   def close(self) -> None:
     self.actors.stop()
+    if self.feed is not None:
+      self.feed.close()
     # Stopped actors' unfinished prompts wait in the pool for the next run.
     self.run.pool.requeue(None, finished=self.run.queue.contains)
     self.writer.close()
@@ -306,7 +308,8 @@ def train(cfg, workdir) -> dict:
   try:
     host = distributed.gather_for_leader(state.params)
     if run is not None:
-      lead = _on_leader(lambda: _Lead(cfg, run, step, host))
+      lead = _on_leader(lambda: _Lead(
+          cfg, run, step, host, restored[2] if restored is not None else None))
     step_fn = learner_runtime.make_step(rt)
     late = runtime.LateMetrics(
         lead.report if lead is not None else lambda at_step, metrics, extra: None,
@@ -327,8 +330,9 @@ def train(cfg, workdir) -> dict:
         lead.publisher.publish(host, step)
       if step % cfg.learner.checkpoint_every == 0 or step == cfg.learner.steps:
         late.flush()  # a non-finite loss stops the run before this step is saved
-        checkpointer.save(step, state, {}, {"config": json.loads(cfg.to_json())},
-                          force=True)
+        # Only process 0 writes the JSON data slot (orbax), so the others pass {}.
+        checkpointer.save(step, state, lead.data_state() if lead is not None else {},
+                          {"config": json.loads(cfg.to_json())}, force=True)
       if step % cfg.eval.every == 0 or step == cfg.learner.steps:
         late.flush()
         if lead is not None:

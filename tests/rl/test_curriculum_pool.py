@@ -5,7 +5,7 @@ import os
 import ml_collections
 import pytest
 
-from c2jax.rl import trainer
+from c2jax.rl import curriculum_pool
 from c2jax.rl.task_pool import TaskPool
 
 
@@ -49,11 +49,11 @@ def test_curriculum_order_draws_hard_prompts_first():
   ids = [f"p{i}" for i in range(40)]
   hard = set(ids[::4])
   observations = [(i, 12 if i in hard else 1, 400 if i in hard else 10) for i in ids]
-  order = trainer.curriculum_order(ids, observations, _curriculum(4.0), seed=0)
+  order = curriculum_pool.order(ids, observations, _curriculum(4.0), seed=0)
   assert sorted(order) == sorted(ids)  # every prompt, once
   first = set(order[:len(hard)])
   assert len(first & hard) >= len(hard) - 2
   # Strength 0 ignores difficulty: hard prompts are spread like the rest.
-  uniform = trainer.curriculum_order(ids, observations, _curriculum(0.0), seed=0)
+  uniform = curriculum_pool.order(ids, observations, _curriculum(0.0), seed=0)
   assert sorted(uniform) == sorted(ids)
   assert len(set(uniform[:len(hard)]) & hard) < len(hard) - 2
