@@ -70,6 +70,11 @@ def default_config() -> ml_collections.ConfigDict:
   # leased earlier (curriculum.CurriculumSampler; 0 = the pool's own order).
   c.curriculum = ml_collections.ConfigDict(dict(
       strength=0.0, turns_weight=1.0, thinking_weight=1.0, probe_samples=1))
+  # Online self-distillation of the policy's MTP heads (when model.num_mtp_layers > 0):
+  # each learner step adds mtp_loss_weight x (KL of every MTP depth to the main head at
+  # the position predicting the same generated token), detached from the trunk, so the
+  # drafter follows the policy (c2jax.rl.mtp_distill). 0 leaves the heads as they are.
+  c.mtp_loss_weight = 1.0
   return c
 
 
@@ -89,7 +94,7 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
     configlib.check_positive(wrapper, key(name))
   for name in ("std_eps", "kl.coef", "loss.clip_low", "loss.clip_high", "queue.max_lag",
                "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength",
-               "infra.retries", "infra.prompt_returns"):
+               "infra.retries", "infra.prompt_returns", "mtp_loss_weight"):
     configlib.check_positive(wrapper, key(name), allow_zero=True)
   for name in ("infra.retries", "infra.prompt_returns"):
     if not isinstance(configlib.get(wrapper, key(name)), int):
