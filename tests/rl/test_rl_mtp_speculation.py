@@ -30,16 +30,28 @@ def test_draft_metrics_pool_the_groups_counts():
 
 @pytest.mark.slow
 def test_rl_with_speculative_actors_logs_acceptance_and_publishes_trained_heads(tmp_path):
-  workdir, data_cache = tmp_path / "run", tmp_path / "data"
-  command = [sys.executable, "-m", "c2jax.cli", "rl", "--config=configs/rl.py:test",
-             f"--workdir={workdir}", f"--config.data.cache_dir={data_cache}",
-             "--config.data.vocab_size=1024", "--config.data.max_total_bytes=1000000",
-             "--config.data.tokenizer_train_bytes=300000", f"--config.learner.steps={STEPS}",
-             "--config.model.num_mtp_layers=1", "--config.actors.num_draft_tokens=2",
-             # Keep every published version (no full snapshot deletes version 0).
-             "--config.actors.full_every=100", "--config.learner.learning_rate=1e-3"]
-  result = subprocess.run(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
-                          capture_output=True, text=True, timeout=900, check=False)
+  workdir = tmp_path / "run"
+  # `c2jax rl` in a child process (it starts its own actor processes), its config built
+  # here: a data list cannot be overridden on the command line.
+  script = f"""
+from c2jax import config as configlib
+from c2jax.rl import trainer
+cfg = configlib.load_config_file("configs/rl.py", "test")
+cfg.data.update(cache_dir={str(tmp_path / "data")!r}, vocab_size=1024,
+                max_total_bytes=1_000_000, tokenizer_train_bytes=300_000,
+                # The standard library alone: a corpus that does not depend on what else
+                # is installed (site-packages can leave the held-out split empty).
+                sources=["stdlib"], heldout_fraction=0.3)
+cfg.model.num_mtp_layers = 1
+cfg.actors.num_draft_tokens = 2
+cfg.actors.full_every = 100  # keep every published version (no snapshot deletes v0)
+cfg.learner.steps = {STEPS}
+cfg.learner.learning_rate = 1e-3
+trainer.train(cfg, {str(workdir)!r})
+"""
+  result = subprocess.run([sys.executable, "-c", script], cwd=REPO,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=1800, check=False)
   assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   steps = [row for row in rows if "loss" in row]
