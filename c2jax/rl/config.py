@@ -75,6 +75,9 @@ def default_config() -> ml_collections.ConfigDict:
   # the position predicting the same generated token), detached from the trunk, so the
   # drafter follows the policy (c2jax.rl.mtp_distill). 0 leaves the heads as they are.
   c.mtp_loss_weight = 1.0
+  # The heads' learning rate relative to learner.learning_rate (Adam is scale-free in the
+  # loss weight, so this, not the weight, sets how fast the heads move).
+  c.mtp_lr_scale = 1.0
   return c
 
 
@@ -94,7 +97,8 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
     configlib.check_positive(wrapper, key(name))
   for name in ("std_eps", "kl.coef", "loss.clip_low", "loss.clip_high", "queue.max_lag",
                "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength",
-               "infra.retries", "infra.prompt_returns", "mtp_loss_weight"):
+               "infra.retries", "infra.prompt_returns", "mtp_loss_weight",
+               "mtp_lr_scale"):
     configlib.check_positive(wrapper, key(name), allow_zero=True)
   for name in ("infra.retries", "infra.prompt_returns"):
     if not isinstance(configlib.get(wrapper, key(name)), int):

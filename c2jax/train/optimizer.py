@@ -122,15 +122,35 @@ def clip_by_group_norm(max_norm: float,
   return optax.GradientTransformation(init, update)
 
 
+def scale_groups(factors: dict[str, float],
+                 group_of: Callable[[tuple], str]) -> optax.GradientTransformation:
+  """Multiplies the updates of each group named in `factors` (group_of: key path ->
+  group name) by its factor; other groups pass unchanged. Stateless."""
+
+  def update(updates, state, params=None):
+    del params
+    scaled = jax.tree_util.tree_map_with_path(
+        lambda path, u: u * jnp.asarray(factors.get(group_of(path), 1.0), u.dtype), updates)
+    return scaled, state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(*, learning_rate: float, total_steps: int, warmup_steps: int = 0,
                    schedule: str = "cosine", weight_decay: float = 0.1, b1: float = 0.9,
                    b2: float = 0.95, eps: float = 1e-8, clip_norm: float = 1.0,
                    end_lr_fraction: float = 0.1, decay_fraction: float = 0.2,
                    state_dtype: str = "float32",
-                   clip_group: Callable[[tuple], str] | None = None):
+                   clip_group: Callable[[tuple], str] | None = None,
+                   group_lr_scale: dict[str, float] | None = None):
   """(optimizer, learning-rate schedule); `schedule` is a key of SCHEDULES; the Adam
   moments are stored in `state_dtype`. `clip_group` (key path -> group name) clips each
-  group by its own global norm (clip_by_group_norm); None clips all leaves together."""
+  group by its own global norm (clip_by_group_norm); None clips all leaves together.
+  `group_lr_scale` ({group name: factor}, needs clip_group) multiplies those groups'
+  learning rate."""
+  if group_lr_scale and clip_group is None:
+    raise ValueError("make_optimizer: group_lr_scale needs clip_group (which names the "
+                     "groups).")
   if schedule not in SCHEDULES:
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {sorted(SCHEDULES)}.")
   schedule = SCHEDULES[schedule](learning_rate, total_steps, warmup_steps, end_lr_fraction,
@@ -141,7 +161,8 @@ def make_optimizer(*, learning_rate: float, total_steps: int, warmup_steps: int 
       clip,
       scale_by_adam(b1, b2, eps, state_dtype),
       optax.add_decayed_weights(weight_decay, mask=weight_decay_mask),
-      optax.scale_by_learning_rate(schedule))
+      optax.scale_by_learning_rate(schedule),
+      *([scale_groups(group_lr_scale, clip_group)] if group_lr_scale else []))
   labels = lambda params: jax.tree_util.tree_map(
       lambda trainable: "train" if trainable else "frozen", model.trainable_mask(params))
   return optax.multi_transform({"train": adamw, "frozen": optax.set_to_zero()}, labels), schedule
