@@ -91,6 +91,10 @@ def test_config_requires_mtp_modules_for_speculation():
   cfg.rl.mtp_loss_weight = -0.5
   with pytest.raises(configlib.ConfigError, match="rl.mtp_loss_weight"):
     job.validate(cfg)
+  cfg.rl.mtp_loss_weight = 1.0
+  cfg.rl.mtp_lr_scale = -1.0
+  with pytest.raises(configlib.ConfigError, match="rl.mtp_lr_scale"):
+    job.validate(cfg)
 
 
 def test_mtp_loss_reaches_only_the_mtp_heads(setup):
@@ -149,6 +153,18 @@ def test_grouped_clip_scales_each_group_by_its_own_norm():
   small = jax.tree.map(lambda g: g / 10, grads)
   kept, _ = grouped.update(small, grouped.init(small))
   np.testing.assert_allclose(kept["lm_head"]["kernel"], 0.15, rtol=1e-6)
+
+
+def test_heads_learning_rate_scale_applies_to_the_heads_alone():
+  params = {"lm_head": {"kernel": jnp.ones(3)}, mtp.PARAMS_KEY: {"w": jnp.ones(3)}}
+  optimizer, _ = optimizer_lib.make_optimizer(
+      learning_rate=1.0, total_steps=10, weight_decay=0.0, end_lr_fraction=1.0,
+      clip_group=learner_runtime.clip_group, group_lr_scale={"mtp": 0.1})
+  updates, _ = optimizer.update(params, optimizer.init(params), params)
+  np.testing.assert_allclose(updates["lm_head"]["kernel"], -1.0, rtol=1e-6)
+  np.testing.assert_allclose(updates[mtp.PARAMS_KEY]["w"], -0.1, rtol=1e-6)
+  with pytest.raises(ValueError, match="group_lr_scale needs clip_group"):
+    optimizer_lib.make_optimizer(learning_rate=1.0, total_steps=10, group_lr_scale={"x": 1})
 
 
 def test_online_distillation_lowers_the_kl_to_the_policy(setup):
