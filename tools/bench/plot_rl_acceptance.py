@@ -4,8 +4,8 @@
       --out docs/figures/rl_mtp_acceptance.png --window 5
 
 Prints a markdown table (mean of each metric over windows of `--window` steps) and plots
-draft_tokens_per_step (1 + accepted drafts per verify step) and draft_acceptance per step,
-one line per run (docs/benchmarks.md, "MTP acceptance during RL").
+draft_tokens_per_step (1 + accepted drafts per verify step), draft_acceptance and the
+policy's KL to its starting point per step, one line per run (docs/benchmarks.md, "MTP acceptance during RL").
 """
 
 from __future__ import annotations
@@ -51,13 +51,18 @@ def plot(runs: dict[str, list[dict]], out: pathlib.Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+  # The policy's drift (the sampler's KL to the reference policy) beside the acceptance:
+  # runs that drift apart are not comparable step for step.
+  panels = (("draft_tokens_per_step", "tokens per verify step (1 + accepted)"),
+            ("draft_acceptance", "accepted / drafted"),
+            ("kl", "policy KL to the start (nats/token)"))
+  fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.6))
   for label, steps in runs.items():
-    for ax, name in zip(axes, ("draft_tokens_per_step", "draft_acceptance")):
+    for ax, (name, _) in zip(axes, panels):
       xs = [row["step"] for row in steps if name in row]
       ax.plot(xs, [row[name] for row in steps if name in row], marker="o", ms=3, label=label)
-  axes[0].set_ylabel("tokens per verify step (1 + accepted)")
-  axes[1].set_ylabel("accepted / drafted")
+  for ax, (_, title) in zip(axes, panels):
+    ax.set_ylabel(title)
   for ax in axes:
     ax.set_xlabel("RL step")
     ax.grid(alpha=0.3)
