@@ -58,6 +58,7 @@ def _model_cfg(run_dir: pathlib.Path):
 def _sequences(run_dir: pathlib.Path, step: int, length: int):
   """(tokens [N, length], valid, loss_mask) of the rollouts the learner trained at `step`."""
   from c2jax.rl.group_queue import GroupQueue  # pylint: disable=import-outside-toplevel
+  from c2jax.rl.group_store import Group  # pylint: disable=import-outside-toplevel
 
   queue = GroupQueue(run_dir / "queue", capacity=1, max_lag=0)
   ids = queue.trained_steps().get(step, [])
@@ -66,7 +67,6 @@ def _sequences(run_dir: pathlib.Path, step: int, length: int):
   rows = []
   for group_id in ids:
     [path] = (run_dir / "queue" / "trained").glob(f"*.{group_id}.npz")
-    from c2jax.rl.group_store import Group  # pylint: disable=import-outside-toplevel
     rows += Group.from_bytes(path.read_bytes()).segments
   tokens = np.zeros((len(rows), length), np.int32)
   valid, loss_mask = np.zeros_like(tokens), np.zeros_like(tokens)
