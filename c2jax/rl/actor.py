@@ -7,7 +7,10 @@ The learner starts actors (as local processes running `run`, or as Ray tasks run
 them if they die. An actor holds one engine; each leased prompt becomes
 `config.rl.group_size` concurrent episodes in its slots. Between
 decode steps it polls the weight directory and swaps in newer weights in flight, so
-tokens sampled later in a rollout carry newer policy versions. A finished group is put
+tokens sampled later in a rollout carry newer policy versions. With
+config.actors.num_draft_tokens > 0 the engine decodes speculatively with the policy's MTP
+heads, which arrive with every weight version (the learner trains them online), and each
+group carries its draft counts (info: verify_steps, accepted_drafts). A finished group is put
 on the queue (blocking while the queue is full: back-pressure), then the lease is
 completed; if the actor dies before that, the learner returns the lease to the pool and
 another actor rolls the prompt out again (only in-flight rollouts are lost). A group
@@ -59,6 +62,27 @@ class _WeightSync:
       self.engine.update_params(params, version)
 
 
+class _DraftCounter:
+  """Speculative-decoding counts of one group's rollouts: the engine's running totals
+  (AcceptanceStats) since construction. An actor rolls out one group at a time, so the
+  difference is this group's alone; the learner logs them per step."""
+
+  def __init__(self, engine, num_draft: int):
+    self.engine, self.num_draft = engine, num_draft
+    self.start = self._totals()
+
+  def _totals(self) -> tuple[int, int]:
+    stats = getattr(self.engine, "acceptance", None) if self.num_draft else None
+    return (0, 0) if stats is None else (stats.steps, stats.accepted)
+
+  def counts(self) -> dict:
+    if not self.num_draft:
+      return {}
+    steps, accepted = self._totals()
+    return {"draft_tokens": self.num_draft, "verify_steps": steps - self.start[0],
+            "accepted_drafts": accepted - self.start[1]}
+
+
 def _wait_for_weights(subscriber, timeout_s: float = 600.0):
   deadline = time.monotonic() + timeout_s
   while True:
@@ -97,7 +121,8 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
   engine = JaxEngine(cfg.model, params, num_slots=cfg.actors.slots,
                      max_length=cfg.actors.max_length, version=version,
                      detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()),
-                     parallel=cfg.actors.parallel)
+                     parallel=cfg.actors.parallel,
+                     num_draft_tokens=cfg.actors.num_draft_tokens)
   # Later versions are read straight into the engine's layout (no whole copy on one device).
   sync = _WeightSync(engine, subscriber, engine.param_like(), cfg.actors.weight_poll_s)
   external = None
@@ -154,6 +179,7 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
   task = tasks_lib.Task.from_json(payload["task"])
   group_size = cfg.rl.group_size
   started = time.monotonic()
+  drafting = _DraftCounter(engine, cfg.actors.num_draft_tokens)
   try:
     seeds = rollouts.rollout_seeds(task_id, group_size, cfg.learner.seed)
     if external is not None:
@@ -177,6 +203,7 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
   if retried:
     infra.record(dirs, actor_id, infra_retries=retried)
   group.info["actor"] = actor_id
+  group.info.update(drafting.counts())
   queue.put(group)
   pool.complete(actor_id, task_id)
   print(f"{actor_id}: {task_id} reward {metrics['reward']:+.3f} pass "

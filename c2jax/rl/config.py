@@ -78,6 +78,14 @@ def default_config() -> ml_collections.ConfigDict:
   c.curriculum = ml_collections.ConfigDict(dict(
       sampling="order", strength=0.0, turns_weight=1.0, thinking_weight=1.0,
       probe_samples=1, ema=0.3, prior_pass=0.5, min_weight=0.05, lookahead=4))
+  # Online self-distillation of the policy's MTP heads (when model.num_mtp_layers > 0):
+  # each learner step adds mtp_loss_weight x (KL of every MTP depth to the main head at
+  # the position predicting the same generated token), detached from the trunk, so the
+  # drafter follows the policy (c2jax.rl.mtp_distill). 0 leaves the heads as they are.
+  c.mtp_loss_weight = 1.0
+  # The heads' learning rate relative to learner.learning_rate (Adam is scale-free in the
+  # loss weight, so this, not the weight, sets how fast the heads move).
+  c.mtp_lr_scale = 1.0
   return c
 
 
@@ -100,7 +108,7 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
                "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength",
                "curriculum.turns_weight", "curriculum.thinking_weight",
                "curriculum.probe_samples", "curriculum.prior_pass", "infra.retries",
-               "infra.prompt_returns"):
+               "infra.prompt_returns", "mtp_loss_weight", "mtp_lr_scale"):
     configlib.check_positive(wrapper, key(name), allow_zero=True)
   for name in ("infra.retries", "infra.prompt_returns", "curriculum.probe_samples",
                "curriculum.lookahead"):

@@ -55,6 +55,10 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.actors = ml_collections.ConfigDict(dict(
       count=2, backend="process", slots=8, max_length=1024, weight_poll_s=0.5,
       full_every=16, restarts=3,
+      # > 0: actors decode speculatively, the policy's first MTP module drafting this many
+      # tokens per verify step (c2jax.rollout.speculative); needs model.num_mtp_layers > 0.
+      # The sampled distribution and the recorded log-probs are the policy's either way.
+      num_draft_tokens=0,
       # Where published weights go: '' = <workdir>/weights, or a tensorstore URL
       # (gs://, s3://, file://) every actor can read; Ray actors on other machines need one.
       weights_dir=""))
@@ -92,6 +96,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
     configlib.check_positive(cfg, key)
   for key in ("learner.warmup_steps", "actors.restarts", "eval.temperature"):
     configlib.check_positive(cfg, key, allow_zero=True)
+  _check_speculation(cfg)
   from c2jax.rl import actors  # pylint: disable=g-import-not-at-top
 
   configlib.check_choice(cfg, "actors.backend", actors.ACTOR_BACKENDS)
@@ -140,6 +145,24 @@ def validate(cfg, num_devices: int | None = None) -> None:
         f"learner.steps * learner.groups_per_step = {steps_needed} groups: each prompt "
         "is trained once (single epoch); or draw prompts with replacement "
         "(rl.curriculum.sampling = 'running').")
+
+
+def _check_speculation(cfg) -> None:
+  draft = cfg.actors.num_draft_tokens
+  if isinstance(draft, bool) or not isinstance(draft, int) or draft < 0:
+    raise configlib.ConfigError("actors.num_draft_tokens",
+                                f"is {draft!r}; must be a whole number >= 0 (0 = no "
+                                "speculative decoding).")
+  if draft and cfg.model.num_mtp_layers < 1:
+    raise configlib.ConfigError(
+        "actors.num_draft_tokens", f"= {draft} drafts with the policy's MTP modules, but "
+        "model.num_mtp_layers = 0 (inherited from init_from). Start RL from a run that "
+        "trained MTP modules (configs/mtp.py), or declare fresh ones with "
+        "--config.model.num_mtp_layers=1 --config.model_changes=\"('num_mtp_layers',)\", or "
+        "set actors.num_draft_tokens = 0.")
+  if draft and draft + 1 >= cfg.actors.max_length:
+    raise configlib.ConfigError("actors.num_draft_tokens", f"= {draft} leaves no room in "
+                                f"actors.max_length = {cfg.actors.max_length}.")
 
 
 def _check_sampling_is_scorable(agent_cfg) -> None:

@@ -13,6 +13,12 @@ replay, with the plausibility filter when model_cfg.moe.replay_filter_factor > 0
 learner scores the computation the sampler ran; the reference policy (KL) runs with the
 same routes.
 
+With MTP modules in the policy (model_cfg.num_mtp_layers > 0) and
+rl_cfg.mtp_loss_weight > 0, the step also trains them by self-distillation on the same
+forward's hidden states, detached from the trunk (c2jax.rl.mtp_distill): the policy's
+gradients are unchanged, and `grad_norm` reports the policy's alone (`mtp_grad_norm` the
+heads'). Without that, the heads get no gradient and Adam leaves them as they are.
+
 Log-probs are computed chunk-wise over sequence and vocabulary (model.token_logprobs,
 chunks from config.rl.logprobs): no [B, L, V] float32 array exists in the step.
 
@@ -33,8 +39,9 @@ import jax.numpy as jnp
 import optax
 
 from c2jax import model
+from c2jax.model import mtp as mtp_lib
 from c2jax.model.token_logprobs import token_logprobs as chunked_token_logprobs
-from c2jax.rl import losses
+from c2jax.rl import losses, mtp_distill
 from c2jax.train.step import TrainState
 
 BATCH_FIELDS = ("tokens", "valid", "loss_mask", "sampler_logprobs", "router_indices",
@@ -47,6 +54,12 @@ def token_logprobs(model_cfg, params, batch, temperature=1.0, *, seq_chunk: int 
 
   pi_T = softmax(logits / temperature); computed in chunks (see the module docstring).
   """
+  logprobs_BxL, aux, _ = _score(model_cfg, params, batch, temperature, seq_chunk, vocab_chunk)
+  return logprobs_BxL, aux
+
+
+def _score(model_cfg, params, batch, temperature, seq_chunk: int, vocab_chunk: int):
+  """token_logprobs plus the final-normed hidden state [B, L, D] it was read from."""
   tokens_BxL = batch["tokens"]
   routing = None
   if model_cfg.num_layers > model_cfg.first_k_dense:
@@ -57,7 +70,12 @@ def token_logprobs(model_cfg, params, batch, temperature=1.0, *, seq_chunk: int 
   picked_BxL = chunked_token_logprobs(hidden_BxLxD[:, :-1], params["lm_head"]["kernel"],
                                       tokens_BxL[:, 1:], temperature, seq_chunk=seq_chunk,
                                       vocab_chunk=vocab_chunk)
-  return jnp.pad(picked_BxL, ((0, 0), (1, 0))), aux
+  return jnp.pad(picked_BxL, ((0, 0), (1, 0))), aux, hidden_BxLxD
+
+
+def trains_mtp(rl_cfg, model_cfg) -> bool:
+  """Whether rl_step trains the policy's MTP heads (c2jax.rl.mtp_distill)."""
+  return bool(model_cfg.num_mtp_layers) and rl_cfg.mtp_loss_weight > 0
 
 
 def rl_step(rl_cfg, model_cfg, optimizer: optax.GradientTransformation, state: TrainState,
@@ -75,28 +93,37 @@ def rl_step(rl_cfg, model_cfg, optimizer: optax.GradientTransformation, state: T
     raise ValueError(f"rl_step: batch lacks {missing}; build it with packing.pack_batch "
                      "over segments carrying those fields.")
   mask_BxL = batch["loss_mask"] * batch["valid"]
-  score = lambda p: token_logprobs(model_cfg, p, batch, temperature,
-                                   seq_chunk=rl_cfg.logprobs.seq_chunk,
-                                   vocab_chunk=rl_cfg.logprobs.vocab_chunk)
+  score = lambda p: _score(model_cfg, p, batch, temperature, rl_cfg.logprobs.seq_chunk,
+                           rl_cfg.logprobs.vocab_chunk)
   ref_logprobs_BxL = None
   if rl_cfg.kl.coef > 0:
-    ref_logprobs_BxL, _ = score(jax.lax.stop_gradient(ref_params))
+    ref_logprobs_BxL, _, _ = score(jax.lax.stop_gradient(ref_params))
     ref_logprobs_BxL = jax.lax.stop_gradient(ref_logprobs_BxL)
+  train_mtp = trains_mtp(rl_cfg, model_cfg)
 
   def loss_fn(params):
-    logprobs_BxL, aux = score(params)
+    logprobs_BxL, aux, hidden_BxLxD = score(params)
     loss, metrics = losses.rl_loss(rl_cfg, logprobs_BxL, batch["sampler_logprobs"],
                                    ref_logprobs_BxL, batch["advantages"], mask_BxL,
                                    num_rollouts=rollouts_per_step)
     loss = loss + aux["aux_loss"]
+    if train_mtp:  # detached from the trunk: no gradient reaches the policy's parameters
+      mtp_loss, mtp_metrics, mtp_aux_loss = mtp_distill.loss(model_cfg, params,
+                                                             hidden_BxLxD, batch)
+      loss = loss + rl_cfg.mtp_loss_weight * mtp_loss + mtp_aux_loss
+      metrics = {**metrics, **mtp_metrics, "mtp_loss": mtp_loss}
     return loss, (metrics, aux)
 
   (_, (metrics, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics)
-  metrics["grad_norm"] = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
-                                      for g in jax.tree.leaves(grads)))
+  square_sum = lambda tree: sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
+                                for g in jax.tree.leaves(tree))
+  policy_grads = {k: v for k, v in grads.items() if k != mtp_lib.PARAMS_KEY}
+  metrics["grad_norm"] = jnp.sqrt(square_sum(policy_grads))
+  if train_mtp:
+    metrics["mtp_grad_norm"] = jnp.sqrt(square_sum(grads[mtp_lib.PARAMS_KEY]))
   if aux["replay_replaced"].size:
     metrics["replay_replaced"] = aux["replay_replaced"].mean()
     metrics["replay_mismatch"] = aux["replay_mismatch"].mean()

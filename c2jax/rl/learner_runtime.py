@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 
+from c2jax.model import mtp as mtp_lib
 from c2jax.rl import learner, packing
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import init_params, runtime
@@ -35,14 +36,23 @@ def model_config(cfg):
   return model_cfg
 
 
+def clip_group(path) -> str:
+  """The policy and its MTP heads are clipped each by its own gradient norm, so the heads'
+  online distillation (c2jax.rl.mtp_distill) never scales the policy's update."""
+  return "mtp" if getattr(path[0], "key", None) == mtp_lib.PARAMS_KEY else "policy"
+
+
 def make_optimizer(cfg):
   """Adam over config.learner: constant learning rate after warm-up, no weight decay (the
-  policy should stay near where SFT left it), moments in model.opt_state_dtype."""
+  policy should stay near where SFT left it), moments in model.opt_state_dtype,
+  learner.clip_norm applied to the policy and to its MTP heads separately, the heads'
+  learning rate scaled by rl.mtp_lr_scale."""
   optimizer, _ = optimizer_lib.make_optimizer(
       learning_rate=cfg.learner.learning_rate, total_steps=cfg.learner.steps,
       warmup_steps=cfg.learner.warmup_steps, weight_decay=0.0, end_lr_fraction=1.0,
       b1=cfg.learner.b1, b2=cfg.learner.b2, clip_norm=cfg.learner.clip_norm,
-      state_dtype=cfg.model.opt_state_dtype)
+      state_dtype=cfg.model.opt_state_dtype, clip_group=clip_group,
+      group_lr_scale={"mtp": float(cfg.rl.mtp_lr_scale)})
   return optimizer
 
 

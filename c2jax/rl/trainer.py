@@ -96,6 +96,7 @@ def _group_metrics(groups, step: int) -> dict[str, float]:
   versions = np.concatenate([g_seg["versions"][g_seg["loss_mask"] > 0]
                              for g in groups for g_seg in g.segments])
   return {
+      **_draft_metrics(info),
       "reward": float(np.mean([r for g in groups for r in g.rewards_G])),
       "pass_rate": float(np.mean(solved)),
       "tokens_per_rollout": float(np.mean([t for i in info for t in i["total_tokens"]])),
@@ -106,6 +107,20 @@ def _group_metrics(groups, step: int) -> dict[str, float]:
       "staleness_groups": float(np.mean([step - g.policy_version for g in groups])),
       "staleness_tokens": float(np.mean(step - versions)) if versions.size else 0.0,
   }
+
+
+def _draft_metrics(info) -> dict[str, float]:
+  """Speculative decoding over the step's groups (actors.num_draft_tokens > 0):
+  draft_tokens_per_step, the tokens a sequence gained per verify step (1 + accepted drafts),
+  and draft_acceptance, the fraction of drafted tokens accepted."""
+  drafted = [i for i in info if "verify_steps" in i]
+  steps = sum(i["verify_steps"] for i in drafted)
+  if not steps:
+    return {}
+  accepted = sum(i["accepted_drafts"] for i in drafted)
+  proposed = sum(i["verify_steps"] * i["draft_tokens"] for i in drafted)
+  return {"draft_tokens_per_step": 1.0 + accepted / steps,
+          "draft_acceptance": accepted / proposed}
 
 
 class _Run:

@@ -1,5 +1,9 @@
 """AdamW with warmup + cosine decay, global-norm clipping, no decay on norms/biases.
 
+`clip_group` (optional) splits the global-norm clip into groups of leaves, each clipped by
+its own norm: the RL learner trains its MTP heads beside the policy, and their gradient
+must not scale the policy's update down (c2jax.rl.learner).
+
 Parameters that are not trained by gradients (the MoE correction bias) are frozen here:
 their updates are exactly zero; `moe.update_correction_bias` moves them after each step.
 Adam's two moments are stored in `state_dtype` (the model's `opt_state_dtype`, part of
@@ -10,6 +14,7 @@ parameter's dtype.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -90,22 +95,74 @@ def scale_by_adam(b1: float, b2: float, eps: float, state_dtype) -> optax.Gradie
   return optax.GradientTransformation(init, update)
 
 
+def clip_by_group_norm(max_norm: float,
+                       clip_group: Callable[[tuple], str]) -> optax.GradientTransformation:
+  """optax.clip_by_global_norm applied to each group of leaves on its own: `clip_group`
+  maps a leaf's key path to its group's name, and a group's norm scales only its own
+  leaves. Stateless (its state is optax's EmptyState, as clip_by_global_norm's)."""
+
+  def init(params):
+    del params
+    return optax.EmptyState()
+
+  def update(updates, state, params=None):
+    del params
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(updates)
+    groups = [clip_group(path) for path, _ in paths_leaves]
+    squares: dict[str, jax.Array] = {}
+    for group, (_, leaf) in zip(groups, paths_leaves):
+      squares[group] = squares.get(group, 0.0) + jnp.sum(jnp.square(leaf.astype(jnp.float32)))
+    norms = {group: jnp.sqrt(total) for group, total in squares.items()}
+    # As optax: leaves untouched below max_norm, scaled by max_norm / norm above it.
+    clipped = [jnp.where(norms[group] < max_norm, leaf,
+                         (leaf / norms[group] * max_norm).astype(leaf.dtype))
+               for group, (_, leaf) in zip(groups, paths_leaves)]
+    return jax.tree_util.tree_unflatten(treedef, clipped), state
+
+  return optax.GradientTransformation(init, update)
+
+
+def scale_groups(factors: dict[str, float],
+                 group_of: Callable[[tuple], str]) -> optax.GradientTransformation:
+  """Multiplies the updates of each group named in `factors` (group_of: key path ->
+  group name) by its factor; other groups pass unchanged. Stateless."""
+
+  def update(updates, state, params=None):
+    del params
+    scaled = jax.tree_util.tree_map_with_path(
+        lambda path, u: u * jnp.asarray(factors.get(group_of(path), 1.0), u.dtype), updates)
+    return scaled, state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(*, learning_rate: float, total_steps: int, warmup_steps: int = 0,
                    schedule: str = "cosine", weight_decay: float = 0.1, b1: float = 0.9,
                    b2: float = 0.95, eps: float = 1e-8, clip_norm: float = 1.0,
                    end_lr_fraction: float = 0.1, decay_fraction: float = 0.2,
-                   state_dtype: str = "float32"):
+                   state_dtype: str = "float32",
+                   clip_group: Callable[[tuple], str] | None = None,
+                   group_lr_scale: dict[str, float] | None = None):
   """(optimizer, learning-rate schedule); `schedule` is a key of SCHEDULES; the Adam
-  moments are stored in `state_dtype`."""
+  moments are stored in `state_dtype`. `clip_group` (key path -> group name) clips each
+  group by its own global norm (clip_by_group_norm); None clips all leaves together.
+  `group_lr_scale` ({group name: factor}, needs clip_group) multiplies those groups'
+  learning rate."""
+  if group_lr_scale and clip_group is None:
+    raise ValueError("make_optimizer: group_lr_scale needs clip_group (which names the "
+                     "groups).")
   if schedule not in SCHEDULES:
     raise ValueError(f"unknown schedule {schedule!r}; choose one of {sorted(SCHEDULES)}.")
   schedule = SCHEDULES[schedule](learning_rate, total_steps, warmup_steps, end_lr_fraction,
                                  decay_fraction)
+  clip = (optax.clip_by_global_norm(clip_norm) if clip_group is None
+          else clip_by_group_norm(clip_norm, clip_group))
   adamw = optax.chain(
-      optax.clip_by_global_norm(clip_norm),
+      clip,
       scale_by_adam(b1, b2, eps, state_dtype),
       optax.add_decayed_weights(weight_decay, mask=weight_decay_mask),
-      optax.scale_by_learning_rate(schedule))
+      optax.scale_by_learning_rate(schedule),
+      *([scale_groups(group_lr_scale, clip_group)] if group_lr_scale else []))
   labels = lambda params: jax.tree_util.tree_map(
       lambda trainable: "train" if trainable else "frozen", model.trainable_mask(params))
   return optax.multi_transform({"train": adamw, "frozen": optax.set_to_zero()}, labels), schedule
