@@ -14,8 +14,9 @@ and the cache holds the whole sequence) -> idle (kept for `extend`) or released.
 Backends implement `_append` (prefill / extend of one slot), `_decode` (one call over all
 slots; a speculative or multi-step backend may emit several tokens per slot, see
 SlotOutput), `_set_params` and `logprobs`. The host applies every stop rule to what a
-call returns, vectorised over its tokens, and ends a sequence exactly at its first stop. JaxEngine (jax_engine.py) runs the model; FakeEngine (fake.py) is a
-deterministic stand-in for tests of code that drives an engine.
+call returns, vectorised over its tokens, and ends a sequence exactly at its first stop.
+JaxEngine (jax_engine.py) runs the model; FakeEngine (fake.py) is a deterministic
+stand-in for tests of code that drives an engine.
 """
 
 from __future__ import annotations
@@ -260,11 +261,12 @@ class Engine(abc.ABC):
     s = self.num_slots
     width = max([len(seq.request.sampling.stop_tokens) for seq in running.values()] + [1])
     width = 1 << (width - 1).bit_length()  # a few compiled widths, not one per request
-    batch = DecodeBatch(np.zeros(s, np.int32), np.zeros(s, np.int32), np.zeros(s, bool),
-                        np.ones(s, np.float32), np.zeros(s, np.int32), np.ones(s, np.float32),
-                        np.zeros(s, np.uint32), np.zeros(s, bool), np.full((s, width), -1,
-                                                                             np.int32),
-                        np.ones(s, np.int32))
+    batch = DecodeBatch(
+        tokens=np.zeros(s, np.int32), lengths=np.zeros(s, np.int32), active=np.zeros(s, bool),
+        temperature=np.ones(s, np.float32), top_k=np.zeros(s, np.int32),
+        top_p=np.ones(s, np.float32), seeds=np.zeros(s, np.uint32),
+        draining=np.zeros(s, bool), stop_tokens=np.full((s, width), -1, np.int32),
+        budget=np.ones(s, np.int32))
     for slot, seq in running.items():
       sampling = seq.request.sampling
       batch.tokens[slot], batch.lengths[slot] = seq.context[seq.length], seq.length
