@@ -3,9 +3,11 @@
 y = shared(x) + sum_k w_k expert_{i_k}(x), with experts chosen by a router from ROUTERS
 (cfg.moe.router) and run by a dispatch implementation from DISPATCH (cfg.moe_impl), whose
 expert matmuls use the quantisation recipe cfg.quant (c2jax.quant.RECIPES).
-Routing lives in moe_routing.py, dispatch in moe_dispatch.py; under an ambient mesh that
-splits the logical 'expert' axis, the dispatch runs expert parallel (all-to-all token
-exchange, c2jax.parallel.expert) unless cfg.moe.expert_parallel = 'off'.
+Routing lives in moe_routing.py, dispatch in moe_dispatch.py (moe_dispatch.select:
+calls with few tokens, such as decode steps, gather just the chosen experts' weights);
+under an ambient mesh that splits the logical 'expert' axis, the dispatch runs expert
+parallel (all-to-all token exchange, c2jax.parallel.expert) unless
+cfg.moe.expert_parallel = 'off'.
 
 Parameters (under the layer's `moe/` scope; the enclosing scan adds a leading 'layers'):
   router/kernel            [D, E]        ('embed', 'expert')
@@ -30,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import layers
+from c2jax.model import moe_dispatch
 from c2jax.model import moe_routing
 from c2jax.model.moe_dispatch import DISPATCH, ExpertWeights
 from c2jax.model.moe_routing import ROUTERS
@@ -91,8 +94,9 @@ class Experts(nn.Module):
     plan = (expert_parallel.plan_from_context() if cfg.moe.expert_parallel == "auto"
             else None)
     if plan is None:
-      y_TxD = DISPATCH[cfg.moe_impl](x_TxD, weights_TxK, indices_TxK, experts,
-                                     quant=cfg.quant)
+      dispatch = moe_dispatch.select(cfg.moe_impl, cfg.quant, x_TxD.shape[0],
+                                     indices_TxK.shape[1], e)
+      y_TxD = dispatch(x_TxD, weights_TxK, indices_TxK, experts, quant=cfg.quant)
       return y_TxD, jnp.zeros((), jnp.int32)
     return expert_parallel.moe_forward(
         x_TxD, weights_TxK, indices_TxK, experts, plan, local_dispatch=DISPATCH[cfg.moe_impl],

@@ -14,6 +14,9 @@ and both gradients) runs under the c2jax.quant recipe `quant` (cfg.quant).
           GPU on GPUs, megablox on TPUs; on CPU megablox runs in Pallas' interpreter,
           which is slow and meant for tests). Mosaic GPU on hardware needs bfloat16
           compute (cfg.dtype) and D, F multiples of 64; it says so when they are not.
+  gathered  each token copy gathers its expert's weights and runs a batched
+          matrix-vector product: reads M expert weights, not E. For calls with few
+          tokens (decode steps); `select` picks it there, whatever cfg.moe_impl says.
 Register a new one with `DISPATCH['name'] = fn`; config validation reads the keys.
 
 Products with the float32 gate weights and the sum over k happen in float32, as HF
@@ -63,8 +66,11 @@ def dense(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
   num_experts = experts.gate_ExDxF.shape[0]
   # One quantised dot per expert: x is quantised along D per row, as in the grouped GEMM.
   expert_dot = functools.partial(quantlib.dot, quant)
-  gate_ExTxF = jax.vmap(expert_dot, in_axes=(None, 0))(x_TxD, experts.gate_ExDxF)
-  up_ExTxF = jax.vmap(expert_dot, in_axes=(None, 0))(x_TxD, experts.up_ExDxF)
+  # x broadcast over experts makes each product a batched matmul that reads the weights
+  # in place (an unbatched x lets XLA:CPU copy every expert's weights to [D, E*F] first).
+  x_ExTxD = jnp.broadcast_to(x_TxD, (num_experts, *x_TxD.shape))
+  gate_ExTxF = jax.vmap(expert_dot)(x_ExTxD, experts.gate_ExDxF)
+  up_ExTxF = jax.vmap(expert_dot)(x_ExTxD, experts.up_ExDxF)
   down_dot = functools.partial(expert_dot,
                                preferred_element_type=combine_dtype(quant, x_TxD.dtype))
   out_ExTxD = jax.vmap(down_dot)(jax.nn.silu(gate_ExTxF) * up_ExTxF, experts.down_ExFxD)
@@ -109,6 +115,35 @@ def ragged(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
                           impl="ragged_dot")
 
 
+def gathered(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
+             quant: str = "none") -> jax.Array:
+  """Each token copy gathers its expert's weights ([M, D, F]: M expert weights read, not
+  E) and multiplies them with its token: the cheapest dispatch when M <= E."""
+  if quant != "none":
+    raise ValueError(f"MoE dispatch 'gathered' runs unquantised experts; quant = {quant!r} "
+                     "needs one of the sorted dispatches ('ragged', 'pallas') or 'dense'.")
+  num_tokens, top_k = indices_TxK.shape
+  expert_M = indices_TxK.reshape(-1)
+  x_MxD = jnp.repeat(x_TxD, top_k, axis=0)
+  gate_MxF = jnp.einsum("md,mdf->mf", x_MxD, experts.gate_ExDxF[expert_M])
+  up_MxF = jnp.einsum("md,mdf->mf", x_MxD, experts.up_ExDxF[expert_M])
+  out_MxD = jnp.einsum("mf,mfd->md", jax.nn.silu(gate_MxF) * up_MxF,
+                       experts.down_ExFxD[expert_M])
+  y_TxD = jnp.einsum("tkd,tk->td", out_MxD.reshape(num_tokens, top_k, -1).astype(jnp.float32),
+                     weights_TxK)
+  return y_TxD.astype(x_TxD.dtype)
+
+
+def select(moe_impl: str, quant: str, num_tokens: int, top_k: int,
+           num_experts: int) -> Callable[..., jax.Array]:
+  """The dispatch for one call: `moe_impl` (cfg.moe_impl), except that an unquantised call
+  with no more token copies than experts (T * K <= E: decode steps, short prefills) runs
+  'gathered', which reads only the chosen experts' weights."""
+  if quant == "none" and num_tokens * top_k <= num_experts:
+    return DISPATCH["gathered"]
+  return DISPATCH[moe_impl]
+
+
 def pallas_impl(platform: str | None = None) -> str:
   """The grouped-matmul impl behind moe_impl='pallas' on `platform` (default: JAX's)."""
   impl = kernels.default_grouped_matmul_impl(platform)
@@ -126,4 +161,5 @@ DISPATCH: dict[str, Callable[..., jax.Array]] = {
     "dense": dense,
     "ragged": ragged,
     "pallas": pallas,
+    "gathered": gathered,
 }

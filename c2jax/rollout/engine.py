@@ -11,10 +11,12 @@ Sequence lifecycle: generating (a sampled token is pending, not yet in the cache
 draining (finished; the pending token is fed once more so its expert routing is recorded
 and the cache holds the whole sequence) -> idle (kept for `extend`) or released.
 
-Backends implement `_append` (prefill / extend of one slot), `_decode` (one step over all
-slots; a speculative backend may emit several tokens per slot), `_set_params` and
-`logprobs`. JaxEngine (jax_engine.py) runs the model; FakeEngine (fake.py) is a
-deterministic stand-in for tests of code that drives an engine.
+Backends implement `_append` (prefill / extend of one slot), `_decode` (one call over all
+slots; a speculative or multi-step backend may emit several tokens per slot, see
+SlotOutput), `_set_params` and `logprobs`. The host applies every stop rule to what a
+call returns, vectorised over its tokens, and ends a sequence exactly at its first stop.
+JaxEngine (jax_engine.py) runs the model; FakeEngine (fake.py) is a deterministic
+stand-in for tests of code that drives an engine.
 """
 
 from __future__ import annotations
@@ -40,13 +42,19 @@ class DecodeBatch:
   top_k: np.ndarray  # [S] int32
   top_p: np.ndarray  # [S] float32
   seeds: np.ndarray  # [S] uint32
+  # For backends that run several steps per call and stop slots on device (a backend
+  # running one step may ignore these; the host applies every stop rule either way):
+  draining: np.ndarray  # [S] bool: active slots that only feed their final token
+  stop_tokens: np.ndarray  # [S, W] int32: each slot's stop tokens, padded with -1
+  budget: np.ndarray  # [S] int32: tokens each generating slot may still sample
 
 
 @dataclasses.dataclass
 class SlotOutput:
-  """One active slot's decode result: F fed tokens (the pending one first), then the new
-  sampled tokens; a plain step has F = 1 and one new token, a speculative one F = a + 1
-  (the accepted drafts are fed) and a + 1 new tokens."""
+  """One active slot's decode result: F fed tokens (the pending one first) and the token
+  sampled after each; a plain step has F = 1, a speculative one F = a + 1 (the accepted
+  drafts are fed), a multi-step chunk F = the steps the slot ran. new_tokens[i] is fed
+  as token i + 1, so the host can end the sequence after any of them."""
   new_tokens: np.ndarray  # [F] int32
   new_logprobs: np.ndarray  # [F] float32
   fed_routing: np.ndarray  # [F, Lm, K] int32
@@ -100,7 +108,8 @@ class Engine(abc.ABC):
 
   @abc.abstractmethod
   def _decode(self, batch: DecodeBatch) -> dict[int, SlotOutput]:
-    """One step over all slots; outputs for the active ones, keyed by slot."""
+    """One call over all slots (one or more steps); outputs for the active ones, keyed by
+    slot."""
 
   @abc.abstractmethod
   def _set_params(self, params) -> None:
@@ -245,60 +254,85 @@ class Engine(abc.ABC):
       seq.length = len(seq.context)
       seq.routing.extend(np.asarray(routing))
       seq.state = "generating"
-      self._add_token(seq, token, logprob)
+      self._take(seq, np.int32([token]), np.float32([logprob]))
     self._queue = waiting
 
   def _batch(self, running: dict[int, _Sequence]) -> DecodeBatch:
     s = self.num_slots
-    batch = DecodeBatch(np.zeros(s, np.int32), np.zeros(s, np.int32), np.zeros(s, bool),
-                        np.ones(s, np.float32), np.zeros(s, np.int32), np.ones(s, np.float32),
-                        np.zeros(s, np.uint32))
+    width = max([len(seq.request.sampling.stop_tokens) for seq in running.values()] + [1])
+    width = 1 << (width - 1).bit_length()  # a few compiled widths, not one per request
+    batch = DecodeBatch(
+        tokens=np.zeros(s, np.int32), lengths=np.zeros(s, np.int32), active=np.zeros(s, bool),
+        temperature=np.ones(s, np.float32), top_k=np.zeros(s, np.int32),
+        top_p=np.ones(s, np.float32), seeds=np.zeros(s, np.uint32),
+        draining=np.zeros(s, bool), stop_tokens=np.full((s, width), -1, np.int32),
+        budget=np.ones(s, np.int32))
     for slot, seq in running.items():
       sampling = seq.request.sampling
       batch.tokens[slot], batch.lengths[slot] = seq.context[seq.length], seq.length
       batch.active[slot] = True
       batch.temperature[slot], batch.top_k[slot] = sampling.temperature, sampling.top_k
       batch.top_p[slot], batch.seeds[slot] = sampling.top_p, seq.seed
+      batch.draining[slot] = seq.state == "draining"
+      batch.stop_tokens[slot, :len(sampling.stop_tokens)] = sampling.stop_tokens
+      batch.budget[slot] = max(sampling.max_tokens - len(seq.new_tokens), 1)
     return batch
 
-  def _add_token(self, seq: _Sequence, token: int, logprob: float) -> None:
-    seq.context.append(int(token))
-    seq.new_tokens.append(int(token))
-    seq.logprobs.append(float(logprob))
-    seq.versions.append(self._version)
-    reason = self._stop_reason(seq)
-    if reason is not None:
+  def _take(self, seq: _Sequence, tokens: np.ndarray, logprobs: np.ndarray) -> int:
+    """Appends sampled tokens up to and including the first that stops the sequence
+    (which then drains); returns how many were kept."""
+    stop, reason = self._first_stop(seq, tokens)
+    kept = len(tokens) if stop is None else stop + 1
+    seq.context.extend(tokens[:kept].tolist())
+    seq.new_tokens.extend(tokens[:kept].tolist())
+    seq.logprobs.extend(np.asarray(logprobs[:kept], np.float32).tolist())
+    seq.versions.extend([self._version] * kept)
+    if stop is not None:
       seq.finish_reason, seq.state = reason, "draining"
+    return kept
 
   def _absorb(self, seq: _Sequence, out: SlotOutput) -> bool:
-    """Records one step's fed tokens and new tokens; True when the sequence is done."""
-    for i, (token, logprob) in enumerate(zip(out.new_tokens, out.new_logprobs)):
-      seq.routing.append(np.asarray(out.fed_routing[i]))
+    """Records one call's fed tokens and new tokens; True when the sequence is done."""
+    fed = len(out.fed_routing)
+    if seq.state == "draining":  # this call fed the final token; what it sampled is void
+      seq.routing.append(np.asarray(out.fed_routing[0]))
       seq.length += 1
-      if seq.state == "draining":
-        return True
-      self._add_token(seq, token, logprob)
-      if seq.state == "draining" and i + 1 < len(out.fed_routing):
-        # A speculative step already fed this (accepted) final token.
-        seq.routing.append(np.asarray(out.fed_routing[i + 1]))
-        seq.length += 1
-        return True
+      return True
+    kept = self._take(seq, np.asarray(out.new_tokens[:fed], np.int32), out.new_logprobs)
+    # Token i was fed with routing fed_routing[i]; the kept tokens but the last are fed.
+    seq.routing.extend(np.asarray(out.fed_routing[:kept]))
+    seq.length += kept
+    if seq.state == "draining" and kept < fed:
+      # The same call already fed the final token (a later step or accepted draft).
+      seq.routing.append(np.asarray(out.fed_routing[kept]))
+      seq.length += 1
+      return True
     return False
 
-  def _stop_reason(self, seq: _Sequence) -> str | None:
+  def _first_stop(self, seq: _Sequence, tokens: np.ndarray) -> tuple[int | None, str | None]:
+    """(index of the first of `tokens`, appended in order, that stops `seq`, and why), or
+    (None, None). Rules in order: stop token, stop string, max_tokens, length."""
     sampling = seq.request.sampling
-    if seq.new_tokens[-1] in sampling.stop_tokens:
-      return "stop_token"
+    after_N = np.arange(1, len(tokens) + 1)
+    stop_token_N = np.isin(tokens, sampling.stop_tokens)
+    max_tokens_N = len(seq.new_tokens) + after_N >= sampling.max_tokens
+    length_N = len(seq.context) + after_N >= self.max_length
+    hits_N = stop_token_N | max_tokens_N | length_N
+    first = int(np.argmax(hits_N)) if hits_N.any() else None
     if sampling.stop_strings:
       window = 4 * max(len(s) for s in sampling.stop_strings) + 1
-      text = self._detokenize(seq.new_tokens[-window:])
-      if any(s in text for s in sampling.stop_strings):
-        return "stop_string"
-    if len(seq.new_tokens) >= sampling.max_tokens:
-      return "max_tokens"
-    if len(seq.context) >= self.max_length:
-      return "length"
-    return None
+      history = seq.new_tokens[-window:]
+      for i in range(len(tokens) if first is None else first + 1):
+        if i == first and stop_token_N[i]:
+          break
+        text = self._detokenize((history + tokens[:i + 1].tolist())[-window:])
+        if any(s in text for s in sampling.stop_strings):
+          return i, "stop_string"
+    if first is None:
+      return None, None
+    reason = ("stop_token" if stop_token_N[first] else
+              "max_tokens" if max_tokens_N[first] else "length")
+    return first, reason
 
   def _finish(self, seq: _Sequence) -> Generation:
     generation = Generation(

@@ -4,9 +4,12 @@ Compiled functions have static shapes, so a run compiles a handful of programs:
   prefill  one slot, a chunk of `bucket` tokens (prompt lengths are padded up to the next
            bucket; longer inputs are split into chunks of the largest bucket), writing that
            slot's rows of the cache and sampling the next token: one compile per bucket;
-  decode   one token for every slot at once: one compile. Idle and empty slots are fed at
-           position max_length, where cache writes are dropped, so they cost compute but
-           never corrupt a kept sequence.
+  decode   up to `decode_steps` tokens for every slot at once, sampling and stop checks on
+           device (decode_loop.py): one compile per stop-token width (padded to a power
+           of two). Idle and empty slots are fed at position max_length, where cache
+           writes are dropped, so they cost compute but never corrupt a kept sequence.
+           Staged weights are swapped in between these calls, so a swap waits at most
+           `decode_steps` tokens.
 With `num_draft_tokens > 0` the decode step is speculative (see speculative.py): the
 model's MTP module drafts tokens that one forward over all slots verifies.
 With a `parallel` config the engine spans a mesh of local devices (see sharding.py):
@@ -28,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax import model
+from c2jax.rollout import decode_loop
 from c2jax.rollout import sampling as sampling_lib
 from c2jax.rollout import sharding as sharding_lib
 from c2jax.rollout import speculative
@@ -35,6 +39,7 @@ from c2jax.rollout.engine import DecodeBatch, Engine, SlotOutput
 from c2jax.rollout.types import SamplingParams
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+DEFAULT_DECODE_STEPS = 8
 
 
 def _slot_rows(cache, slot):
@@ -59,18 +64,6 @@ def _prefill(cfg, params, cache, slot, tokens_1xC, start, count, temperature, to
   return _put_rows(cache, rows, slot), token_1[0], logprob_1[0], aux["expert_indices"][:, 0]
 
 
-def _decode(cfg, params, cache, tokens_S, lengths_S, active_S, temperature_S, top_k_S,
-            top_p_S, seeds_S):
-  cache_length = jax.tree.leaves(cache)[0].shape[2]
-  positions_Sx1 = jnp.where(active_S, lengths_S, cache_length)[:, None]
-  logits_Sx1xV, aux, cache = model.apply(cfg, params, tokens_S[:, None],
-                                         positions_BxL=positions_Sx1, cache=cache)
-  keys = sampling_lib.row_keys(seeds_S, lengths_S + 1)
-  new_S, logprobs_S = sampling_lib.sample(logits_Sx1xV[:, 0], temperature_S, top_k_S,
-                                          top_p_S, keys)
-  return cache, new_S, logprobs_S, aux["expert_indices"][:, :, 0]
-
-
 def _top(cfg, k, params, tokens_1xC, temperature):
   """The k most likely next tokens after every position, under the temperature-scaled
   distribution the sampler reports log-probs in: (ids [C, k], log-probs [C, k])."""
@@ -90,13 +83,23 @@ class JaxEngine(Engine):
   """The model-backed engine. `params` is the tree of `c2jax.model.init` (plus
   'mtp_layers' when speculating); `version` tags tokens sampled with these weights.
   `parallel`: a parallel config section (mesh + rules; sharding.engine_parallel_defaults)
-  to shard over local devices; None, or a mesh of one device, runs on one device."""
+  to shard over local devices; None, or a mesh of one device, runs on one device.
+  `decode_steps`: tokens per slot one decode call may produce (the host syncs once per
+  call); default DEFAULT_DECODE_STEPS, or 1 with speculation (one speculative step per
+  call, the only mode it has)."""
 
   def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
                prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,
                detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0,
-               parallel=None):
+               parallel=None, decode_steps: int | None = None):
     super().__init__(num_slots, max_length, detokenize, seed)
+    if decode_steps is None:
+      decode_steps = 1 if num_draft_tokens else DEFAULT_DECODE_STEPS
+    if decode_steps < 1 or (num_draft_tokens and decode_steps != 1):
+      raise ValueError(f"decode_steps = {decode_steps} with num_draft_tokens = "
+                       f"{num_draft_tokens}: use decode_steps >= 1, and 1 (or None) when "
+                       "speculating (a speculative call runs one verify step).")
+    self.decode_steps = decode_steps
     self.cfg = cfg
     self._version = version
     self._buckets = tuple(sorted(prefill_buckets))
@@ -130,8 +133,9 @@ class JaxEngine(Engine):
     else:
       self._prefill_fn = self._jit(functools.partial(_prefill, cfg), state_shardings,
                                    extra_outputs=3)
-      self._decode_fn = self._jit(functools.partial(_decode, cfg), state_shardings,
-                                  extra_outputs=3)
+      self._decode_fn = self._jit(
+          functools.partial(decode_loop.decode_steps, cfg, decode_steps), state_shardings,
+          extra_outputs=4)
     self.acceptance = speculative.AcceptanceStats()
 
   # ---- placement ------------------------------------------------------------------------
@@ -225,11 +229,12 @@ class JaxEngine(Engine):
       self.acceptance.record(counts[active] - 1)
       return {s: SlotOutput(new[s, :counts[s]], logprobs[s, :counts[s]],
                             routing[s, :counts[s]]) for s in active}
-    self._cache, new_S, logprobs_S, routing_LmxSxK = self._decode_fn(
-        self._params, self._cache, *arrays)
-    new, logprobs = np.asarray(new_S), np.asarray(logprobs_S)
-    routing = np.asarray(routing_LmxSxK).transpose(1, 0, 2)
-    return {s: SlotOutput(new[s:s + 1], logprobs[s:s + 1], routing[s:s + 1])
+    self._cache, new_SxN, logprobs_SxN, fed_S, routing_LmxSxNxK = self._decode_fn(
+        self._params, self._cache, *arrays[:3], batch.draining, *arrays[3:],
+        batch.stop_tokens, batch.budget)
+    new, logprobs, fed = np.asarray(new_SxN), np.asarray(logprobs_SxN), np.asarray(fed_S)
+    routing = np.asarray(routing_LmxSxNxK).transpose(1, 2, 0, 3)
+    return {s: SlotOutput(new[s, :fed[s]], logprobs[s, :fed[s]], routing[s, :fed[s]])
             for s in np.flatnonzero(batch.active)}
 
   def top_logprobs(self, tokens: Sequence[int], k: int,

@@ -36,24 +36,43 @@ def policy_logprobs(logits_BxV: jax.Array, temperature_B: jax.Array) -> jax.Arra
   return jax.nn.log_softmax(_scaled(logits_BxV, temperature_B), axis=-1)
 
 
+def _truncated(scaled_BxV, top_k_B, top_p_B) -> jax.Array:
+  """[B, V] bool: the tokens top-k then top-p keep, in descending order of value with
+  ties broken by token index (a stable descending sort). The kept set is a prefix of that
+  order, so it is found from the last kept (value, index) pair, with no scatter back."""
+  vocab = scaled_BxV.shape[-1]
+  index_BxV = jax.lax.broadcasted_iota(jnp.int32, scaled_BxV.shape, 1)
+  negated_BxV, order_BxV = jax.lax.sort((-scaled_BxV, index_BxV), dimension=1,
+                                        is_stable=True, num_keys=1)
+  sorted_BxV = -negated_BxV
+  rank_V = jnp.arange(vocab)
+  keep_sorted_BxV = (top_k_B[:, None] <= 0) | (rank_V[None, :] < top_k_B[:, None])
+  probs_sorted_BxV = jax.nn.softmax(jnp.where(keep_sorted_BxV, sorted_BxV, NEG_INF), axis=-1)
+  # Keep the smallest prefix whose mass reaches top_p (the first token always stays);
+  # top_p 1 keeps everything, whatever the rounding of the running sum.
+  mass_before_BxV = jnp.cumsum(probs_sorted_BxV, axis=-1) - probs_sorted_BxV
+  keep_sorted_BxV &= (mass_before_BxV < top_p_B[:, None]) | (top_p_B[:, None] >= 1)
+  last_Bx1 = jnp.maximum(keep_sorted_BxV.sum(-1, keepdims=True) - 1, 0)
+  value_Bx1 = jnp.take_along_axis(sorted_BxV, last_Bx1, axis=-1)
+  index_Bx1 = jnp.take_along_axis(order_BxV, last_Bx1, axis=-1)
+  return (scaled_BxV > value_Bx1) | ((scaled_BxV == value_Bx1) & (index_BxV <= index_Bx1))
+
+
 def sampling_logprobs(logits_BxV, temperature_B, top_k_B, top_p_B) -> jax.Array:
   """[B, V] log-probabilities of the distribution actually sampled from.
 
   Rows with temperature 0 are one-hot on the argmax (log 0 / -inf), so greedy decoding
-  and the speculative accept rule need no separate code path.
+  and the speculative accept rule need no separate code path. The sort that top-k /
+  top-p need runs only when some sampling row asks for a truncation (a greedy or plain
+  temperature batch pays for none).
   """
   scaled_BxV = _scaled(logits_BxV, temperature_B)
-  batch, vocab = scaled_BxV.shape
-  order_BxV = jnp.argsort(-scaled_BxV, axis=-1)
-  sorted_BxV = jnp.take_along_axis(scaled_BxV, order_BxV, axis=-1)
+  vocab = scaled_BxV.shape[-1]
+  truncates_B = (temperature_B > 0) & (((top_k_B > 0) & (top_k_B < vocab)) | (top_p_B < 1))
+  keep_BxV = jax.lax.cond(
+      jnp.any(truncates_B), _truncated,
+      lambda scaled, *_: jnp.ones(scaled.shape, bool), scaled_BxV, top_k_B, top_p_B)
   rank_V = jnp.arange(vocab)
-  keep_sorted_BxV = (top_k_B[:, None] <= 0) | (rank_V[None, :] < top_k_B[:, None])
-  probs_sorted_BxV = jax.nn.softmax(jnp.where(keep_sorted_BxV, sorted_BxV, NEG_INF), axis=-1)
-  # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-  mass_before_BxV = jnp.cumsum(probs_sorted_BxV, axis=-1) - probs_sorted_BxV
-  keep_sorted_BxV &= mass_before_BxV < top_p_B[:, None]
-  rows_Bx1 = jnp.arange(batch)[:, None]
-  keep_BxV = jnp.zeros((batch, vocab), bool).at[rows_Bx1, order_BxV].set(keep_sorted_BxV)
   greedy_BxV = rank_V[None, :] == jnp.argmax(scaled_BxV, axis=-1)[:, None]
   keep_BxV = jnp.where((temperature_B > 0)[:, None], keep_BxV, greedy_BxV)
   return jax.nn.log_softmax(jnp.where(keep_BxV, scaled_BxV, NEG_INF), axis=-1)
@@ -71,9 +90,29 @@ def recorded_logprobs(logp_BxV, logits_BxV, temperature_B, tokens_B) -> jax.Arra
   return jnp.where(temperature_B > 0, sampled_B, model_B)
 
 
+def draw(logp_BxV: jax.Array, keys_B: jax.Array) -> jax.Array:
+  """[B] int32 tokens drawn from exp(logp_BxV) by inverting the CDF at one uniform per
+  row: O(V) arithmetic and one random number a row (a Gumbel-max draw would need V).
+  A token of probability 0 is never drawn; a one-hot row gives its token."""
+  vocab = logp_BxV.shape[-1]
+  probs_BxV = jnp.exp(logp_BxV.astype(jnp.float32))
+  cdf_BxV = jnp.cumsum(probs_BxV, axis=-1)
+  u_B = jax.vmap(lambda key: jax.random.uniform(key, ()))(keys_B)
+  target_Bx1 = (u_B * cdf_BxV[:, -1])[:, None]
+  first_above_B = jnp.sum(cdf_BxV <= target_Bx1, axis=-1)
+  # Rounding may leave no entry above the target: take the last token with mass.
+  last_positive_B = vocab - 1 - jnp.argmax((probs_BxV > 0)[:, ::-1], axis=-1)
+  return jnp.minimum(first_above_B, last_positive_B).astype(jnp.int32)
+
+
 def sample(logits_BxV, temperature_B, top_k_B, top_p_B, keys_B):
   """(tokens_B int32, logprobs_B float32): draws and their log-probabilities under the
   distribution they were drawn from (see recorded_logprobs)."""
   logp_BxV = sampling_logprobs(logits_BxV, temperature_B, top_k_B, top_p_B)
-  tokens_B = jax.vmap(jax.random.categorical)(keys_B, logp_BxV).astype(jnp.int32)
+  greedy_B = jnp.argmax(logp_BxV, axis=-1).astype(jnp.int32)
+  # An all-greedy batch (the one-hot rows draw their argmax anyway) skips the draw.
+  tokens_B = jax.lax.cond(
+      jnp.any(temperature_B > 0),
+      lambda: jnp.where(temperature_B > 0, draw(logp_BxV, keys_B), greedy_B),
+      lambda: greedy_B)
   return tokens_B, recorded_logprobs(logp_BxV, logits_BxV, temperature_B, tokens_B)

@@ -137,13 +137,16 @@ def test_extend_appends_without_recomputing(setup, engine):
 
 def test_update_params_between_decode_steps(setup, engine):
   """Only the LM head changes, so the old KV cache is also the new weights' cache and the
-  tokens after the swap must be exactly the new model's argmax."""
+  tokens after the swap must be exactly the new model's argmax. Weights swap between
+  decode calls, each of which samples decode_steps tokens per sequence."""
   new_params = dict(setup.params)
   rng = np.random.default_rng(5)
   new_params["lm_head"] = {"kernel": rng.standard_normal(
       setup.params["lm_head"]["kernel"].shape).astype(np.float32)}
   prompt = prompts()[2]
-  seq_id = engine.submit(Request(prompt, SamplingParams(temperature=0.0, max_tokens=10)))
+  swapped = 1 + 3 * engine.decode_steps  # the prefill and three decode calls: version 0
+  total = swapped + 6
+  seq_id = engine.submit(Request(prompt, SamplingParams(temperature=0.0, max_tokens=total)))
   for _ in range(3):
     assert not engine.step()
   engine.update_params(new_params, version=1)
@@ -152,8 +155,7 @@ def test_update_params_between_decode_steps(setup, engine):
     generation = next((g for g in engine.step() if g.seq_id == seq_id), None)
   engine.update_params(setup.params, version=0)
   engine.step()
-  swapped = 4  # the prefill and three decode steps sampled with version 0
-  np.testing.assert_array_equal(generation.versions, [0] * swapped + [1] * (10 - swapped))
+  np.testing.assert_array_equal(generation.versions, [0] * swapped + [1] * (total - swapped))
   full = np.concatenate([prompt, generation.tokens])
   old_logp, _ = setup.teacher(setup.params, full)
   new_logp, _ = setup.teacher(new_params, full)

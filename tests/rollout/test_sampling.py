@@ -60,3 +60,46 @@ def test_keys_depend_on_seed_and_position_only():
   np.testing.assert_array_equal(data(a[0]), data(b[1]))
   np.testing.assert_array_equal(data(a[2]), data(b[0]))
   assert not np.array_equal(data(a[0]), data(a[1]))
+
+
+def _reference_support(logits, temperature, top_k, top_p):
+  """The kept set by the textbook rule: stable descending order, top-k, then top-p."""
+  x = logits / (temperature if temperature > 0 else 1.0)
+  if temperature == 0:
+    return np.arange(len(x)) == np.argmax(x)
+  order = np.argsort(-x, kind="stable")
+  kept = np.ones(len(x), bool) if top_k <= 0 else np.arange(len(x)) < top_k
+  p = np.where(kept, np.exp(x[order] - x.max()), 0.0)
+  p /= p.sum()
+  kept &= (np.cumsum(p) - p < top_p) | (top_p >= 1)
+  support = np.zeros(len(x), bool)
+  support[order[kept]] = True
+  return support
+
+
+def test_truncation_matches_sorted_reference_with_ties():
+  rng = np.random.default_rng(0)
+  rows, vocab = 48, 40
+  logits = np.round(2 * rng.standard_normal((rows, vocab)), 1).astype(np.float32)  # ties
+  temperature = rng.choice([0.0, 0.7, 1.0], rows).astype(np.float32)
+  top_k = rng.choice([0, 1, 3, 10, 40], rows).astype(np.int32)
+  top_p = rng.choice([1.0, 0.5, 0.9], rows).astype(np.float32)
+  logp = np.asarray(sampling.sampling_logprobs(logits, temperature, top_k, top_p))
+  for row in range(rows):
+    np.testing.assert_array_equal(
+        np.isfinite(logp[row]),
+        _reference_support(logits[row], temperature[row], top_k[row], top_p[row]))
+  # A row's support does not depend on whether another row truncates.
+  plain = np.asarray(sampling.sampling_logprobs(logits[:1], np.ones(1, np.float32),
+                                                np.zeros(1, np.int32), np.ones(1, np.float32)))
+  mixed = np.asarray(sampling.sampling_logprobs(
+      logits[:2], np.ones(2, np.float32), np.int32([0, 2]), np.ones(2, np.float32)))
+  np.testing.assert_array_equal(plain[0], mixed[0])
+
+
+def test_draw_never_picks_a_dropped_token():
+  logp = jnp.log(jnp.asarray([[0.0, 0.5, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]]))
+  for seed in range(50):
+    keys = sampling.row_keys(jnp.asarray([seed, seed], jnp.uint32), jnp.zeros(2, jnp.int32))
+    tokens = np.asarray(sampling.draw(logp, keys))
+    assert tokens[0] in (1, 3) and tokens[1] == 4

@@ -5,7 +5,8 @@ HF `transformers` generate on the same weights.
     PYTHONPATH=. python tools/bench/bench_decode.py --hf_python /work/venvs/py311/bin/python
 
 Decode tokens/s counts the tokens sampled after every request's prefill (steady-state
-decode; compile and prefill excluded), greedy by default. With --drafts D the engine
+decode; compile and prefill excluded: a one-token generate's time is subtracted, for the
+engine as for HF), greedy by default. With --drafts D the engine
 speculates D tokens per step with the model's MTP module; the table gives tokens per
 sequence-step (1 + accepted drafts) and the speedup over plain decoding. --temperature T > 0 samples
 instead (drafts are then kept by the standard speculative-sampling rule): a small trained
@@ -52,25 +53,29 @@ import time
 
 def _engine_rate(cfg, params, prompts_BxP, new_tokens: int, drafts: int,
                  temperature: float, mesh: str = ""):
+  """Decode tokens/s as for HF below: (time of a `new_tokens` generate - time of a
+  one-token generate) over the batch's new_tokens - 1 further tokens, so prefill (and the
+  last token's drain step) cancel and every decode step is timed, whatever the engine's
+  tokens per decode call."""
   from c2jax.rollout import JaxEngine, Request, SamplingParams, sharding
   batch, prompt_len = prompts_BxP.shape
   engine = JaxEngine(cfg, params, num_slots=batch, max_length=prompt_len + new_tokens + 8,
                      prefill_buckets=(prompt_len,), num_draft_tokens=drafts,
                      parallel=sharding.parse_mesh(mesh) if mesh else None)
-  requests = [Request(prompt, SamplingParams(temperature=temperature, max_tokens=new_tokens,
-                                              seed=row))
-              for row, prompt in enumerate(prompts_BxP)]
-  engine.generate(requests[:1])  # compile prefill and decode
+
+  def timed(count):
+    requests = [Request(prompt, SamplingParams(temperature=temperature, max_tokens=count,
+                                                seed=row))
+                for row, prompt in enumerate(prompts_BxP)]
+    start = time.perf_counter()
+    generations = engine.generate(requests)
+    assert all(len(g.tokens) == count for g in generations), "a generation stopped early"
+    return time.perf_counter() - start
+
+  timed(2)  # compile prefill and decode
   engine.acceptance = type(engine.acceptance)()
-  ids = [engine.submit(r) for r in requests]
-  done = {g.seq_id: g for g in engine.step()}  # admits every request (prefill)
-  sampled_before = batch  # each prefill sampled one token
-  start = time.perf_counter()
-  while len(done) < len(ids):
-    done.update({g.seq_id: g for g in engine.step()})
-  elapsed = time.perf_counter() - start
-  total = sum(len(g.tokens) for g in done.values())
-  return (total - sampled_before) / elapsed, engine.acceptance.tokens_per_step
+  decode = timed(new_tokens) - timed(1)
+  return batch * (new_tokens - 1) / decode, engine.acceptance.tokens_per_step
 
 
 def _random_models(args):

@@ -1,0 +1,71 @@
+"""Multi-step decode calls (JaxEngine decode_steps > 1) sample exactly what one-step calls
+sample, and a stop inside a chunk ends the sequence exactly there."""
+
+import numpy as np
+import pytest
+
+from c2jax.rollout import Request, SamplingParams
+from tests.rollout.conftest import VOCAB, detokenize
+
+
+@pytest.fixture(scope="module")
+def engines(setup):
+  return setup.engine(decode_steps=1), setup.engine(decode_steps=4)
+
+
+def _requests(stop_token: int, stop_string: str):
+  rng = np.random.default_rng(3)
+  prompts = [rng.integers(0, VOCAB, n).astype(np.int32) for n in (5, 9, 4, 7)]
+  settings = [
+      SamplingParams(temperature=1.0, max_tokens=11, seed=5),  # max_tokens mid-chunk
+      SamplingParams(temperature=0.8, top_k=5, top_p=0.9, max_tokens=14, seed=6),
+      SamplingParams(temperature=0.0, max_tokens=30, stop_tokens=(stop_token,)),
+      SamplingParams(temperature=1.0, max_tokens=30, seed=7, stop_strings=(stop_string,)),
+  ]
+  # Four requests on two slots: two queue and join when the first ones leave.
+  return [Request(p, s) for p, s in zip(prompts, settings)]
+
+
+def test_one_and_four_steps_per_call_sample_the_same(engines):
+  one, four = engines
+  probe = one.generate([Request(np.int32([1, 2, 3, 4]), SamplingParams(
+      temperature=0.0, max_tokens=12))])[0].tokens
+  # A stop token the greedy request meets after a few tokens (not at a chunk boundary
+  # for most of the stops below), and a two-letter stop string.
+  requests = _requests(int(probe[5]), detokenize(probe[2:4]))
+  by_one, by_four = one.generate(requests), four.generate(requests)
+  for a, b in zip(by_one, by_four):
+    assert a.finish_reason == b.finish_reason
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    np.testing.assert_array_equal(a.expert_indices, b.expert_indices)
+    assert len(a.expert_indices) == len(a.prompt_tokens) + len(a.tokens)
+  assert [g.finish_reason for g in by_four][:2] == ["max_tokens", "max_tokens"]
+  assert [len(g.tokens) for g in by_four][:2] == [11, 14]
+
+
+def test_stop_token_inside_a_chunk_ends_there(engines):
+  _, four = engines
+  prompt = np.int32([2, 7, 1, 8])
+  reference = four.generate([Request(prompt, SamplingParams(temperature=0.0,
+                                                            max_tokens=12))])[0].tokens
+  # The first token not seen before, at index >= 2: its chunk (prefill samples token 0,
+  # each call samples four) does not end there.
+  stop_at = next(i for i in range(2, 12) if reference[i] not in reference[:i]
+                 and (i - 1) % 4 != 3)
+  stopped = four.generate([Request(prompt, SamplingParams(
+      temperature=0.0, max_tokens=12, stop_tokens=(int(reference[stop_at]),),
+      ))])[0]
+  assert stopped.finish_reason == "stop_token"
+  np.testing.assert_array_equal(stopped.tokens, reference[:stop_at + 1])
+  assert len(stopped.expert_indices) == len(prompt) + stop_at + 1
+  # The slot is free and clean: the next request matches a fresh run.
+  again = four.generate([Request(prompt, SamplingParams(temperature=0.0, max_tokens=12))])
+  np.testing.assert_array_equal(again[0].tokens, reference)
+
+
+def test_decode_steps_must_be_positive_and_one_when_speculating(setup):
+  with pytest.raises(ValueError, match="decode_steps"):
+    setup.engine(decode_steps=0)
+  with pytest.raises(ValueError, match="speculating"):
+    setup.engine(decode_steps=4, num_draft_tokens=2)
