@@ -84,7 +84,7 @@ def analyse(rows: list[dict], std_eps: float) -> dict:
       "max_relative_error_vs_1_over_std": float(max(
           (abs(a - e) / e for a, e in zip(amp, exact)), default=0.0))}
   # grpo's advantages have std 1 whenever the spread dominates eps: scale-free.
-  clear = [r for r in rows if r["reward_std"] > 1e3 * std_eps]
+  clear = [r for r in rows if r["reward_std"] > 100 * std_eps]
   out["grpo_unit_std_groups"] = len(clear)
   out["grpo_max_abs_std_minus_1"] = float(max((abs(r["std_grpo"] - 1) for r in clear),
                                               default=0.0))
