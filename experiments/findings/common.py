@@ -3,7 +3,7 @@
 A findings script reproduces one of the Composer 2 report's findings as one command:
 
   python experiments/findings/<name>.py [--smoke] [--out DIR] [--seeds N] [--workdir DIR]
-                                        [--set KEY=VALUE ...]
+                                        [--set KIND.KEY=VALUE ...]
 
 and writes DIR/<name>.png and DIR/<name>.json (the numbers, with per-seed values, spread
 and the date). Runs go under --workdir (one directory per job); rerunning the same
@@ -99,8 +99,8 @@ def apply(cfg, overrides: dict[str, object], kind: str):
 def check_kinds(args, known_kinds: tuple[str, ...]) -> None:
   unknown = sorted(set(args.parsed_overrides) - set(known_kinds))
   if unknown:
-    raise SystemExit(f"--set: unknown job kind(s) {unknown}; {args.name} runs "
-                     f"{list(known_kinds)} jobs.")
+    runs = f"runs {list(known_kinds)} jobs" if known_kinds else "runs no jobs"
+    raise SystemExit(f"--set: unknown job kind(s) {unknown}; {args.name} {runs}.")
 
 
 def load_config(config_file: str, variant: str):

@@ -9,7 +9,7 @@ Per seed, the Monte-Carlo moments of each estimator against q = N(0,1), p = N(de
 holds when k3's variance is far below k1's while the policies are close (small delta) and
 far above it once they separate (large delta), k2's mean misses the KL (biased); and when
 grpo's max |advantage| stays at unit scale for spreads far below 1 while dr_grpo's follows
-the spread. No runs: --workdir and --set are accepted for a uniform command line and unused.
+the spread. No jobs: --workdir is unused and --set has nothing to override (an error).
 """
 
 from __future__ import annotations
