@@ -12,9 +12,12 @@ here, one per seed). A group is `degenerate` when every rollout got the same cor
 penalty, tool-call errors, ...), a few thousandths. For each group both estimators'
 advantages are computed from its stored rewards: `grpo` divides by the group std, so the
 advantages of a degenerate group have unit standard deviation however small its spread
-(amplification 1 / (std + eps)); `dr_grpo` keeps them at the spread's scale. Reported: the
-share of all |advantage| mass that lands on degenerate groups under each, the per-group
+(amplification 1 / (std + eps)); `dr_grpo` keeps them at the spread's scale. Reported: each
+noise-only group's mean |advantage| against that of a group with one success in G (the
+weakest real signal), the share of all |advantage| on degenerate groups, the per-group
 amplification, and a check that grpo's advantages have std 1 in every group with spread.
+The finding holds when grpo weighs noise-only groups at > 10% of a one-success group and
+dr_grpo at < 1%.
 
 Part 2 (--train-steps N > 0): a short training comparison, `rl.advantage=grpo` against
 `dr_grpo` from the same SFT start per seed: held-out pass rate at step 0 and at step N.
@@ -83,6 +86,21 @@ def analyse(rows: list[dict], std_eps: float) -> dict:
       "mixed": common.spread([a for a, r in zip(amp, spread_rows) if not r["degenerate"]]),
       "max_relative_error_vs_1_over_std": float(max(
           (abs(a - e) / e for a, e in zip(amp, exact)), default=0.0))}
+  # A degenerate group's weight against the weakest real signal: a group of the same size
+  # where one rollout of G solved the task (rewards 1, 0, ..., 0).
+  from c2jax.rl import advantages  # pylint: disable=g-import-not-at-top
+  size = int(np.bincount([r["size"] for r in rows]).argmax())
+  one_solved = np.zeros(size, np.float32)
+  one_solved[0] = 1.0
+  out["one_success_group_size"] = size
+  out["noise_weight_vs_one_success"] = {}
+  noisy = [r for r in degenerate if r["reward_std"] > 0 and r["size"] == size]
+  for name in ESTIMATORS:
+    reference = float(np.abs(np.asarray(advantages.compute_advantages(
+        name, one_solved, std_eps))).mean())
+    out[f"one_success_mean_abs_{name}"] = reference
+    out["noise_weight_vs_one_success"][name] = common.spread(
+        [r[f"mean_abs_{name}"] / reference for r in noisy])
   # grpo's advantages have std 1 whenever the spread dominates eps: scale-free.
   clear = [r for r in rows if r["reward_std"] > 100 * std_eps]
   out["grpo_unit_std_groups"] = len(clear)
@@ -92,24 +110,29 @@ def analyse(rows: list[dict], std_eps: float) -> dict:
 
 
 def verdict(a: dict) -> tuple[bool | None, str]:
+  """Agrees when grpo gives the noise-only groups a sizeable fraction (> 10%) of the
+  update a group with one real success gets, and dr_grpo a negligible one (< 1%)."""
   if not a["degenerate_groups"]:
     return None, ("no degenerate group among the rollouts: the case the report warns about "
                   "did not occur here.")
-  grpo_share = a["share_of_abs_advantage_on_degenerate_grpo"]
-  dr_share = a["share_of_abs_advantage_on_degenerate_dr_grpo"]
-  amp = a["amplification"]["degenerate"]["mean"]
-  spread = a["degenerate"]["reward_std"]["mean"]
-  if grpo_share is None or dr_share is None:
-    return None, (f"{a['degenerate_groups']} of {a['groups']} groups are degenerate, but no "
-                  "group has any reward spread: every advantage is 0 under both estimators.")
-  agrees = grpo_share > dr_share
-  amp_text = f"{amp:.0f}x" if amp is not None else "infinitely (zero spread)"
-  return agrees, (
-      f"{a['degenerate_groups']} of {a['groups']} groups are degenerate (one correctness "
-      f"for every rollout; mean reward std {spread:.2g}); grpo amplifies their advantages "
-      f"{amp_text} and puts {grpo_share:.1%} of all |advantage| on them, dr_grpo "
-      f"{dr_share:.1%}" + (". Agrees with the report." if agrees else
-                           ". Does not show the report's effect."))
+  weight = a["noise_weight_vs_one_success"]
+  if not weight["grpo"]["n"]:
+    return None, (f"{a['degenerate_groups']} of {a['groups']} groups are degenerate, but none "
+                  "has any reward spread: every advantage is 0 under both estimators.")
+  agrees = weight["grpo"]["mean"] > 0.1 and weight["dr_grpo"]["mean"] < 0.01
+  text = (f"{a['degenerate_groups']} of {a['groups']} groups are degenerate (one correctness "
+          f"for every rollout), {weight['grpo']['n']} of them with a reward spread (std "
+          f"{a['degenerate']['reward_std']['max']:.2g} at most, from the shaping terms); "
+          f"there grpo's mean |advantage| is {weight['grpo']['mean']:.2f} x (max "
+          f"{weight['grpo']['max']:.2f} x) that of a group with one success in "
+          f"{a['one_success_group_size']}, dr_grpo's {weight['dr_grpo']['mean']:.1e} x "
+          f"(amplification 1 / std: {a['amplification']['degenerate']['mean']:.0f}x)")
+  if a["mixed_groups"]:
+    text += (f"; share of all |advantage| on degenerate groups: grpo "
+             f"{a['share_of_abs_advantage_on_degenerate_grpo']:.1%}, dr_grpo "
+             f"{a['share_of_abs_advantage_on_degenerate_dr_grpo']:.1%}")
+  return agrees, text + (". Agrees with the report." if agrees else
+                         ". Does not show the report's effect.")
 
 
 def plot(rows, analysis, training):
@@ -128,13 +151,14 @@ def plot(rows, analysis, training):
   axes[0].set_ylabel("mean |advantage|")
   axes[0].set_title(f"{analysis['groups']} groups from rollouts")
   axes[0].legend(fontsize=7)
-  shares = [analysis[f"share_of_abs_advantage_on_degenerate_{n}"] or 0.0 for n in ESTIMATORS]
-  axes[1].bar(ESTIMATORS, shares, color=["tab:red", "tab:blue"])
-  axes[1].axhline(analysis["degenerate_fraction"], color="grey", ls=":",
-                  label="share of groups that are degenerate")
-  axes[1].set_ylim(0, 1)
-  axes[1].set_ylabel("share of total |advantage|")
-  axes[1].set_title("weight on groups whose correctness is all equal")
+  weight = analysis["noise_weight_vs_one_success"]
+  values = [weight[n]["mean"] or 0.0 for n in ESTIMATORS]
+  axes[1].bar(ESTIMATORS, [max(v, floor) for v in values], color=["tab:red", "tab:blue"])
+  axes[1].axhline(1.0, color="grey", ls=":", label=f"a group with 1 success in "
+                  f"{analysis['one_success_group_size']}")
+  axes[1].set_yscale("log")
+  axes[1].set_ylabel("mean |advantage| / one-success group's")
+  axes[1].set_title(f"noise-only groups ({weight['grpo']['n']} with spread)")
   axes[1].legend(fontsize=7)
   if training:
     for name, colour in (("grpo", "tab:red"), ("dr_grpo", "tab:blue")):

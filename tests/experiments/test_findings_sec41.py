@@ -37,6 +37,12 @@ def test_degenerate_groups_get_unit_advantages_under_grpo_only():
   # So two noise-only groups carry about 2/3 of grpo's weight, almost none of dr_grpo's.
   assert a["share_of_abs_advantage_on_degenerate_grpo"] == pytest.approx(2 / 3, abs=0.1)
   assert a["share_of_abs_advantage_on_degenerate_dr_grpo"] < 0.01
+  # Each noise-only group moves the policy about as much as a group with one real success
+  # under grpo; under dr_grpo by a few thousandths of that.
+  weight = a["noise_weight_vs_one_success"]
+  assert weight["grpo"]["n"] == 2 and weight["grpo"]["min"] > 0.5
+  assert weight["dr_grpo"]["max"] < 0.01
+  assert a["one_success_mean_abs_dr_grpo"] == pytest.approx(2 * 7 / 64)
   agrees, text = sec41.verdict(a)
   assert agrees is True and "2 of 3 groups are degenerate" in text
 
