@@ -16,8 +16,8 @@ advantages of a degenerate group have unit standard deviation however small its 
 noise-only group's mean |advantage| against that of a group with one success in G (the
 weakest real signal), the share of all |advantage| on degenerate groups, the per-group
 amplification, and a check that grpo's advantages have std 1 in every group with spread.
-The finding holds when grpo weighs noise-only groups at > 10% of a one-success group and
-dr_grpo at < 1%.
+The finding holds when grpo weighs noise-only groups like a real success (at least half a
+one-success group) and dr_grpo at under a tenth of that.
 
 Part 2 (--train-steps N > 0): a short training comparison, `rl.advantage=grpo` against
 `dr_grpo` from the same SFT start per seed: held-out pass rate at step 0 and at step N.
@@ -110,8 +110,8 @@ def analyse(rows: list[dict], std_eps: float) -> dict:
 
 
 def verdict(a: dict) -> tuple[bool | None, str]:
-  """Agrees when grpo gives the noise-only groups a sizeable fraction (> 10%) of the
-  update a group with one real success gets, and dr_grpo a negligible one (< 1%)."""
+  """Agrees when grpo weighs the noise-only groups like a real success (at least half a
+  one-success group's mean |advantage|) and dr_grpo at under a tenth of grpo's weight."""
   if not a["degenerate_groups"]:
     return None, ("no degenerate group among the rollouts: the case the report warns about "
                   "did not occur here.")
@@ -119,7 +119,8 @@ def verdict(a: dict) -> tuple[bool | None, str]:
   if not weight["grpo"]["n"]:
     return None, (f"{a['degenerate_groups']} of {a['groups']} groups are degenerate, but none "
                   "has any reward spread: every advantage is 0 under both estimators.")
-  agrees = weight["grpo"]["mean"] > 0.1 and weight["dr_grpo"]["mean"] < 0.01
+  grpo_weight, dr_weight = weight["grpo"]["mean"], weight["dr_grpo"]["mean"]
+  agrees = grpo_weight >= 0.5 and dr_weight < grpo_weight / 10
   text = (f"{a['degenerate_groups']} of {a['groups']} groups are degenerate (one correctness "
           f"for every rollout), {weight['grpo']['n']} of them with a reward spread (std "
           f"{a['degenerate']['reward_std']['max']:.2g} at most, from the shaping terms); "
