@@ -26,7 +26,7 @@ import json
 
 import numpy as np
 
-import common
+import findings_common as common
 
 NAME = "fig2_cpt_to_rl"
 TABLE = "cpt_to_rl"

@@ -18,7 +18,7 @@ import importlib.util
 
 import numpy as np
 
-import common
+import findings_common as common
 
 NAME = "fig4_kl_estimators"
 _SCRIPT = common.REPO / "experiments" / "kl_estimators.py"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import common
+import findings_common as common
 
 NAME = "fig5_pass_rate"
 

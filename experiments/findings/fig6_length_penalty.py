@@ -23,7 +23,7 @@ import re
 
 import numpy as np
 
-import common
+import findings_common as common
 
 NAME = "fig6_length_penalty"
 ARMS = ("penalty", "none")

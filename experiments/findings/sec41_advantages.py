@@ -30,7 +30,7 @@ import pathlib
 
 import numpy as np
 
-import common
+import findings_common as common
 import fig5_pass_rate
 
 NAME = "sec41_advantages"
