@@ -16,6 +16,7 @@ spread (noise is amplified to a full learning signal) until the spread reaches s
 `dr_grpo` scales with the spread.
 
   PYTHONPATH=. python experiments/kl_estimators.py [--samples 200000] [--out PATH]
+or, with the numbers as JSON, experiments/findings/fig4_kl_estimators.py.
 """
 
 from __future__ import annotations
@@ -62,36 +63,40 @@ def std_blowup(spreads, group_size: int, std_eps: float) -> dict[str, np.ndarray
       name, rewards_NxG, std_eps))).max(-1) for name in ("grpo", "dr_grpo")}
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--samples", type=int, default=200_000)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
-  args = parser.parse_args()
-
+def compute(samples: int, seed: int) -> dict:
+  """Every number of the figure: KL estimator moments per delta (Monte-Carlo and closed
+  form) and the max |advantage| of a group with one reward off by `spread`."""
   deltas = np.linspace(0.0, 3.0, 13)
-  measured = kl_variances(deltas, args.samples, args.seed)
-  closed = analytic_variance(deltas)
-  print(f"KL(N(0,1) || N(delta,1)) estimators, {args.samples} samples per delta")
+  spreads = np.logspace(-8, 0, 17)
+  std_eps, group_size = 1e-6, 8
+  same = np.ones((1, group_size), np.float32)
+  return {"samples": samples, "seed": seed, "deltas": deltas,
+          "measured": kl_variances(deltas, samples, seed),
+          "closed": analytic_variance(deltas), "spreads": spreads, "std_eps": std_eps,
+          "group_size": group_size, "blowup": std_blowup(spreads, group_size, std_eps),
+          "identical_grpo_max": float(np.abs(advantages.compute_advantages(
+              "grpo", same, std_eps)).max())}
+
+
+def report(r: dict) -> None:
+  deltas, measured, closed = r["deltas"], r["measured"], r["closed"]
+  print(f"KL(N(0,1) || N(delta,1)) estimators, {r['samples']} samples per delta")
   print(f"{'delta':>6} {'KL':>7} " + " ".join(
       f"{n + ' mean':>9} {n + ' var':>10} {'(exact)':>10}" for n in kl.KL_ESTIMATORS))
   for i, delta in enumerate(deltas):
     cells = " ".join(f"{measured[n][i, 0]:9.4f} {measured[n][i, 1]:10.4g} "
                      f"{closed[n][i]:10.4g}" for n in kl.KL_ESTIMATORS)
     print(f"{delta:6.2f} {delta * delta / 2:7.4f} {cells}")
-
-  spreads = np.logspace(-8, 0, 17)
-  std_eps, group_size = 1e-6, 8
-  blowup = std_blowup(spreads, group_size, std_eps)
-  print(f"\nmax |advantage|, group of {group_size} equal rewards but one off by spread "
-        f"(std_eps {std_eps:g})")
+  print(f"\nmax |advantage|, group of {r['group_size']} equal rewards but one off by spread "
+        f"(std_eps {r['std_eps']:g})")
   print(f"{'spread':>8} {'grpo':>10} {'dr_grpo':>10}")
-  for i, spread in enumerate(spreads):
-    print(f"{spread:8.1e} {blowup['grpo'][i]:10.4g} {blowup['dr_grpo'][i]:10.4g}")
-  same = np.ones((1, group_size), np.float32)
-  print("identical rewards: grpo max |A| =",
-        float(np.abs(advantages.compute_advantages("grpo", same, std_eps)).max()))
+  for i, spread in enumerate(r["spreads"]):
+    print(f"{spread:8.1e} {r['blowup']['grpo'][i]:10.4g} {r['blowup']['dr_grpo'][i]:10.4g}")
+  print("identical rewards: grpo max |A| =", r["identical_grpo_max"])
 
+
+def plot(r: dict):
+  deltas, measured, closed = r["deltas"], r["measured"], r["closed"]
   fig, (ax_kl, ax_adv) = plt.subplots(1, 2, figsize=(11, 4.2))
   colours = {"k1": "tab:blue", "k2": "tab:orange", "k3": "tab:red"}
   for name in kl.KL_ESTIMATORS:
@@ -105,13 +110,25 @@ def main():
   ax_kl.set_title("KL(q || p) estimators, q = N(0,1), p = N(delta,1)")
   ax_kl.legend(fontsize=8)
   for name, style in (("grpo", "o-"), ("dr_grpo", "s-")):
-    ax_adv.loglog(spreads, blowup[name], style, label=name)
-  ax_adv.axvline(std_eps, color="grey", ls=":", label="std_eps")
+    ax_adv.loglog(r["spreads"], r["blowup"][name], style, label=name)
+  ax_adv.axvline(r["std_eps"], color="grey", ls=":", label="std_eps")
   ax_adv.set_xlabel("reward spread within the group")
   ax_adv.set_ylabel("max |advantage|")
-  ax_adv.set_title(f"std normalisation, group of {group_size}")
+  ax_adv.set_title(f"std normalisation, group of {r['group_size']}")
   ax_adv.legend(fontsize=8)
   fig.tight_layout()
+  return fig
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--samples", type=int, default=200_000)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--out", type=pathlib.Path, default=DEFAULT_OUT)
+  args = parser.parse_args()
+  results = compute(args.samples, args.seed)
+  report(results)
+  fig = plot(results)
   args.out.parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(args.out, dpi=120)
   print(f"\nwrote {args.out}")

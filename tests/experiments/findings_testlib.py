@@ -1,0 +1,36 @@
+"""Helpers for the tests of experiments/findings/: import a script, run its --smoke."""
+
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+FINDINGS = REPO / "experiments" / "findings"
+
+
+def import_finding(name: str):
+  """The script as a module (its folder on sys.path, as when it runs)."""
+  if str(FINDINGS) not in sys.path:
+    sys.path.insert(0, str(FINDINGS))
+  return importlib.import_module(name)
+
+
+def run_smoke(name: str, tmp_path, *extra: str, timeout: int = 900) -> tuple[dict, pathlib.Path]:
+  """Runs `python experiments/findings/<name>.py --smoke` into tmp_path/out; returns its
+  JSON numbers and the workdir of its runs, after checking both outputs were written."""
+  out, workdir = tmp_path / "out", tmp_path / "runs"
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  result = subprocess.run(
+      [sys.executable, str(FINDINGS / f"{name}.py"), "--smoke", "--out", str(out),
+       "--workdir", str(workdir), *extra],
+      cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+  assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+  assert (out / f"{name}.png").stat().st_size > 5_000
+  numbers = json.loads((out / f"{name}.json").read_text())
+  assert numbers["finding"] == name and numbers["smoke"] is True
+  assert numbers["seeds"] == [0] and numbers["date"].startswith("20")
+  assert isinstance(numbers["verdict"], str) and numbers["verdict"]
+  return numbers, workdir
