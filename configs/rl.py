@@ -19,7 +19,7 @@ Variants:
         (docs/scaling.md, "RL learner").
 Override anything, e.g. --config.rl.kl.estimator=k3 --config.rl.advantage=grpo, or
 --config.rl.curriculum.sampling=running to draw prompts by running pass-rate statistics
-(c2jax/rl/curriculum.py; off by default, docs/benchmarks.md "Running curriculum").
+(c2jax/rl/tasks/curriculum.py; off by default, docs/benchmarks.md "Running curriculum").
 """
 
 import pathlib

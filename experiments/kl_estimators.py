@@ -3,7 +3,7 @@ drops the std division.
 
 Panel 1. q = N(0, 1) samples x, p = N(delta, 1); log r = log p(x) - log q(x) =
 delta x - delta^2 / 2 and KL(q || p) = delta^2 / 2. Monte-Carlo variance of each
-estimator (c2jax.rl.kl) against delta, beside the closed forms
+estimator (c2jax.rl.learner.kl) against delta, beside the closed forms
   Var k1 = delta^2,  Var k2 = delta^4 / 2 + delta^6 / 4,  Var k3 = e^(delta^2) - 1 - delta^2:
 k3 is the lowest while the policies are close and explodes once they separate; k1 grows
 only quadratically (the report's reason to use k1); k2 is also biased. At large delta
@@ -31,7 +31,8 @@ import numpy as np
 matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from c2jax.rl import advantages, kl  # pylint: disable=wrong-import-position
+from c2jax.rl.learner import advantages  # pylint: disable=wrong-import-position
+from c2jax.rl.learner import kl
 
 DEFAULT_OUT = pathlib.Path(__file__).resolve().parents[1] / "docs/figures/kl_estimators.png"
 

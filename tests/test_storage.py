@@ -106,7 +106,7 @@ def test_the_rl_job_refuses_a_bad_location_naming_its_key():
 def test_a_resumed_learner_gets_a_fresh_weights_folder_and_keeps_others(tmp_path):
   import ml_collections  # pylint: disable=g-import-not-at-top
 
-  from c2jax.rl import rollouts  # pylint: disable=g-import-not-at-top
+  from c2jax.rl.actors import rollouts  # pylint: disable=g-import-not-at-top
 
   root = tmp_path / "bucket"
   (root / "from-step-000000" / "manifests").mkdir(parents=True)

@@ -1,5 +1,5 @@
 """What a finished agent chain (or one of its segments) did: the counts the agent loop
-records and the rewards (c2jax.rl.rewards) and evaluation read."""
+records and the rewards (c2jax.rl.rewards.terms) and evaluation read."""
 
 from __future__ import annotations
 

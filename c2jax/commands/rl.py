@@ -21,7 +21,8 @@ def main(argv) -> int:
     raise SystemExit(f"unexpected arguments {argv[1:]}")
   if _CONFIG.value is None or _WORKDIR.value is None:
     raise SystemExit("pass --config=configs/rl.py:<variant> and --workdir=DIR")
-  from c2jax.rl import actors, trainer  # after flag parsing: --help stays fast
+  from c2jax.rl import trainer  # after flag parsing: --help stays fast
+  from c2jax.rl.actors import backends as actors
 
   try:
     summary = trainer.train(_CONFIG.value, _WORKDIR.value)

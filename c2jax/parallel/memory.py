@@ -5,7 +5,7 @@
     report = memory_report(compiled)
     print(format_memory_table(report, device_memory_gb=141))
 
-`compile_rl_step` does the same for the RL learner's step (c2jax.rl.learner_runtime, the
+`compile_rl_step` does the same for the RL learner's step (c2jax.rl.learner.runtime, the
 same runtime) on an abstract packed batch: `rows` rows (default: the step's rollouts,
 rounded up to the devices the batch splits over) of actors.max_length tokens, with router
 indices for replay and the KL reference policy when config.rl.kl.coef > 0.
@@ -102,7 +102,8 @@ def compile_train_step(cfg) -> tuple[jax.stages.Compiled, float]:
 def job_runtime(cfg):
   """The runtime of a pretraining / SFT job or (task = 'rl') of the RL learner."""
   if cfg.get("task") == "rl":
-    from c2jax.rl import job, learner_runtime
+    from c2jax.rl import job
+    from c2jax.rl.learner import runtime as learner_runtime
 
     job.validate(cfg, jax.device_count())
     return learner_runtime.build(cfg)
@@ -113,16 +114,16 @@ def job_runtime(cfg):
 
 def rl_batch_rows(cfg, rt) -> int:
   """Rows of the RL learner's packed batch when every rollout fits one row: the step's
-  rollouts rounded up to the batch ways (c2jax.rl.learner_runtime.build_batch)."""
-  from c2jax.rl import learner_runtime
+  rollouts rounded up to the batch ways (c2jax.rl.learner.runtime.build_batch)."""
+  from c2jax.rl.learner import runtime as learner_runtime
 
   ways = rt.batch_ways()
   return -(-learner_runtime.rollouts_per_step(cfg) // ways) * ways
 
 
 def abstract_rl_batch(cfg, rt, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
-  """The learner's packed batch (c2jax.rl.learner) as sharded shape structs."""
-  from c2jax.rl import learner_runtime
+  """The learner's packed batch (c2jax.rl.learner.step) as sharded shape structs."""
+  from c2jax.rl.learner import runtime as learner_runtime
 
   shardings = learner_runtime.batch_shardings(rt)
   length = cfg.actors.max_length
@@ -139,7 +140,7 @@ def abstract_rl_batch(cfg, rt, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
 
 def compile_rl_step(cfg, rows: int | None = None) -> tuple[jax.stages.Compiled, float]:
   """(compiled RL learner step, compile seconds) on a mesh over this process's devices."""
-  from c2jax.rl import learner_runtime
+  from c2jax.rl.learner import runtime as learner_runtime
   from c2jax.train import runtime
 
   rt = job_runtime(cfg)

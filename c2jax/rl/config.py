@@ -13,7 +13,10 @@ from __future__ import annotations
 import ml_collections
 
 from c2jax import config as configlib
-from c2jax.rl import advantages, curriculum, kl, losses
+from c2jax.rl.learner import advantages
+from c2jax.rl.tasks import curriculum
+from c2jax.rl.learner import kl
+from c2jax.rl.learner import losses
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -44,7 +47,7 @@ def default_config() -> ml_collections.ConfigDict:
       tool_call_errors=dict(scale=0.02),
       unfinished_todos=dict(scale=0.05),
       shell_only=dict(scale=0.1, shell_tool="run_shell", ignore_tools=("finish", "todo")),
-      # Behaviour graders (c2jax/rl/behaviour.py): off until scale > 0; a grader with
+      # Behaviour graders (c2jax/rl/rewards/behaviour.py): off until scale > 0; a grader with
       # weight 0 does not run. The model judge needs an endpoint (model_grader.py).
       behaviour=dict(scale=0.0, graders=dict(
           cot_comments=dict(weight=1.0, shell_tool="run_shell", max_comment_lines=6),
@@ -65,7 +68,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.router_replay = ml_collections.ConfigDict(dict(filter=True, factor=0.5))
   c.queue = ml_collections.ConfigDict(dict(capacity=16, max_lag=2, poll_s=0.02))
   c.packing = ml_collections.ConfigDict(dict(attention_cost=1.0 / 4096))
-  # The curriculum (c2jax/rl/curriculum.py). sampling = 'order': every prompt once
+  # The curriculum (c2jax/rl/tasks/curriculum.py). sampling = 'order': every prompt once
   # (single epoch); with strength > 0 the starting policy first rolls out every prompt
   # `probe_samples` times and prompts that needed more turns / thinking tokens are leased
   # earlier (strength 0 = the pool's own order). sampling = 'running': prompts are drawn
@@ -81,7 +84,7 @@ def default_config() -> ml_collections.ConfigDict:
   # Online self-distillation of the policy's MTP heads (when model.num_mtp_layers > 0):
   # each learner step adds mtp_loss_weight x (KL of every MTP depth to the main head at
   # the position predicting the same generated token), detached from the trunk, so the
-  # drafter follows the policy (c2jax.rl.mtp_distill). 0 leaves the heads as they are.
+  # drafter follows the policy (c2jax.rl.learner.mtp_distill). 0 leaves the heads as they are.
   c.mtp_loss_weight = 1.0
   # The heads' learning rate relative to learner.learning_rate (Adam is scale-free in the
   # loss weight, so this, not the weight, sets how fast the heads move).
@@ -140,7 +143,7 @@ def _validate_curriculum(curriculum_cfg, prefix: str) -> None:
 
 
 def _validate_behaviour(wrapper, behaviour_cfg, prefix: str) -> None:
-  from c2jax.rl import behaviour  # pylint: disable=import-outside-toplevel
+  from c2jax.rl.rewards import behaviour  # pylint: disable=import-outside-toplevel
 
   configlib.check_positive(wrapper, prefix + ".scale", allow_zero=True)
   for name in behaviour_cfg.graders.keys():

@@ -10,7 +10,7 @@
   learner   the optimizer and step schedule
   actors    rollout actors: how many, their engine (and its device mesh,
             actors.parallel), how they sync weights
-  tasks     the task source (c2jax.rl.task_sources): procedural repositories, or tasks
+  tasks     the task source (c2jax.rl.tasks.task_sources): procedural repositories, or tasks
             loaded from `path` (a revert_restore / built suite / SWE-bench JSONL, Harbor
             folders), split into train and held-out
   eval      the held-out evaluation: pass rate and best-of-k
@@ -73,7 +73,7 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
                                           at_start=True))
   c.parallel = parallel.default_parallel_config()
   # The learner reads token t's log-prob at t - 1, a shift along the sequence: context
-  # shards stay contiguous (c2jax.rl.learner_runtime).
+  # shards stay contiguous (c2jax.rl.learner.runtime).
   c.parallel.context_load_balance = False
   return c
 
@@ -97,7 +97,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
   for key in ("learner.warmup_steps", "actors.restarts", "eval.temperature"):
     configlib.check_positive(cfg, key, allow_zero=True)
   _check_speculation(cfg)
-  from c2jax.rl import actors  # pylint: disable=g-import-not-at-top
+  from c2jax.rl.actors import backends as actors  # pylint: disable=g-import-not-at-top
 
   configlib.check_choice(cfg, "actors.backend", actors.ACTOR_BACKENDS)
   for key in ("learner.checkpoint_dir", "actors.weights_dir"):
@@ -107,7 +107,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
       except storage.StorageLocationError as err:
         raise configlib.ConfigError(key, str(err)) from None
   engine_sharding.check_config(cfg.actors.parallel, cfg.actors.slots, "actors.parallel.")
-  from c2jax.rl import task_sources  # pylint: disable=g-import-not-at-top
+  from c2jax.rl.tasks import task_sources  # pylint: disable=g-import-not-at-top
 
   configlib.check_choice(cfg, "tasks.source", task_sources.SOURCES)
   task_sources.validate(cfg.tasks)
@@ -167,7 +167,7 @@ def _check_speculation(cfg) -> None:
 
 def _check_sampling_is_scorable(agent_cfg) -> None:
   """The learner must score tokens under the distribution the actors sampled from
-  (c2jax.rl.learner): temperature it reproduces; greedy and top-k / top-p truncation
+  (c2jax.rl.learner.step): temperature it reproduces; greedy and top-k / top-p truncation
   it cannot, so they are refused here instead of biasing every importance ratio."""
   if agent_cfg.temperature <= 0:
     raise configlib.ConfigError(

@@ -6,14 +6,14 @@ Per step: take `learner.groups_per_step` finished groups from the queue (each wi
 `rl.queue.max_lag` versions of the learner), pack their segments into one batch, run the
 jitted `rl_step`, record the groups as trained at this step, publish the new weights (a
 delta) for the actors, checkpoint. The learner runs on the shared training runtime
-(c2jax.rl.learner_runtime): sharded as config.parallel says, metrics read one step late,
+(c2jax.rl.learner.runtime): sharded as config.parallel says, metrics read one step late,
 a non-finite loss stops the run naming the step before anything is saved. Time spent
 waiting for groups is the learner's idle time. Held-out evaluation (pass rate,
 best-of-k) runs at step 0 and every `eval.every` steps with the learner's own engine.
 With a running curriculum (config.rl.curriculum.sampling = 'running') the learner also
 folds each step's groups into the curriculum's statistics, keeps the pool filled with
 prompts drawn by them, and checkpoints them with the parameters
-(c2jax.rl.curriculum_pool).
+(c2jax.rl.tasks.curriculum_pool).
 
 Multi-process (config.parallel.distributed, c2jax.parallel.distributed): start the same
 command once per process. Process 0 leads: it owns the run directory, the task pool, the
@@ -41,10 +41,14 @@ from c2jax import data
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
 from c2jax.parallel import distributed
-from c2jax.rl import actors as actors_lib
-from c2jax.rl import curriculum_pool
+from c2jax.rl.actors import backends as actors_lib
+from c2jax.rl.tasks import curriculum_pool
 from c2jax.rl import heldout as heldout_lib
-from c2jax.rl import infra, job, learner_runtime, rollouts, task_sources
+from c2jax.rl import job
+from c2jax.rl.actors import infra
+from c2jax.rl.learner import runtime as learner_runtime
+from c2jax.rl.actors import rollouts
+from c2jax.rl.tasks import task_sources
 from c2jax.rl import weights as weights_lib
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import metrics as metrics_lib

@@ -2,7 +2,7 @@
 
 `clip_group` (optional) splits the global-norm clip into groups of leaves, each clipped by
 its own norm: the RL learner trains its MTP heads beside the policy, and their gradient
-must not scale the policy's update down (c2jax.rl.learner).
+must not scale the policy's update down (c2jax.rl.learner.step).
 
 Parameters that are not trained by gradients (the MoE correction bias) are frozen here:
 their updates are exactly zero; `moe.update_correction_bias` moves them after each step.

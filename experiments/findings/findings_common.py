@@ -172,7 +172,7 @@ def eval_records(run, step: int) -> list[dict]:
 
 def queued_groups(run) -> list:
   """Every group an RL run's actors finished (trained, waiting or dropped as stale)."""
-  from c2jax.rl.group_store import Group  # pylint: disable=g-import-not-at-top
+  from c2jax.rl.queue.group_store import Group  # pylint: disable=g-import-not-at-top
 
   root = pathlib.Path(run) / "queue"
   paths = sorted(p for state in ("trained", "claimed", "ready", "stale")

@@ -1,5 +1,5 @@
 """Report §4.1: std-normalised advantages blow up groups whose rewards barely differ;
-Dr. GRPO (c2jax/rl/advantages.py) does not.
+Dr. GRPO (c2jax/rl/learner/advantages.py) does not.
 
   python experiments/findings/sec41_advantages.py --runs RUN [RUN ...]     # groups of runs
   python experiments/findings/sec41_advantages.py --init-from SFT_RUN [--seeds 3] \
@@ -39,7 +39,7 @@ ESTIMATORS = ("grpo", "dr_grpo")
 
 def group_table(groups, std_eps: float) -> list[dict]:
   """Per group: reward spread, degenerate or not, mean |A| under each estimator."""
-  from c2jax.rl import advantages  # pylint: disable=g-import-not-at-top
+  from c2jax.rl.learner import advantages  # pylint: disable=g-import-not-at-top
 
   rows = []
   for g in groups:
@@ -88,7 +88,7 @@ def analyse(rows: list[dict], std_eps: float) -> dict:
           (abs(a - e) / e for a, e in zip(amp, exact)), default=0.0))}
   # A degenerate group's weight against the weakest real signal: a group of the same size
   # where one rollout of G solved the task (rewards 1, 0, ..., 0).
-  from c2jax.rl import advantages  # pylint: disable=g-import-not-at-top
+  from c2jax.rl.learner import advantages  # pylint: disable=g-import-not-at-top
   size = int(np.bincount([r["size"] for r in rows]).argmax())
   one_solved = np.zeros(size, np.float32)
   one_solved[0] = 1.0

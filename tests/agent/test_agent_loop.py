@@ -439,7 +439,9 @@ def test_every_segment_of_a_summarised_chain_reaches_the_learner_batch(tmp_path,
                                                                        mode):
   """RL trains every segment of a chain with the chain's advantage; a compaction call's
   summary is in no segment, so it is in no batch row."""
-  from c2jax.rl import job, learner_runtime, rollouts
+  from c2jax.rl import job
+  from c2jax.rl.learner import runtime as learner_runtime
+  from c2jax.rl.actors import rollouts
   look = _turn(tokenizer, "Looking.", [("read_file", {"path": "pkg/flag.py"})])
   summary = _turn(tokenizer, "DONE must become True.", [])
   fix = _fix_turn(tokenizer)

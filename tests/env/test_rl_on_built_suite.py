@@ -12,7 +12,7 @@ import pytest
 
 from c2jax.env import task_builder
 from c2jax.env.install import InstallConfig, install
-from c2jax.rl import task_sources
+from c2jax.rl.tasks import task_sources
 from env_testlib import calc_repo
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

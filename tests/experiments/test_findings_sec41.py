@@ -4,7 +4,7 @@ groups of rollouts."""
 import numpy as np
 import pytest
 
-from c2jax.rl.group_store import Group
+from c2jax.rl.queue.group_store import Group
 from findings_testlib import import_finding, run_smoke
 
 sec41 = import_finding("sec41_advantages")

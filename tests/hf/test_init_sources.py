@@ -230,7 +230,8 @@ def test_large_shards_are_assembled_on_device_block_by_block(tmp_path, reference
 def test_rl_starts_from_an_hf_directory(reference, tmp_path):
   """The RL learner's starting state (learner_runtime.start): the HF directory's weights,
   placed in the learner runtime's shardings, and the KL reference a copy of them."""
-  from c2jax.rl import job, learner_runtime
+  from c2jax.rl import job
+  from c2jax.rl.learner import runtime as learner_runtime
   from c2jax.train import checkpoint as checkpoint_lib
   cfg_model, want = reference
   cfg = job.job_defaults("tiny")

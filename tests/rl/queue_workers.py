@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from c2jax.rl.group_queue import GroupQueue
-from c2jax.rl.group_store import Group, atomic_write
-from c2jax.rl.task_pool import TaskPool
+from c2jax.rl.queue.group_queue import GroupQueue
+from c2jax.rl.queue.group_store import Group, atomic_write
+from c2jax.rl.tasks.task_pool import TaskPool
 
 
 def actor(root, actor_id, rollout_s):

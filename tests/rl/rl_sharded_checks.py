@@ -5,7 +5,7 @@
         jax.distributed job, or a single process; XLA_FLAGS / JAX_* set by the test)
 
 Three RL steps of the tiny MLA + MoE policy (router replay, KL to a reference, sampling
-temperature 0.8) on the learner runtime (c2jax.rl.learner_runtime), from the same starting
+temperature 0.8) on the learner runtime (c2jax.rl.learner.runtime), from the same starting
 state and the same packed batches; the test compares losses and parameters.
 """
 
@@ -24,8 +24,10 @@ import numpy as np  # noqa: E402
 
 from c2jax import cli  # noqa: E402
 from c2jax.parallel import distributed  # noqa: E402
-from c2jax.rl import job, learner, learner_runtime  # noqa: E402
-from c2jax.rl.group_store import Group  # noqa: E402
+from c2jax.rl import job  # noqa: E402
+from c2jax.rl.learner import step as learner
+from c2jax.rl.learner import runtime as learner_runtime
+from c2jax.rl.queue.group_store import Group  # noqa: E402
 from c2jax.train import runtime  # noqa: E402
 
 STEPS, LENGTH, ROWS = 3, 16, 8

@@ -1,7 +1,8 @@
 """Helpers shared by the RL actor tests."""
 
 from c2jax.env import tasks as tasks_lib
-from c2jax.rl import job, rollouts
+from c2jax.rl import job
+from c2jax.rl.actors import rollouts
 
 
 def flag_task_run(tmp_path):

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.rl import advantages
+from c2jax.rl.learner import advantages
 
 SQRT3 = np.sqrt(3.0)
 

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 
 from c2jax import rl
-from c2jax.rl import curriculum, groups, packing
-from c2jax.rl.rewards import TrajectoryStats
+from c2jax.rl.tasks import curriculum
+from c2jax.rl.queue import groups
+from c2jax.rl.learner import packing
+from c2jax.rl.rewards.terms import TrajectoryStats
 
 
 def _chain(passed, segment_lengths, version):

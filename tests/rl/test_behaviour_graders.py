@@ -10,8 +10,11 @@ import pytest
 
 from c2jax import config as configlib
 from c2jax.agent.loop import RolloutError, Segment, Trajectory
-from c2jax.rl import behaviour, config, rewards, rollouts
-from c2jax.rl.rewards import TrajectoryStats
+from c2jax.rl import config
+from c2jax.rl.rewards import behaviour
+from c2jax.rl.rewards import terms as rewards
+from c2jax.rl.actors import rollouts
+from c2jax.rl.rewards.terms import TrajectoryStats
 
 
 def call(name, **arguments):

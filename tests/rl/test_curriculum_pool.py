@@ -5,8 +5,8 @@ import os
 import ml_collections
 import pytest
 
-from c2jax.rl import curriculum_pool
-from c2jax.rl.task_pool import TaskPool
+from c2jax.rl.tasks import curriculum_pool
+from c2jax.rl.tasks.task_pool import TaskPool
 
 
 def _pool(tmp_path, ids):

@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 
 from c2jax.data import tokenizer as tokenizer_lib
-from c2jax.rl import actor, external_rollouts, infra, job, rollouts
+from c2jax.rl import job
+from c2jax.rl.actors import actor
+from c2jax.rl.actors import external_rollouts
+from c2jax.rl.actors import infra
+from c2jax.rl.actors import rollouts
 from c2jax.serve import read_capture
 from rl_testlib import flag_task_run
 from tests.serve.conftest import ScriptedEngine

@@ -7,9 +7,9 @@ import time
 import numpy as np
 import pytest
 
-from c2jax.rl.group_queue import GroupQueue
-from c2jax.rl.group_store import Group
-from c2jax.rl.task_pool import TaskPool
+from c2jax.rl.queue.group_queue import GroupQueue
+from c2jax.rl.queue.group_store import Group
+from c2jax.rl.tasks.task_pool import TaskPool
 
 
 def make_group(group_id, version=0, chains=2):

@@ -9,7 +9,9 @@ from c2jax.agent import config as agent_config
 from c2jax.agent import prompt as prompt_lib
 from c2jax.data import tokenizer as tokenizer_lib
 from c2jax.env import sandbox as sandbox_lib
-from c2jax.rl import actor, infra, rollouts
+from c2jax.rl.actors import actor
+from c2jax.rl.actors import infra
+from c2jax.rl.actors import rollouts
 from c2jax.rollout import FakeEngine
 from rl_testlib import flag_task_run
 

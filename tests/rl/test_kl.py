@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.rl import kl
+from c2jax.rl.learner import kl
 
 
 @pytest.mark.parametrize("log_r, expected", [

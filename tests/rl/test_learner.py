@@ -10,7 +10,7 @@ import pytest
 from c2jax import model
 from c2jax.model import config as model_config
 from c2jax.rl import config as rl_config
-from c2jax.rl import learner
+from c2jax.rl.learner import step as learner
 from c2jax.train import optimizer as optimizer_lib
 from c2jax.train.step import TrainState
 

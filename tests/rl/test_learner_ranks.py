@@ -14,8 +14,9 @@ SCRIPT = textwrap.dedent("""
     import functools, json
     import jax, jax.numpy as jnp, numpy as np
     from c2jax import config as configlib, model
-    from c2jax.rl import learner, learner_runtime
-    from c2jax.rl.group_store import Group
+    from c2jax.rl.learner import step as learner
+    from c2jax.rl.learner import runtime as learner_runtime
+    from c2jax.rl.queue.group_store import Group
     from c2jax.train import optimizer as optimizer_lib
     from c2jax.train.step import TrainState
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from c2jax import rl
-from c2jax.rl import losses
+from c2jax.rl.learner import losses
 
 LOSS_BxL = jnp.array([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0], [9.0, 9.0, 9.0, 9.0]])
 MASK_BxL = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from c2jax.rl.group_queue import GroupQueue
-from c2jax.rl.task_pool import TaskPool
+from c2jax.rl.queue.group_queue import GroupQueue
+from c2jax.rl.tasks.task_pool import TaskPool
 
 WORKERS = pathlib.Path(__file__).with_name("queue_workers.py")
 REPO = pathlib.Path(__file__).resolve().parents[2]

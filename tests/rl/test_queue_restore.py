@@ -5,8 +5,8 @@ import queue
 
 import pytest
 
-from c2jax.rl.group_queue import GroupQueue
-from c2jax.rl.task_pool import TaskPool
+from c2jax.rl.queue.group_queue import GroupQueue
+from c2jax.rl.tasks.task_pool import TaskPool
 
 from test_group_queue import make_group
 

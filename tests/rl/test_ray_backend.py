@@ -16,8 +16,8 @@ ray = pytest.importorskip(
 
 from c2jax import config as configlib  # pylint: disable=g-import-not-at-top
 from c2jax.rl import trainer  # pylint: disable=g-import-not-at-top
-from c2jax.rl.group_queue import GroupQueue  # pylint: disable=g-import-not-at-top
-from c2jax.rl.group_store import Group  # pylint: disable=g-import-not-at-top
+from c2jax.rl.queue.group_queue import GroupQueue  # pylint: disable=g-import-not-at-top
+from c2jax.rl.queue.group_store import Group  # pylint: disable=g-import-not-at-top
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 2

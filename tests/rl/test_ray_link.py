@@ -1,4 +1,4 @@
-"""c2jax.rl.ray_link without a Ray cluster: the hub's methods called through the same
+"""c2jax.rl.actors.ray_link without a Ray cluster: the hub's methods called through the same
 proxies the Ray actors use (a direct stand-in for ray.get / .remote), against a real
 run directory."""
 
@@ -7,8 +7,10 @@ import types
 import numpy as np
 import pytest
 
-from c2jax.rl import infra, ray_link, rollouts
-from c2jax.rl.group_store import Group
+from c2jax.rl.actors import infra
+from c2jax.rl.actors import ray_link
+from c2jax.rl.actors import rollouts
+from c2jax.rl.queue.group_store import Group
 
 
 class _Direct:

@@ -8,7 +8,7 @@ import pytest
 
 from c2jax import config as configlib
 from c2jax import rl
-from c2jax.rl import rewards
+from c2jax.rl.rewards import terms as rewards
 
 
 def _reward_cfg():

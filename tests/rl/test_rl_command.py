@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from c2jax.rl.group_queue import GroupQueue
+from c2jax.rl.queue.group_queue import GroupQueue
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -48,7 +48,7 @@ def _actor_pids(workdir):
       cmdline = (proc / "cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
       continue
-    if b"c2jax.rl.actor" in cmdline and f"--workdir={workdir}".encode() in cmdline:
+    if b"c2jax.rl.actors.actor" in cmdline and f"--workdir={workdir}".encode() in cmdline:
       pids.append(int(proc.name))
   return pids
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from c2jax.rl import curriculum
-from c2jax.rl.group_queue import GroupQueue
+from c2jax.rl.tasks import curriculum
+from c2jax.rl.queue.group_queue import GroupQueue
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

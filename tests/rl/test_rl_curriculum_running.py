@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from c2jax.env import tasks as tasks_lib
-from c2jax.rl import curriculum, curriculum_pool, rollouts
-from c2jax.rl.group_store import Group
+from c2jax.rl.tasks import curriculum
+from c2jax.rl.tasks import curriculum_pool
+from c2jax.rl.actors import rollouts
+from c2jax.rl.queue.group_store import Group
 
 
 def _curriculum(prompts="abcd", **overrides):

@@ -13,7 +13,10 @@ from c2jax import config as configlib
 from c2jax import model
 from c2jax.model import mtp
 from c2jax.rl import config as rl_config
-from c2jax.rl import job, learner, learner_runtime, mtp_distill
+from c2jax.rl import job
+from c2jax.rl.learner import step as learner
+from c2jax.rl.learner import runtime as learner_runtime
+from c2jax.rl.learner import mtp_distill
 from c2jax.rl import weights as weights_lib
 from c2jax.train import optimizer as optimizer_lib
 from c2jax.train.step import TrainState

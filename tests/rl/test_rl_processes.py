@@ -21,8 +21,10 @@ from c2jax import config as configlib
 from c2jax.data import tokenizer as tokenizer_lib
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
-from c2jax.rl import job, learner_runtime, rollouts
-from c2jax.rl.group_store import Group
+from c2jax.rl import job
+from c2jax.rl.learner import runtime as learner_runtime
+from c2jax.rl.actors import rollouts
+from c2jax.rl.queue.group_store import Group
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import runtime
 from tests.subprocess_checks import child_env

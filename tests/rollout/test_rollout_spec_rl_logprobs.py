@@ -5,7 +5,7 @@ learner scores at the same temperature, so speculation never biases importance r
 import jax
 import numpy as np
 
-from c2jax.rl import learner
+from c2jax.rl.learner import step as learner
 from c2jax.rollout import Request, SamplingParams
 from tests.rollout.test_jax_engine import prompts
 

@@ -6,7 +6,7 @@
 Lowers and compiles (never runs) value_and_grad of sum(log pi(token)) on abstract
 parameters, and prints XLA's memory_analysis temp bytes for
   head_plain / head_chunked: the LM head alone (hidden [B, L, D] -> token log-probs),
-  step_plain / step_chunked: the learner's whole forward + backward (c2jax.rl.learner),
+  step_plain / step_chunked: the learner's whole forward + backward (c2jax.rl.learner.step),
 plain = full float32 logits + log_softmax (the learner before chunking), chunked =
 c2jax.model.token_logprobs with config.rl.logprobs' default chunks. With the model's
 default dense attention the [H, L, L] scores dominate the whole step at long L; the
@@ -25,7 +25,7 @@ from c2jax import model
 from c2jax.model import token_logprobs as tl
 from c2jax.model import variants
 from c2jax.rl import config as rl_config
-from c2jax.rl import learner
+from c2jax.rl.learner import step as learner
 
 
 def _temp_bytes(fn, *args) -> int:

@@ -57,8 +57,8 @@ def _model_cfg(run_dir: pathlib.Path):
 
 def _sequences(run_dir: pathlib.Path, step: int, length: int):
   """(tokens [N, length], valid, loss_mask) of the rollouts the learner trained at `step`."""
-  from c2jax.rl.group_queue import GroupQueue  # pylint: disable=import-outside-toplevel
-  from c2jax.rl.group_store import Group  # pylint: disable=import-outside-toplevel
+  from c2jax.rl.queue.group_queue import GroupQueue  # pylint: disable=import-outside-toplevel
+  from c2jax.rl.queue.group_store import Group  # pylint: disable=import-outside-toplevel
 
   queue = GroupQueue(run_dir / "queue", capacity=1, max_lag=0)
   ids = queue.trained_steps().get(step, [])

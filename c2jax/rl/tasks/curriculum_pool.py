@@ -22,8 +22,8 @@ import time
 import numpy as np
 
 from c2jax.env import tasks as tasks_lib
-from c2jax.rl import curriculum as curriculum_lib
-from c2jax.rl import rollouts
+from c2jax.rl.tasks import curriculum as curriculum_lib
+from c2jax.rl.actors import rollouts
 
 
 def order(task_ids, observations, curriculum_cfg, seed: int) -> list[str]:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import functools
 
 from c2jax.model import mtp as mtp_lib
-from c2jax.rl import learner, packing
+from c2jax.rl.learner import step as learner
+from c2jax.rl.learner import packing
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import init_params, runtime
 from c2jax.train import optimizer as optimizer_lib
@@ -38,7 +39,7 @@ def model_config(cfg):
 
 def clip_group(path) -> str:
   """The policy and its MTP heads are clipped each by its own gradient norm, so the heads'
-  online distillation (c2jax.rl.mtp_distill) never scales the policy's update."""
+  online distillation (c2jax.rl.learner.mtp_distill) never scales the policy's update."""
   return "mtp" if getattr(path[0], "key", None) == mtp_lib.PARAMS_KEY else "policy"
 
 
@@ -78,7 +79,7 @@ def make_step(rt: runtime.Runtime):
   return rt.jit_step(step, extra=(ref,), batch_shardings=batch_shardings(rt))
 
 
-# The rank of each packed-batch field (c2jax.rl.learner's batch layout).
+# The rank of each packed-batch field (c2jax.rl.learner.step's batch layout).
 FIELD_RANKS = {"tokens": 2, "valid": 2, "loss_mask": 2, "sampler_logprobs": 2,
                "router_indices": 4, "advantages": 1}
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from c2jax.rl import kl as kl_lib
+from c2jax.rl.learner import kl as kl_lib
 
 
 def constant(loss_BxL, mask_BxL, normalizer_tokens: float, num_rollouts: int) -> jax.Array:

@@ -10,7 +10,7 @@ stop-gradient softmax (c2jax.model.mtp.loss, as the pretraining MTP phase does).
 Detached from the trunk: the main model's final hidden state, the shared embedding and the
 LM head enter the MTP loss under stop_gradient, so the policy gradient of every main
 parameter is exactly what it is without this loss (the optimizer also clips the MTP
-group's gradient on its own: c2jax.rl.learner_runtime.make_optimizer).
+group's gradient on its own: c2jax.rl.learner.runtime.make_optimizer).
 
 Positions: only tokens the policy generated (loss_mask) are drafted by actors, so only
 depths predicting a generated token are trained; prompt and tool-output positions are not.

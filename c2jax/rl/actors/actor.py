@@ -1,9 +1,9 @@
 """A rollout actor: lease a prompt, roll out its group in sandboxes, queue it, repeat.
 
-    python -m c2jax.rl.actor --workdir=RUN --actor_id=actor0 --weights=RUN/weights/<run>
+    python -m c2jax.rl.actors.actor --workdir=RUN --actor_id=actor0 --weights=RUN/weights/<run>
 
 The learner starts actors (as local processes running `run`, or as Ray tasks running
-`serve` through c2jax.rl.ray_link on machines that share no disk with it) and restarts
+`serve` through c2jax.rl.actors.ray_link on machines that share no disk with it) and restarts
 them if they die. An actor holds one engine; each leased prompt becomes
 `config.rl.group_size` concurrent episodes in its slots. Between
 decode steps it polls the weight directory and swaps in newer weights in flight, so
@@ -15,7 +15,7 @@ on the queue (blocking while the queue is full: back-pressure), then the lease i
 completed; if the actor dies before that, the learner returns the lease to the pool and
 another actor rolls the prompt out again (only in-flight rollouts are lost). A group
 lost to infrastructure (sandbox or engine failures beyond config.rl.infra.retries) is
-dropped and its prompt returned to the pool (c2jax.rl.infra); after an engine failure
+dropped and its prompt returned to the pool (c2jax.rl.actors.infra); after an engine failure
 the actor exits non-zero so the learner restarts it with a fresh engine.
 """
 
@@ -30,7 +30,8 @@ import sys
 import time
 import zlib
 
-from c2jax.rl import infra, rollouts
+from c2jax.rl.actors import infra
+from c2jax.rl.actors import rollouts
 
 _LIBC_PR_SET_PDEATHSIG = 1
 
@@ -111,7 +112,7 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
   """Leases prompts from `pool` and puts their groups on `queue` until the pool has no
   prompts left (returns 0). `dirs` receives infra counts (a RunDirs, or a stand-in
   with `record_infra`); `repos`, when given, fetches each task's repository to local
-  disk (c2jax.rl.ray_link: no shared file system)."""
+  disk (c2jax.rl.actors.ray_link: no shared file system)."""
   from c2jax.rl import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
 
@@ -129,7 +130,7 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
   # External harness: the engine is served over HTTP on daemon threads (they end with
   # the actor), and a weight follower stages new versions instead of `sync`.
   if cfg.agent.external.enabled:
-    from c2jax.rl import external_rollouts  # pylint: disable=g-import-not-at-top
+    from c2jax.rl.actors import external_rollouts  # pylint: disable=g-import-not-at-top
     external = external_rollouts.ExternalGroups(
         engine, tokenizer, cfg.agent, vocab_size=cfg.model.vocab_size, actor_id=actor_id,
         capture_path=str(dirs.actors / f"{actor_id}.capture.jsonl"),
@@ -170,7 +171,7 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
                     external=None) -> str:
   """Rolls out one leased prompt's group and queues it: 'queued'; or, when
   infrastructure failed beyond the retries, drops the group (never scored) and returns
-  the prompt to the pool (c2jax.rl.infra): 'dropped', or 'engine_error' when the
+  the prompt to the pool (c2jax.rl.actors.infra): 'dropped', or 'engine_error' when the
   engine failed (the caller should restart it). With `external` (an
   external_rollouts.ExternalGroups), an external harness rolls the group out."""
   from c2jax.agent import loop as agent_loop  # pylint: disable=g-import-not-at-top
@@ -215,7 +216,7 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
 def main(argv: list[str]) -> int:
   import argparse  # pylint: disable=g-import-not-at-top
 
-  parser = argparse.ArgumentParser(prog="python -m c2jax.rl.actor")
+  parser = argparse.ArgumentParser(prog="python -m c2jax.rl.actors.actor")
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--actor_id", required=True)
   parser.add_argument("--weights", required=True)

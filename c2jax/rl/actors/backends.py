@@ -1,7 +1,7 @@
 """Starting, watching and restarting rollout actors: local processes or Ray tasks.
 
-Both backends run the same actor loop (`c2jax.rl.actor.serve`): local processes read
-the run directory; Ray tasks reach it only through Ray (c2jax.rl.ray_link), so they
+Both backends run the same actor loop (`c2jax.rl.actors.actor.serve`): local processes read
+the run directory; Ray tasks reach it only through Ray (c2jax.rl.actors.ray_link), so they
 may run on machines without a shared file system. `check()` is called by the learner while it waits for
 groups: a dead actor's leased prompts go back to the pool (except those whose group
 already reached the queue), and the actor is restarted up to `config.actors.restarts`
@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 
-from c2jax.rl import rollouts
+from c2jax.rl.actors import rollouts
 
 ACTOR_BACKENDS: dict[str, type] = {}
 
@@ -102,7 +102,7 @@ class ProcessActors(Actors):
       env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                           "intra_op_parallelism_threads=1").strip()
     log = open(self.dirs.actors / f"{actor_id}.log", "ab")  # pylint: disable=consider-using-with
-    command = [sys.executable, "-m", "c2jax.rl.actor", f"--workdir={self.dirs.root}",
+    command = [sys.executable, "-m", "c2jax.rl.actors.actor", f"--workdir={self.dirs.root}",
                f"--actor_id={actor_id}", f"--weights={self.weights_dir}",
                f"--parent_pid={os.getpid()}"]
     self.processes[actor_id] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
@@ -138,7 +138,7 @@ class RayActors(Actors):
   """Actors as Ray tasks (`pip install c2jax[ray]`) on any node of a Ray cluster
   (RAY_ADDRESS, or a local one). They share no disk with the learner: prompts, task
   repositories, finished groups and infra counts travel through a hub pinned to the
-  learner's node (c2jax.rl.ray_link), weights through config.actors.weights_dir (a
+  learner's node (c2jax.rl.actors.ray_link), weights through config.actors.weights_dir (a
   gs:// / s3:// / file:// URL that every node can read)."""
 
   def __init__(self, cfg, dirs, weights_dir):
@@ -153,7 +153,7 @@ class RayActors(Actors):
     if not ray.is_initialized():
       ray.init(address=os.environ.get("RAY_ADDRESS"))
     from c2jax import data, storage  # pylint: disable=g-import-not-at-top
-    from c2jax.rl import ray_link  # pylint: disable=g-import-not-at-top
+    from c2jax.rl.actors import ray_link  # pylint: disable=g-import-not-at-top
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     if len(nodes) > 1 and storage.local_path(weights_dir) is not None:

@@ -12,7 +12,7 @@ any node) see the run only through the hub and a storage URL:
                actor's own scratch directory         (no shared tasks/repos)
   groups       hub.put: the group's bytes, persisted by the learner's queue before the
                call returns; back-pressure by retrying while the queue is full
-  infra counts hub.record_infra                      (c2jax.rl.infra)
+  infra counts hub.record_infra                      (c2jax.rl.actors.infra)
   weights      a tensorstore URL (config.actors.weights_dir: gs://, s3://, file://)
   config and tokenizer: arguments of the Ray task.
 """
@@ -28,8 +28,9 @@ import tempfile
 
 import ml_collections
 
-from c2jax.rl import infra, rollouts
-from c2jax.rl.group_store import Group
+from c2jax.rl.actors import infra
+from c2jax.rl.actors import rollouts
+from c2jax.rl.queue.group_store import Group
 
 # Seconds one hub.put waits for room in the queue before the actor asks again (keeps no
 # hub thread blocked on behalf of an actor that died).
@@ -125,7 +126,7 @@ class RemoteQueue(_Remote):
 
 class RemoteRun(_Remote):
   """What an actor records about the run (infra counts), sent to the hub. Stands in for
-  RunDirs where c2jax.rl.infra expects one."""
+  RunDirs where c2jax.rl.actors.infra expects one."""
 
   def record_infra(self, actor_id: str, **increments: int) -> dict[str, int]:
     return self._call("record_infra", actor_id, increments)
@@ -158,11 +159,11 @@ class RepoCache:
 
 
 def run_actor(hub, config_json: str, tokenizer, actor_id: str, weights_url: str) -> int:
-  """The body of one Ray actor task: c2jax.rl.actor.serve with the run reached through
+  """The body of one Ray actor task: c2jax.rl.actors.actor.serve with the run reached through
   `hub` and weights read from `weights_url`."""
   import ray  # pylint: disable=g-import-not-at-top
 
-  from c2jax.rl import actor  # pylint: disable=g-import-not-at-top
+  from c2jax.rl.actors import actor  # pylint: disable=g-import-not-at-top
 
   cfg = ml_collections.ConfigDict(json.loads(config_json))
   repos = RepoCache(ray, hub, actor_id)

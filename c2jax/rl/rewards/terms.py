@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from c2jax.agent.stats import COUNT_FIELDS, TrajectoryStats
-from c2jax.rl.length_penalty import length_penalty
+from c2jax.rl.rewards.length_penalty import length_penalty
 
 # TrajectoryStats is the agent's record of a chain (c2jax.agent.stats); the rewards read it.
 
@@ -70,7 +70,7 @@ def shell_only(stats: TrajectoryStats, term_cfg) -> float:
 
 
 def behaviour_term(stats: TrajectoryStats, term_cfg) -> float:
-  from c2jax.rl import behaviour  # pylint: disable=import-outside-toplevel
+  from c2jax.rl.rewards import behaviour  # pylint: disable=import-outside-toplevel
   return behaviour.penalty(term_cfg, stats.behaviour)
 
 

@@ -15,7 +15,7 @@ same routes.
 
 With MTP modules in the policy (model_cfg.num_mtp_layers > 0) and
 rl_cfg.mtp_loss_weight > 0, the step also trains them by self-distillation on the same
-forward's hidden states, detached from the trunk (c2jax.rl.mtp_distill): the policy's
+forward's hidden states, detached from the trunk (c2jax.rl.learner.mtp_distill): the policy's
 gradients are unchanged, and `grad_norm` reports the policy's alone (`mtp_grad_norm` the
 heads'). Without that, the heads get no gradient and Adam leaves them as they are.
 
@@ -41,7 +41,8 @@ import optax
 from c2jax import model
 from c2jax.model import mtp as mtp_lib
 from c2jax.model.token_logprobs import token_logprobs as chunked_token_logprobs
-from c2jax.rl import losses, mtp_distill
+from c2jax.rl.learner import losses
+from c2jax.rl.learner import mtp_distill
 from c2jax.train.step import TrainState
 
 BATCH_FIELDS = ("tokens", "valid", "loss_mask", "sampler_logprobs", "router_indices",
@@ -74,7 +75,7 @@ def _score(model_cfg, params, batch, temperature, seq_chunk: int, vocab_chunk: i
 
 
 def trains_mtp(rl_cfg, model_cfg) -> bool:
-  """Whether rl_step trains the policy's MTP heads (c2jax.rl.mtp_distill)."""
+  """Whether rl_step trains the policy's MTP heads (c2jax.rl.learner.mtp_distill)."""
   return bool(model_cfg.num_mtp_layers) and rl_cfg.mtp_loss_weight > 0
 
 

@@ -12,9 +12,9 @@ import dataclasses
 
 import numpy as np
 
-from c2jax.rl import advantages as advantages_lib
-from c2jax.rl import rewards as rewards_lib
-from c2jax.rl.group_store import Group
+from c2jax.rl.learner import advantages as advantages_lib
+from c2jax.rl.rewards import terms as rewards_lib
+from c2jax.rl.queue.group_store import Group
 
 
 @dataclasses.dataclass

@@ -24,7 +24,7 @@ import os
 import pathlib
 from collections.abc import Callable, Iterable
 
-from c2jax.rl.group_store import atomic_write, check_id, locked
+from c2jax.rl.queue.group_store import atomic_write, check_id, locked
 
 
 _REORDER = ".reorder."

@@ -68,7 +68,7 @@ def grader_names() -> list[str]:
 
 
 def _import_graders() -> None:
-  from c2jax.rl import model_grader  # pylint: disable=import-outside-toplevel,unused-import
+  from c2jax.rl.rewards import model_grader  # pylint: disable=import-outside-toplevel,unused-import
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +240,7 @@ def penalty(behaviour_cfg, scores: dict[str, float]) -> float:
       continue
     if name not in scores:
       raise ValueError(f"reward term behaviour: no score from grader {name!r}; run "
-                       "c2jax.rl.behaviour.grade on the chain's transcript before the "
+                       "c2jax.rl.rewards.behaviour.grade on the chain's transcript before the "
                        "reward (rollouts.make_group does).")
     total += weight * (1.0 - scores[name])
   return -behaviour_cfg.scale * total

@@ -35,7 +35,7 @@ import pathlib
 import queue
 import time
 
-from c2jax.rl.group_store import Group, atomic_write, check_id, locked
+from c2jax.rl.queue.group_store import Group, atomic_write, check_id, locked
 
 _STATES = ("ready", "claimed", "trained", "stale")  # a group in one of these was queued
 _REFUSED = "ahead"

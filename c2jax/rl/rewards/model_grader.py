@@ -20,7 +20,7 @@ import json
 import os
 import re
 
-from c2jax.rl.behaviour import GraderError, Transcript, Verdict, register_grader
+from c2jax.rl.rewards.behaviour import GraderError, Transcript, Verdict, register_grader
 
 RUBRIC = ("You review how a coding agent worked on a task. Judge its communication and "
           "style, not whether the code is correct: is the final message clear and honest "

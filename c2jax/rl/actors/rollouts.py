@@ -26,10 +26,10 @@ import ml_collections
 import numpy as np
 
 from c2jax import storage
-from c2jax.rl import behaviour
-from c2jax.rl import groups as groups_lib
-from c2jax.rl.group_queue import GroupQueue
-from c2jax.rl.task_pool import TaskPool
+from c2jax.rl.rewards import behaviour
+from c2jax.rl.queue import groups as groups_lib
+from c2jax.rl.queue.group_queue import GroupQueue
+from c2jax.rl.tasks.task_pool import TaskPool
 
 
 _WEIGHTS_PREFIX = "from-step-"  # one weights folder per learner incarnation

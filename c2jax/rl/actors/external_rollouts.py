@@ -10,7 +10,7 @@ Weights: the server's engine thread owns the engine, so new weights are staged b
 serve.follow.WeightFollower thread (swapped in between decode steps, in flight) instead
 of the native loop's per-step poll. A harness that crashes or makes no request is an
 infrastructure failure: the episode is rerun up to `retries` times, then the group fails
-with RolloutError (dropped, prompt returned; c2jax.rl.infra).
+with RolloutError (dropped, prompt returned; c2jax.rl.actors.infra).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from c2jax.rl.group_store import atomic_write, check_id
+from c2jax.rl.queue.group_store import atomic_write, check_id
 
 COUNTERS = ("infra_failures", "infra_retries", "infra_dropped")
 
