@@ -15,7 +15,9 @@ by device kind; this machine's measured peaks where it is not in the table). 'bo
 is the roofline's lower bound for the step (roofline.train_step_cost's formula: compute
 at peak vs the parameter/gradient/Adam bytes over HBM bandwidth), and 'of bound' the
 bound over the measured step (1.0 = at the roofline). Prints one table, all rows measured
-in the same run.
+in the same run. The ceiling is measured again after every row and the best measurement
+is used, so on a shared machine whose load drifts the ceiling and the steps are taken under
+the same conditions; the load average is printed with it.
 """
 
 from __future__ import annotations
@@ -103,29 +105,45 @@ def main(argv=None):
       setattr(args, key, value)
   device = jax.devices()[0]
   dtype = jnp.float32 if device.platform == "cpu" else jnp.bfloat16
-  ceiling = accelerators.matmul_ceiling(dtype, n=512 if args.smoke else 2048)
+  matmul_n = 512 if args.smoke else 2048
+  ceiling = accelerators.matmul_ceiling(dtype, n=matmul_n)
   acc = accelerator_of(device, ceiling, (16 if args.smoke else 256) << 20)
   print(f"train step throughput, {datetime.date.today()}, {device.platform} "
-        f"({device.device_kind}), {jax.device_count()} device(s), jax {jax.__version__}")
-  print(f"ceiling: {jnp.dtype(dtype).name} {512 if args.smoke else 2048}^3 matmul = {ceiling / 1e12:.3f} TFLOP/s; "
-        f"roofline device: {acc.name}, {acc.bf16_tflops:.3f} TFLOP/s peak, "
-        f"{acc.hbm_tb_s:.3f} TB/s\n")
-  header = (f"{'variant':<10} {'moe_impl':<8} {'attention':<9} {'batch x len':>11} "
-            f"{'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'MFU peak':>8} "
-            f"{'bound ms':>9} {'of bound':>8} {'compile s':>9}")
-  print(header)
-  print("-" * len(header))
+        f"({device.device_kind}), {jax.device_count()} device(s), jax {jax.__version__}, "
+        f"load average {_load_average()}")
+  print(f"ceiling: {jnp.dtype(dtype).name} {matmul_n}^3 matmul = {ceiling / 1e12:.3f} TFLOP/s "
+        f"(first measurement); roofline device: {acc.name}, {acc.bf16_tflops:.3f} TFLOP/s "
+        f"peak, {acc.hbm_tb_s:.3f} TB/s\n")
+  rows = []
   for name in args.variants.split(","):
     for impl in args.moe_impls.split(","):
       r = bench_variant(name, args.batch, args.seq_len, args.steps, impl,
                         args.attention_impl or None)
-      bound = step_bound(r["cfg"], args.batch, args.seq_len, acc)
-      print(f"{r['variant']:<10} {r['moe_impl']:<8} {r['cfg'].attention_impl:<9} "
-            f"{f'{args.batch}x{args.seq_len}':>11} "
-            f"{r['step_ms']:>9.1f} {r['tokens_per_s']:>10,.0f} {r['model_tflops']:>8.4f} "
-            f"{r['model_tflops'] * 1e12 / ceiling:>6.1%} "
-            f"{r['model_tflops'] / acc.bf16_tflops:>8.1%} {bound.lower_s * 1e3:>9.2f} "
-            f"{bound.lower_s * 1e3 / r['step_ms']:>8.1%} {r['compile_s']:>9.1f}", flush=True)
+      ceiling = max(ceiling, accelerators.matmul_ceiling(dtype, n=matmul_n))
+      print(f"measured {name} {impl}: {r['step_ms']:.1f} ms a step", flush=True)
+      rows.append(r)
+  header = (f"{'variant':<10} {'moe_impl':<8} {'attention':<9} {'batch x len':>11} "
+            f"{'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'MFU peak':>8} "
+            f"{'bound ms':>9} {'of bound':>8} {'compile s':>9}")
+  print(f"\nMFU over the best ceiling measured in this run: {ceiling / 1e12:.4f} TFLOP/s; "
+        f"load average {_load_average()}\n")
+  print(header)
+  print("-" * len(header))
+  for r in rows:
+    bound = step_bound(r["cfg"], args.batch, args.seq_len, acc)
+    print(f"{r['variant']:<10} {r['moe_impl']:<8} {r['cfg'].attention_impl:<9} "
+          f"{f'{args.batch}x{args.seq_len}':>11} "
+          f"{r['step_ms']:>9.1f} {r['tokens_per_s']:>10,.0f} {r['model_tflops']:>8.4f} "
+          f"{r['model_tflops'] * 1e12 / ceiling:>6.1%} "
+          f"{r['model_tflops'] / acc.bf16_tflops:>8.1%} {bound.lower_s * 1e3:>9.2f} "
+          f"{bound.lower_s * 1e3 / r['step_ms']:>8.1%} {r['compile_s']:>9.1f}")
+
+
+def _load_average() -> str:
+  try:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+  except OSError:  # not Linux
+    return "n/a"
 
 
 if __name__ == "__main__":
