@@ -9,7 +9,9 @@ and both gradients) runs under the c2jax.quant recipe `quant` (cfg.quant).
   dense   every expert on every token (O(T*E*F) work): the reference; quantised through
           quant.dot per expert, which quantises exactly the operands the sorted
           dispatches quantise in the forward pass.
-  ragged  sort token copies by expert, grouped matmuls through `lax.ragged_dot`.
+  ragged  sort token copies by expert, grouped matmuls through `lax.ragged_dot` (native
+          on GPU/TPU; on CPU, where XLA has no grouped GEMM, a loop of row-tile
+          matmuls with the same numerics, kernels/grouped_matmul/tiled.py).
   pallas  the same sort, grouped matmuls through the Pallas kernels of kernels/ (Mosaic
           GPU on GPUs, megablox on TPUs; on CPU megablox runs in Pallas' interpreter,
           which is slow and meant for tests). Mosaic GPU on hardware needs bfloat16

@@ -25,6 +25,7 @@ from c2jax_kernels.grouped_matmul import megablox
 from c2jax_kernels.grouped_matmul import mosaic_gpu
 from c2jax_kernels.grouped_matmul import ragged
 from c2jax_kernels.grouped_matmul import reference
+from c2jax_kernels.grouped_matmul import tiled
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,10 @@ class GroupedMatmulImpl:
 IMPLS = {
     'mosaic_gpu': GroupedMatmulImpl(mosaic_gpu.gmm, mosaic_gpu.tgmm, is_pallas=True),
     'megablox': GroupedMatmulImpl(megablox.gmm, megablox.tgmm, is_pallas=True),
+    # lax.ragged_dot: native on GPU/TPU, the `tiled` loop on CPU (XLA has no CPU lowering).
     'ragged_dot': GroupedMatmulImpl(ragged.gmm, ragged.tgmm, is_pallas=False),
+    # A fori_loop of row-tile matmuls in plain XLA, any platform (tiled.py).
+    'tiled': GroupedMatmulImpl(tiled.gmm, tiled.tgmm, is_pallas=False),
     'reference': GroupedMatmulImpl(reference.gmm, reference.tgmm, is_pallas=False),
 }
 

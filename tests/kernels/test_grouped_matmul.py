@@ -117,3 +117,37 @@ def test_mosaic_gpu_kernels_lower_for_cuda(kernel):
   }[kernel]
   lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=('cuda',))
   assert 'mosaic_gpu' in lowered.as_text()
+
+
+@pytest.mark.parametrize('kernel', ['gmm', 'tgmm'])
+def test_ragged_dot_runs_row_tiles_on_cpu_and_ragged_dot_elsewhere(kernel):
+  """On CPU XLA would expand ragged_dot to G dense dots; there it runs tiled.py's loop."""
+  from c2jax_kernels.grouped_matmul import ragged
+  m, k, n, g = 64, 32, 16, 4
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  sizes = jax.ShapeDtypeStruct((g,), jnp.int32)
+  fn, args = {
+      'gmm': (functools.partial(ragged.gmm, transpose_rhs=False, out_dtype=jnp.float32),
+              (f32(m, k), f32(g, k, n), sizes)),
+      'tgmm': (functools.partial(ragged.tgmm, out_dtype=jnp.float32),
+               (f32(m, k), f32(m, n), sizes)),
+  }[kernel]
+  traced = jax.jit(fn).trace(*args)
+  cpu = traced.lower(lowering_platforms=('cpu',)).as_text()
+  assert 'while' in cpu and 'ragged_dot' not in cpu
+  tpu = traced.lower(lowering_platforms=('tpu',)).as_text()
+  assert 'ragged_dot' in tpu and 'while' not in tpu
+
+
+def test_tiled_work_follows_group_sizes():
+  """Tiles in use: sum of ceil(size / tile) (empty groups cost nothing), within the bound."""
+  from c2jax_kernels.grouped_matmul import tiled
+  sizes = jnp.asarray([0, 9, 0, 16, 1, 0], jnp.int32)
+  group_W, first_row_W, count_W, used = tiled._tiles(sizes, 32, 8)
+  assert int(used) == 2 + 2 + 1
+  assert group_W.shape == (32 // 8 + 6 - 1,)
+  np.testing.assert_array_equal(group_W[:5], [1, 1, 3, 3, 4])
+  np.testing.assert_array_equal(first_row_W[:5], [0, 8, 9, 17, 25])
+  np.testing.assert_array_equal(count_W[:5], [8, 1, 8, 8, 1])
+  assert tiled.tile_rows(4096, 16) == 128 and tiled.tile_rows(64, 16) == 8
+  assert tiled.tile_rows(3, 16) == 3

@@ -15,7 +15,10 @@ by device kind; this machine's measured peaks where it is not in the table). 'bo
 is the roofline's lower bound for the step (roofline.train_step_cost's formula: compute
 at peak vs the parameter/gradient/Adam bytes over HBM bandwidth), and 'of bound' the
 bound over the measured step (1.0 = at the roofline). Prints one table, all rows measured
-in the same run.
+in the same run. Rows are interleaved: each of --steps rounds times one step of every
+row and one ceiling matmul, and the table gives each row's best step over the best
+ceiling, so on a shared machine whose load drifts, all are taken under the same
+conditions; the load average is printed with them.
 """
 
 from __future__ import annotations
@@ -53,37 +56,48 @@ def step_bound(cfg, batch: int, seq_len: int, acc) -> roofline.Bound:
   return roofline.bound(roofline.train_step_cost(job, devices=1), acc)
 
 
-def bench_variant(name: str, batch: int, seq_len: int, steps: int, moe_impl: str,
-                  attention_impl: str | None = None):
-  overrides = dict(moe_impl=moe_impl)
-  if attention_impl:
-    overrides["attention_impl"] = attention_impl
-  cfg = variants.get(name, **overrides)
-  optimizer, _ = train.make_optimizer(learning_rate=1e-3, total_steps=1000)
-  state = train.create_train_state(cfg, optimizer, jax.random.key(0))
-  step = jax.jit(functools.partial(train.train_step, cfg, optimizer), donate_argnums=0)
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, cfg.vocab_size, size=(batch, seq_len + 1))
-  batch_arrays = {
-      "inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
-      "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
-      "positions": jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32), (batch, seq_len)),
-      "segment_ids": jnp.ones((batch, seq_len), jnp.int32),
-      "loss_mask": jnp.ones((batch, seq_len), jnp.float32)}
-  compile_start = time.perf_counter()
-  state, metrics = step(state, batch_arrays)
-  jax.block_until_ready(metrics)
-  compile_s = time.perf_counter() - compile_start
-  start = time.perf_counter()
-  for _ in range(steps):
-    state, metrics = step(state, batch_arrays)
-  jax.block_until_ready(metrics)
-  seconds = (time.perf_counter() - start) / steps
-  tokens_per_s = batch * seq_len / seconds
-  return dict(variant=name, moe_impl=moe_impl, batch=batch, seq_len=seq_len,
-              step_ms=seconds * 1e3, tokens_per_s=tokens_per_s, compile_s=compile_s,
-              model_tflops=tokens_per_s * roofline.train_flops_per_token(cfg, seq_len) / 1e12,
-              cfg=cfg)
+class Row:
+  """One (variant, moe_impl) row: its compiled step, a state and a batch, and the step
+  times taken so far (one step at a time, so rows can be interleaved)."""
+
+  def __init__(self, name: str, batch: int, seq_len: int, moe_impl: str,
+               attention_impl: str | None = None):
+    overrides = dict(moe_impl=moe_impl)
+    if attention_impl:
+      overrides["attention_impl"] = attention_impl
+    self.name, self.moe_impl, self.batch, self.seq_len = name, moe_impl, batch, seq_len
+    self.cfg = variants.get(name, **overrides)
+    optimizer, _ = train.make_optimizer(learning_rate=1e-3, total_steps=1000)
+    self.state = train.create_train_state(self.cfg, optimizer, jax.random.key(0))
+    self.step = jax.jit(functools.partial(train.train_step, self.cfg, optimizer),
+                        donate_argnums=0)
+    tokens = np.random.default_rng(0).integers(0, self.cfg.vocab_size,
+                                               size=(batch, seq_len + 1))
+    self.batch_arrays = {
+        "inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
+        "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
+        "positions": jnp.broadcast_to(jnp.arange(seq_len, dtype=jnp.int32),
+                                      (batch, seq_len)),
+        "segment_ids": jnp.ones((batch, seq_len), jnp.int32),
+        "loss_mask": jnp.ones((batch, seq_len), jnp.float32)}
+    self.compile_s = self.time_step()  # the first call compiles
+    self.step_seconds: list[float] = []
+
+  def time_step(self) -> float:
+    start = time.perf_counter()
+    self.state, metrics = self.step(self.state, self.batch_arrays)
+    jax.block_until_ready(metrics)
+    return time.perf_counter() - start
+
+  def result(self) -> dict:
+    """The best step time (on a shared machine the least disturbed one)."""
+    seconds = min(self.step_seconds)
+    tokens_per_s = self.batch * self.seq_len / seconds
+    flops = roofline.train_flops_per_token(self.cfg, self.seq_len)
+    return dict(variant=self.name, moe_impl=self.moe_impl, batch=self.batch,
+                seq_len=self.seq_len, step_ms=seconds * 1e3, tokens_per_s=tokens_per_s,
+                compile_s=self.compile_s, model_tflops=tokens_per_s * flops / 1e12,
+                cfg=self.cfg)
 
 
 def main(argv=None):
@@ -103,29 +117,49 @@ def main(argv=None):
       setattr(args, key, value)
   device = jax.devices()[0]
   dtype = jnp.float32 if device.platform == "cpu" else jnp.bfloat16
-  ceiling = accelerators.matmul_ceiling(dtype, n=512 if args.smoke else 2048)
+  matmul_n = 512 if args.smoke else 2048
+  ceiling = accelerators.matmul_ceiling(dtype, n=matmul_n)
   acc = accelerator_of(device, ceiling, (16 if args.smoke else 256) << 20)
   print(f"train step throughput, {datetime.date.today()}, {device.platform} "
-        f"({device.device_kind}), {jax.device_count()} device(s), jax {jax.__version__}")
-  print(f"ceiling: {jnp.dtype(dtype).name} {512 if args.smoke else 2048}^3 matmul = {ceiling / 1e12:.3f} TFLOP/s; "
-        f"roofline device: {acc.name}, {acc.bf16_tflops:.3f} TFLOP/s peak, "
-        f"{acc.hbm_tb_s:.3f} TB/s\n")
+        f"({device.device_kind}), {jax.device_count()} device(s), jax {jax.__version__}, "
+        f"load average {_load_average()}")
+  print(f"ceiling: {jnp.dtype(dtype).name} {matmul_n}^3 matmul = {ceiling / 1e12:.3f} TFLOP/s "
+        f"(first measurement); roofline device: {acc.name}, {acc.bf16_tflops:.3f} TFLOP/s "
+        f"peak, {acc.hbm_tb_s:.3f} TB/s\n")
+  rows = [Row(name, args.batch, args.seq_len, impl, args.attention_impl or None)
+          for name in args.variants.split(",") for impl in args.moe_impls.split(",")]
+  # Round-robin: every row and the ceiling are measured once per round, so a drifting
+  # machine load reaches all of them alike.
+  for round_index in range(args.steps):
+    for row in rows:
+      row.step_seconds.append(row.time_step())
+    ceiling = max(ceiling, accelerators.matmul_ceiling(dtype, n=matmul_n, repeats=1))
+    print(f"round {round_index + 1}/{args.steps}: " + ", ".join(
+        f"{row.name} {row.moe_impl} {row.step_seconds[-1] * 1e3:.0f} ms" for row in rows),
+          flush=True)
+  rows = [row.result() for row in rows]
   header = (f"{'variant':<10} {'moe_impl':<8} {'attention':<9} {'batch x len':>11} "
             f"{'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'MFU peak':>8} "
             f"{'bound ms':>9} {'of bound':>8} {'compile s':>9}")
+  print(f"\nMFU over the best ceiling measured in this run: {ceiling / 1e12:.4f} TFLOP/s; "
+        f"load average {_load_average()}\n")
   print(header)
   print("-" * len(header))
-  for name in args.variants.split(","):
-    for impl in args.moe_impls.split(","):
-      r = bench_variant(name, args.batch, args.seq_len, args.steps, impl,
-                        args.attention_impl or None)
-      bound = step_bound(r["cfg"], args.batch, args.seq_len, acc)
-      print(f"{r['variant']:<10} {r['moe_impl']:<8} {r['cfg'].attention_impl:<9} "
-            f"{f'{args.batch}x{args.seq_len}':>11} "
-            f"{r['step_ms']:>9.1f} {r['tokens_per_s']:>10,.0f} {r['model_tflops']:>8.4f} "
-            f"{r['model_tflops'] * 1e12 / ceiling:>6.1%} "
-            f"{r['model_tflops'] / acc.bf16_tflops:>8.1%} {bound.lower_s * 1e3:>9.2f} "
-            f"{bound.lower_s * 1e3 / r['step_ms']:>8.1%} {r['compile_s']:>9.1f}", flush=True)
+  for r in rows:
+    bound = step_bound(r["cfg"], args.batch, args.seq_len, acc)
+    print(f"{r['variant']:<10} {r['moe_impl']:<8} {r['cfg'].attention_impl:<9} "
+          f"{f'{args.batch}x{args.seq_len}':>11} "
+          f"{r['step_ms']:>9.1f} {r['tokens_per_s']:>10,.0f} {r['model_tflops']:>8.4f} "
+          f"{r['model_tflops'] * 1e12 / ceiling:>6.1%} "
+          f"{r['model_tflops'] / acc.bf16_tflops:>8.1%} {bound.lower_s * 1e3:>9.2f} "
+          f"{bound.lower_s * 1e3 / r['step_ms']:>8.1%} {r['compile_s']:>9.1f}")
+
+
+def _load_average() -> str:
+  try:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
+  except OSError:  # not Linux
+    return "n/a"
 
 
 if __name__ == "__main__":
