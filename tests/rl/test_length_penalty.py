@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from c2jax import rl
-from c2jax.rl.rewards import length_penalty
+from c2jax.rl import length_penalty
 
 
 def _reference64(x, k, q):
