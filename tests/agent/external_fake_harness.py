@@ -23,8 +23,11 @@ base_seed = int(os.environ.get("C2JAX_SEED", "0"))  # call k sends base_seed + k
 
 
 def ask(messages, seed):
+  # Greedy: a reply depends on the model alone, not on the sampler's random stream, so a
+  # change to how the engine draws tokens cannot turn a 6-token reply into the start of a
+  # tool call with no closing tag (which the server rightly refuses to read back).
   reply = client.chat.completions.create(model=model, messages=messages, max_tokens=6,
-                                         temperature=1.0, seed=base_seed + seed)
+                                         temperature=0.0, seed=base_seed + seed)
   return {"role": "assistant", "content": reply.choices[0].message.content}
 
 
