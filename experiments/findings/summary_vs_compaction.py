@@ -88,12 +88,17 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--summary-tokens", type=int, default=64, help="agent.summary_tokens")
   p.add_argument("--max-turns", type=int, default=10, help="agent.max_turns")
   p.add_argument("--slots", type=int, default=16, help="engine slots (episodes at a time)")
+  p.add_argument("--tools", default="",
+                 help="comma-separated agent tools (default: the agent's full list); a "
+                      "policy SFT-trained on configs/rl.py:tiny traces saw read_file,"
+                      "edit_file,finish in its system message")
   args = p.parse_args(argv)
   if args.seeds < 1 or args.tasks < 1:
     p.error(f"--seeds and --tasks must be >= 1 (got {args.seeds}, {args.tasks}).")
   if args.trigger + args.summary_tokens >= args.max_length:
     p.error(f"--trigger {args.trigger} + --summary-tokens {args.summary_tokens} must stay "
             f"below --max-length {args.max_length}: a self-summary needs room in its sequence.")
+  args.tools = tuple(t.strip() for t in args.tools.split(",") if t.strip())
   if args.smoke:
     args.seeds, args.tasks = 1, 2
   elif not args.init_from:
@@ -113,6 +118,8 @@ def agent_section(args, mode: str):
   cfg.max_total_tokens = args.budget
   cfg.summary_tokens = args.summary_tokens
   cfg.context_management = mode
+  if args.tools:
+    cfg.tools = args.tools
   cfg.summary_trigger_tokens = 0 if mode == "none" else args.trigger
   agent_config.validate(cfg)
   return cfg
@@ -307,6 +314,7 @@ def run(args) -> dict:
       "load_average": os.getloadavg(), "seconds": time.monotonic() - started,
       "policy": policy, "smoke": args.smoke, "seeds": args.seeds,
       "settings": {"tasks": args.tasks, "difficulty": args.difficulty,
+                   "tools": list(args.tools) or "the agent default",
                    "max_total_tokens": args.budget, "engine_max_length": args.max_length,
                    "summary_trigger_tokens": args.trigger,
                    "summary_tokens": args.summary_tokens, "max_turns": args.max_turns,
