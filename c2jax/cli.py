@@ -80,6 +80,9 @@ def run(argv: list[str] | None = None) -> None:
     if quiet:
       logging.set_verbosity(logging.WARNING)
     from c2jax import config as configlib
+    from c2jax import host_memory
+
+    host_memory.retain_freed_memory()  # before the first large XLA buffer
 
     try:
       return module.main(verb_argv)

@@ -6,7 +6,8 @@ Behaviour follows explicit fields, never a model's name:
   moe.expert_parallel  'auto' (all-to-all expert parallelism when the mesh has an expert
               axis) | 'off'; moe.ep_capacity_factor, moe.ep_dispatch_quant 'none' | 'mxfp8'
   moe_impl    'dense' (reference) | 'ragged' (sort by expert + grouped matmul) | 'pallas'
-              | 'gathered' (per-copy weight gather; chosen anyway for calls with T*K <= E)
+              | 'gathered' (per-copy weight gather; chosen anyway for calls with T*K <= E);
+              calls against a KV cache (decoding, prefill) run 'ragged' in place of 'dense'
   quant       'none' | 'mxfp8' | 'nvfp4_fwd_mxfp8_bwd'
   attention_impl  'dense' (float32 [B, H, L, T] scores, the reference) | 'blockwise'
               (flash-style tiles of attention_block queries x keys, O(L) memory; training,

@@ -4,7 +4,8 @@ y = shared(x) + sum_k w_k expert_{i_k}(x), with experts chosen by a router from 
 (cfg.moe.router) and run by a dispatch implementation from DISPATCH (cfg.moe_impl), whose
 expert matmuls use the quantisation recipe cfg.quant (c2jax.quant.RECIPES).
 Routing lives in moe_routing.py, dispatch in moe_dispatch.py (moe_dispatch.select:
-calls with few tokens, such as decode steps, gather just the chosen experts' weights);
+calls with few tokens, such as decode steps, gather just the chosen experts' weights, and
+calls against a KV cache never compute every expert densely);
 under an ambient mesh that splits the logical 'expert' axis, the dispatch runs expert
 parallel (all-to-all token exchange, c2jax.parallel.expert) unless
 cfg.moe.expert_parallel = 'off'.
@@ -76,7 +77,8 @@ class Experts(nn.Module):
   cfg: Any
 
   @nn.compact
-  def __call__(self, x_TxD, weights_TxK, indices_TxK) -> tuple[jax.Array, jax.Array]:
+  def __call__(self, x_TxD, weights_TxK, indices_TxK,
+               decoding: bool = False) -> tuple[jax.Array, jax.Array]:
     cfg = self.cfg
     e, d, f = cfg.moe.num_experts, cfg.hidden_size, cfg.moe.intermediate_size
     dtype = layers.compute_dtype(cfg)
@@ -95,7 +97,7 @@ class Experts(nn.Module):
             else None)
     if plan is None:
       dispatch = moe_dispatch.select(cfg.moe_impl, cfg.quant, x_TxD.shape[0],
-                                     indices_TxK.shape[1], e)
+                                     indices_TxK.shape[1], e, decoding=decoding)
       y_TxD = dispatch(x_TxD, weights_TxK, indices_TxK, experts, quant=cfg.quant)
       return y_TxD, jnp.zeros((), jnp.int32)
     return expert_parallel.moe_forward(
@@ -107,7 +109,9 @@ class Experts(nn.Module):
 class MoE(nn.Module):
   """Routed experts (+ shared experts) with router replay and routing statistics.
 
-  __call__(x_BxLxD, routing_BxLxK=None, valid_BxL=None) -> (y_BxLxD, stats):
+  __call__(x_BxLxD, routing_BxLxK=None, valid_BxL=None, decoding=False) -> (y_BxLxD, stats):
+    decoding: the call runs against a KV cache (inference); moe_dispatch.select then
+      never picks the dense reference dispatch.
     routing_BxLxK: int32 expert indices in [0, E) to use instead of the router's choice
       (router replay); gate weights are still gathered from the live scores, so the
       router kernel gets gradients.
@@ -122,7 +126,7 @@ class MoE(nn.Module):
   cfg: Any
 
   @nn.compact
-  def __call__(self, x_BxLxD, routing_BxLxK=None, valid_BxL=None):
+  def __call__(self, x_BxLxD, routing_BxLxK=None, valid_BxL=None, decoding: bool = False):
     cfg, moe_cfg = self.cfg, self.cfg.moe
     batch, length, hidden = x_BxLxD.shape
     top_k = moe_cfg.num_experts_per_tok
@@ -140,7 +144,7 @@ class MoE(nn.Module):
     routing = moe_routing.route(logits_TxE, bias_E, moe_cfg, replay_TxK, valid_T)
 
     y_TxD, dropped = Experts(cfg, name="experts")(x_TxD, routing.weights_TxK,
-                                                  routing.indices_TxK)
+                                                  routing.indices_TxK, decoding)
     y_BxLxD = y_TxD.reshape(batch, length, hidden)
     if moe_cfg.num_shared_experts > 0:
       shared = layers.MLP(moe_cfg.num_shared_experts * moe_cfg.intermediate_size, cfg,

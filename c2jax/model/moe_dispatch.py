@@ -18,7 +18,8 @@ and both gradients) runs under the c2jax.quant recipe `quant` (cfg.quant).
           compute (cfg.dtype) and D, F multiples of 64; it says so when they are not.
   gathered  each token copy gathers its expert's weights and runs a batched
           matrix-vector product: reads M expert weights, not E. For calls with few
-          tokens (decode steps); `select` picks it there, whatever cfg.moe_impl says.
+          tokens (decode steps); `select` picks it there, whatever cfg.moe_impl says
+          (and picks 'ragged' over 'dense' for every call against a KV cache).
 Register a new one with `DISPATCH['name'] = fn`; config validation reads the keys.
 
 Products with the float32 gate weights and the sum over k happen in float32, as HF
@@ -136,13 +137,19 @@ def gathered(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
   return y_TxD.astype(x_TxD.dtype)
 
 
-def select(moe_impl: str, quant: str, num_tokens: int, top_k: int,
-           num_experts: int) -> Callable[..., jax.Array]:
-  """The dispatch for one call: `moe_impl` (cfg.moe_impl), except that an unquantised call
-  with no more token copies than experts (T * K <= E: decode steps, short prefills) runs
-  'gathered', which reads only the chosen experts' weights."""
+def select(moe_impl: str, quant: str, num_tokens: int, top_k: int, num_experts: int, *,
+           decoding: bool = False) -> Callable[..., jax.Array]:
+  """The dispatch for one call: `moe_impl` (cfg.moe_impl), except that
+  - an unquantised call with no more token copies than experts (T * K <= E: decode steps,
+    short prefills) runs 'gathered', which reads only the chosen experts' weights;
+  - a `decoding` call (against a KV cache: decode steps and prefill chunks) never runs the
+    'dense' reference, which computes all E experts for every token (E / K times the
+    work): it runs the sorted 'ragged' dispatch, which computes only the chosen ones
+    (same numerics up to float summation order). Training keeps `moe_impl` as given."""
   if quant == "none" and num_tokens * top_k <= num_experts:
     return DISPATCH["gathered"]
+  if decoding and moe_impl == "dense":
+    return DISPATCH["ragged"]
   return DISPATCH[moe_impl]
 
 

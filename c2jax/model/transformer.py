@@ -49,7 +49,8 @@ class DecoderBlock(nn.Module):
     if self.use_moe:
       # Padding (segment id 0) is computed but kept out of the routing statistics.
       valid_BxL = None if segment_ids_BxL is None else segment_ids_BxL != 0
-      mlp_BxLxD, stats = MoE(cfg, name="moe")(h_BxLxD, routing_BxLxK, valid_BxL)
+      mlp_BxLxD, stats = MoE(cfg, name="moe")(h_BxLxD, routing_BxLxK, valid_BxL,
+                                              decoding=cache is not None)
     else:
       mlp_BxLxD, stats = MLP(cfg.intermediate_size, cfg, name="mlp")(h_BxLxD), None
     x_BxLxD = constrain(x_BxLxD + mlp_BxLxD, ("batch", "length", "embed"))

@@ -1,12 +1,16 @@
 """The 'gathered' MoE dispatch (few-token calls such as decode steps) against the dense
-reference, forward and gradients, and the one function that picks it."""
+reference, forward and gradients, and the one function that picks it; decode steps of
+more tokens than 'gathered' takes (sorted 'ragged' in place of the dense reference)
+against teacher forcing."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from c2jax import model
 from c2jax.model import moe_dispatch
+from tests.model.conftest import MLA_OVERRIDES, VOCAB, Model, tiny_cfg
 
 T, D, F, E, K = 3, 8, 6, 8, 2
 
@@ -44,6 +48,33 @@ def test_select_gathers_only_for_few_unquantised_tokens():
   assert moe_dispatch.select("ragged", "none", 4, 2, 8) is moe_dispatch.gathered
   assert moe_dispatch.select("ragged", "none", 5, 2, 8) is moe_dispatch.ragged
   assert moe_dispatch.select("dense", "mxfp8", 1, 2, 8) is moe_dispatch.dense
+  # Against a KV cache the dense reference is never run; training keeps it.
+  assert moe_dispatch.select("dense", "none", 5, 2, 8) is moe_dispatch.dense
+  assert moe_dispatch.select("dense", "none", 5, 2, 8, decoding=True) is moe_dispatch.ragged
+  assert moe_dispatch.select("dense", "none", 4, 2, 8, decoding=True) is moe_dispatch.gathered
+  assert moe_dispatch.select("pallas", "none", 5, 2, 8, decoding=True) is moe_dispatch.pallas
   x, weights, indices, experts = _inputs()
   with pytest.raises(ValueError, match="gathered"):
     moe_dispatch.gathered(x, weights, indices, experts, quant="mxfp8")
+
+
+def test_decode_step_of_many_rows_matches_teacher_forcing():
+  """6 rows x K = 2 copies > E = 8: the decode step runs 'ragged' (cfg.moe_impl is the
+  dense reference, which the teacher-forced pass runs)."""
+  tiny = Model(tiny_cfg(**MLA_OVERRIDES))
+  cfg = tiny.cfg
+  assert cfg.moe_impl == "dense" and 6 * cfg.moe.num_experts_per_tok > cfg.moe.num_experts
+  batch, prompt_length = 6, 4
+  tokens = np.random.default_rng(1).integers(0, VOCAB, (batch, prompt_length + 1))
+  tokens = jnp.asarray(tokens, jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(prompt_length + 1, dtype=jnp.int32),
+                               (batch, prompt_length + 1))
+  cache = model.init_cache(cfg, batch, 8, jnp.float32)
+  _, _, cache = tiny.apply(tiny.params, tokens[:, :prompt_length],
+                           positions_BxL=positions[:, :prompt_length], cache=cache)
+  step, aux, _ = tiny.apply(tiny.params, tokens[:, prompt_length:],
+                            positions_BxL=positions[:, prompt_length:], cache=cache)
+  teacher, teacher_aux, _ = tiny.apply(tiny.params, tokens)
+  np.testing.assert_allclose(step[:, 0], teacher[:, prompt_length], atol=1e-4)
+  np.testing.assert_array_equal(aux["expert_indices"][:, :, 0],
+                                teacher_aux["expert_indices"][:, :, prompt_length])

@@ -103,3 +103,18 @@ def test_draw_never_picks_a_dropped_token():
     keys = sampling.row_keys(jnp.asarray([seed, seed], jnp.uint32), jnp.zeros(2, jnp.int32))
     tokens = np.asarray(sampling.draw(logp, keys))
     assert tokens[0] in (1, 3) and tokens[1] == 4
+
+
+def test_argmax_is_jnp_argmax_with_ties_infinities_and_nans():
+  rng = np.random.default_rng(0)
+  rows = [rng.integers(0, 3, 50).astype(np.float32),  # many ties of the maximum
+          np.full(50, -np.inf, np.float32),  # every token masked
+          np.where(np.arange(50) % 7 == 3, np.inf, rng.standard_normal(50)).astype(np.float32),
+          np.where(np.arange(50) > 40, np.nan, rng.standard_normal(50)).astype(np.float32),
+          np.where(np.arange(50) == 9, np.nan, np.inf).astype(np.float32),
+          rng.standard_normal(50).astype(np.float32)]
+  x = jnp.asarray(np.stack(rows))
+  got = jax.jit(sampling.argmax)(x)
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
+  np.testing.assert_array_equal(got[:5], [0, 0, 3, 41, 9])

@@ -262,6 +262,9 @@ def main(argv=None) -> None:
   if args.hf_worker:
     _hf_worker(args)
     return
+  from c2jax import host_memory
+  # As `c2jax` does at start-up (C2JAX_RETAIN_FREED_MEMORY=0 measures without it).
+  host_memory.retain_freed_memory()
   if args.smoke:
     args.variants, args.batches, args.prompt_len, args.new_tokens = "tiny", "2", 8, 4
   import jax
