@@ -1,6 +1,6 @@
 """The agent harness: the loop RL and evaluation share (`loop`, driving one `episode` per
-task), prompts and conversations, the scripted solver, external harnesses, and what a
-chain did (`stats`).
+task; `context`: when and how a segment is summarised), prompts and conversations, the
+scripted solver, external harnesses, and what a chain did (`stats`).
 
 Tool calls as text live in c2jax.toolcalls (re-exported here), the tools themselves in
 c2jax.env.tools.

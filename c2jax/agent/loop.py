@@ -7,10 +7,9 @@ tools run the turn's calls, their results are appended to the live engine sequen
 tokens (no prefix recompute), and so on until the model calls finish, answers without a
 tool call, or runs out of turns, tokens or context. With agent.context_management, a
 segment that grows past `summary_trigger_tokens` is summarised and a new segment starts
-from (system, task, summary); every segment is kept. 'self_summary': the policy writes
-the summary in its own sequence, a sampled (trained) turn; 'compaction' (the baseline of
-report §4.1): a separate call of the model over the history as text writes it, and its
-tokens are in no segment. Finally the hidden tests grade the sandbox.
+from (system, task, summary); every segment is kept (c2jax.agent.context: the trigger
+and the summary requests, 'self_summary' or 'compaction'). Finally the hidden tests grade
+the sandbox.
 
 Episodes run concurrently, one engine slot each: the engine decodes every active
 sequence in one step while tool calls and grading run in worker threads, so a slow test
@@ -36,6 +35,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from c2jax.agent import context
 from c2jax.agent.episode import FINISH_REASONS, Episode, Segment, Trajectory
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import tasks as tasks_lib
@@ -82,6 +82,7 @@ class _EpisodeScheduler:
     ask_summary     (context_management='self_summary') ask in the episode's own sequence
     compact         (context_management='compaction') close the segment, ask a separate
                     sequence for a summary of the history
+                    (when and what to ask: c2jax.agent.context)
     on_summary / on_compaction   the summary was sampled: start the next segment from it
     end / on_graded the episode stopped: grade it (worker), then record the trajectory
     fail            infrastructure failed: retry on a fresh sandbox, or give up
@@ -230,7 +231,7 @@ class _EpisodeScheduler:
       return self.end(index, reason)
     feed = episode.observation_feed(generation)
     budget = episode.turn_budget(self.engine, len(feed))
-    if self.wants_summary(episode, budget, len(feed)):
+    if context.wants_summary(self.cfg, episode, budget, len(feed)):
       if self.cfg.context_management == "self_summary":
         summarised = self.ask_summary(index, generation, len(feed))
       else:
@@ -241,30 +242,16 @@ class _EpisodeScheduler:
       return self.end(index, episode.out_of_room_reason())
     self.submit_engine(index, feed, budget, episode.seq_id)
 
-  def wants_summary(self, episode: Episode, budget: int, fed: int) -> bool:
-    """A summary is due: context management on, summaries left, token budget left (a
-    summary cannot help a chain that has spent it), and the segment reached the trigger
-    with the next `fed` tokens (or the next turn has no room)."""
-    trigger = self.cfg.summary_trigger_tokens
-    return (self.cfg.context_management != "none"
-            and episode.summaries < self.cfg.max_summaries
-            and episode.total_tokens < self.cfg.max_total_tokens
-            and (budget < 1 or len(episode.current) + fed >= trigger))
-
   def ask_summary(self, index: int, generation, fed: int) -> bool:
     """Feeds the summary request instead of the `fed` observation tokens and requests the
     summary; False (nothing done) when the engine sequence or the token budget has no
     room for one."""
-    episode, cfg = self.episodes[index], self.cfg
-    ask = np.concatenate([episode.closing_ids(generation),
-                          episode.conv.feed(cfg.summary_prompt)]).astype(np.int32)
-    room = self.engine.max_length - len(episode.current) - len(ask) - 1
-    left = cfg.max_total_tokens - (episode.total_tokens + len(ask) - fed)
-    max_tokens = min(cfg.summary_tokens, room, left)
-    if max_tokens < 1:
+    episode = self.episodes[index]
+    request = context.self_summary_request(self.cfg, episode, generation, fed,
+                                           self.engine.max_length)
+    if request is None:
       return False
-    episode.awaiting = "summary"
-    episode.total_tokens += len(ask) - fed
+    ask, max_tokens = request
     self.submit_engine(index, ask, max_tokens, episode.seq_id)
     return True
 
@@ -279,15 +266,12 @@ class _EpisodeScheduler:
     sequence, and ask the model for a summary in a fresh sequence (compaction_prompt +
     the history as text). False (nothing done) when not even the prompt fits, or the
     token budget has no room for a summary."""
-    episode, cfg = self.episodes[index], self.cfg
-    max_tokens = min(cfg.summary_tokens, cfg.max_total_tokens - episode.total_tokens)
-    prompt = (episode.compaction_request(self.engine.max_length - max_tokens - 1)
-              if max_tokens >= 1 else None)
-    if prompt is None:
+    episode = self.episodes[index]
+    request = context.compaction_request(self.cfg, episode, self.engine.max_length)
+    if request is None:
       return False
+    prompt, max_tokens = request
     self.release(episode)
-    episode.close_segment()
-    episode.awaiting = "compaction"
     self.submit_engine(index, prompt, max_tokens)
     return True
 

@@ -125,11 +125,12 @@ def _moe_aux(cfg, stats) -> dict:
           "aux_loss": jnp.sum(stats["aux_loss"]).astype(jnp.float32)}
 
 
-def apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL=None, segment_ids_BxL=None):
-  """Teacher-forced MTP logits for all depths and the blocks' routing stats:
-  (logits [Dm, B, L, V] float32, {'expert_loads': [Dm, E] or [0, E], 'aux_loss': []}).
-  Depth k at position i predicts t_{i+k+2}; positions past the sequence end read padding
-  token 0."""
+def hidden_states(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL=None,
+                  segment_ids_BxL=None):
+  """Teacher-forced final-normed MTP hidden states for all depths (the LM head's input)
+  and the blocks' routing stats: (out [Dm, B, L, D] in the compute dtype,
+  {'expert_loads': [Dm, E] or [0, E], 'aux_loss': []}). Positions past the sequence end
+  read padding token 0."""
   _check(cfg)
   batch, length = tokens_BxL.shape
   if positions_BxL is None:
@@ -140,7 +141,28 @@ def apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL=None, segment_ids
   _, (out_DmxBxLxD, stats, _) = _stack(cfg).apply(
       {"params": params[PARAMS_KEY]}, hidden_BxLxD.astype(compute_dtype(cfg)), xs,
       positions_BxL, segment_ids_BxL)
-  return jax.vmap(lambda out: _head(cfg, params, out))(out_DmxBxLxD), _moe_aux(cfg, stats)
+  return out_DmxBxLxD, _moe_aux(cfg, stats)
+
+
+def apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL=None, segment_ids_BxL=None):
+  """Teacher-forced MTP logits for all depths and the blocks' routing stats:
+  (logits [Dm, B, L, V] float32, {'expert_loads': [Dm, E] or [0, E], 'aux_loss': []}).
+  Depth k at position i predicts t_{i+k+2}; positions past the sequence end read padding
+  token 0."""
+  out_DmxBxLxD, moe_aux = hidden_states(cfg, params, hidden_BxLxD, tokens_BxL,
+                                        positions_BxL, segment_ids_BxL)
+  return jax.vmap(lambda out: _head(cfg, params, out))(out_DmxBxLxD), moe_aux
+
+
+def depth_weights(segments_BxL, mask_BxL, shift: int):
+  """float32 [B, L]: where depth shift - 1 is trained at position i. t_{i+shift} must exist
+  in the same document (segment id, 0 = padding) and mask (the main head's target mask,
+  at i + shift) be set."""
+  length = segments_BxL.shape[1]
+  valid_BxL = ((segments_BxL != 0)
+               & (segments_BxL == _shift_left(segments_BxL, shift))
+               & (jnp.arange(length) < length - shift)[None])
+  return valid_BxL * _shift_left(mask_BxL.astype(jnp.float32), shift)
 
 
 def init_layer_cache(cfg, batch: int, max_length: int, dtype=None) -> dict:
@@ -191,10 +213,7 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_Bx
   total, metrics = 0.0, {}
   for k in range(cfg.num_mtp_layers):
     shift = k + 1
-    valid_BxL = ((segments_BxL != 0)
-                 & (segments_BxL == _shift_left(segments_BxL, shift))
-                 & (jnp.arange(length) < length - shift)[None])
-    weight_BxL = valid_BxL * _shift_left(mask_BxL, shift)
+    weight_BxL = depth_weights(segments_BxL, mask_BxL, shift)
     count = jnp.maximum(weight_BxL.sum(), 1.0)
     teacher_BxLxV = jnp.pad(teacher_logp_BxLxV[:, shift:], ((0, 0), (0, shift), (0, 0)))
     student_BxLxV = jax.nn.log_softmax(logits_DmxBxLxV[k], axis=-1)

@@ -86,6 +86,9 @@ def default_config() -> ml_collections.ConfigDict:
   # the position predicting the same generated token), detached from the trunk, so the
   # drafter follows the policy (c2jax.rl.learner.mtp_distill). 0 leaves the heads as they are.
   c.mtp_loss_weight = 1.0
+  # That loss runs in chunks of mtp_seq_chunk positions per MTP depth (largest live
+  # float32 array: rows x mtp_seq_chunk x vocab).
+  c.mtp_seq_chunk = 256
   # The heads' learning rate relative to learner.learning_rate (Adam is scale-free in the
   # loss weight, so this, not the weight, sets how fast the heads move).
   c.mtp_lr_scale = 1.0
@@ -105,7 +108,7 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
   configlib.check_choice(wrapper, key("curriculum.sampling"), curriculum.SAMPLINGS)
   for name in ("group_size", "loss.tis_cap", "loss.normalizer_tokens", "queue.capacity",
                "reward.length_penalty.k", "logprobs.seq_chunk", "logprobs.vocab_chunk",
-               "curriculum.ema", "curriculum.min_weight", "curriculum.lookahead"):
+               "mtp_seq_chunk", "curriculum.ema", "curriculum.min_weight", "curriculum.lookahead"):
     configlib.check_positive(wrapper, key(name))
   for name in ("std_eps", "kl.coef", "loss.clip_low", "loss.clip_high", "queue.max_lag",
                "reward.length_penalty.q", "packing.attention_cost", "curriculum.strength",

@@ -29,6 +29,7 @@ from c2jax.rl.learner import step as learner
 from c2jax.rl.learner import runtime as learner_runtime
 from c2jax.rl.queue.group_store import Group  # noqa: E402
 from c2jax.train import runtime  # noqa: E402
+from tests.rl.rl_testlib import random_segment  # noqa: E402
 
 STEPS, LENGTH, ROWS = 3, 16, 8
 MESHES = {"fsdp8": {"fsdp": 8}, "data2_fsdp2_expert2": {"data": 2, "fsdp": 2, "expert": 2},
@@ -53,22 +54,13 @@ def batches(cfg):
   """STEPS packed batches of two groups of two rollouts each (one rollout with two
   segments), ROWS rows: enough for every mesh's batch ways."""
   rng = np.random.default_rng(0)
-  layers = cfg.model.num_layers - cfg.model.first_k_dense
-  k, experts = cfg.model.moe.num_experts_per_tok, cfg.model.moe.num_experts
-
-  def segment(n):
-    mask = (np.arange(n) >= n // 3).astype(np.int32)
-    return dict(tokens=rng.integers(1, cfg.model.vocab_size, n).astype(np.int32),
-                valid=np.ones(n, np.int32), loss_mask=mask,
-                sampler_logprobs=(-2.0 - rng.random(n) * mask).astype(np.float32),
-                versions=np.zeros(n, np.int32),
-                router_indices=rng.integers(0, experts, (n, layers, k)).astype(np.int32))
+  segments = lambda *lengths: [random_segment(cfg.model, rng, n) for n in lengths]
   out = []
   for _ in range(STEPS):
     groups = [Group("a", 0, np.float32([1, 0]), np.float32([0.5, -0.5]),
-                    [segment(n) for n in (16, 9, 12)], np.int32([0, 0, 1])),
+                    segments(16, 9, 12), np.int32([0, 0, 1])),
               Group("b", 0, np.float32([0, 1]), np.float32([-0.7, 0.7]),
-                    [segment(n) for n in (14, 5)], np.int32([0, 1]))]
+                    segments(14, 5), np.int32([0, 1]))]
     batch, _ = learner_runtime.build_batch(cfg, groups, ROWS)
     out.append(batch)
   return out

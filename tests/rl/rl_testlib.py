@@ -1,4 +1,6 @@
-"""Helpers shared by the RL actor tests."""
+"""Helpers shared by the RL tests."""
+
+import numpy as np
 
 from c2jax.env import tasks as tasks_lib
 from c2jax.rl import job
@@ -21,3 +23,17 @@ def flag_task_run(tmp_path):
   pool, queue = dirs.pool(), dirs.queue(cfg)
   pool.add([(task.id, {"task": task.to_json()})])
   return cfg, task, dirs, pool, queue
+
+
+def random_segment(model_cfg, rng: np.random.Generator, length: int) -> dict:
+  """One trajectory segment of `length` tokens as an actor stores it: random tokens and
+  expert choices (for model_cfg's MoE layers), generated (loss_mask) from length // 3 on
+  with sampler log-probs in (-3, -2] there and -2 elsewhere, policy version 0."""
+  layers = model_cfg.num_layers - model_cfg.first_k_dense
+  k, experts = model_cfg.moe.num_experts_per_tok, model_cfg.moe.num_experts
+  mask = (np.arange(length) >= length // 3).astype(np.int32)
+  return dict(tokens=rng.integers(1, model_cfg.vocab_size, length).astype(np.int32),
+              valid=np.ones(length, np.int32), loss_mask=mask,
+              sampler_logprobs=(-2.0 - rng.random(length) * mask).astype(np.float32),
+              versions=np.zeros(length, np.int32),
+              router_indices=rng.integers(0, experts, (length, layers, k)).astype(np.int32))

@@ -47,6 +47,7 @@ def _rl_cfg(mtp_loss_weight):
   c = rl_config.default_config()
   c.kl.coef = 0.0
   c.mtp_loss_weight = mtp_loss_weight
+  c.mtp_seq_chunk = 5  # chunked, and not a divisor of L
   rl_config.validate(c)
   return c
 
@@ -98,13 +99,17 @@ def test_config_requires_mtp_modules_for_speculation():
   cfg.rl.mtp_lr_scale = -1.0
   with pytest.raises(configlib.ConfigError, match="rl.mtp_lr_scale"):
     job.validate(cfg)
+  cfg.rl.mtp_lr_scale = 1.0
+  cfg.rl.mtp_seq_chunk = 0
+  with pytest.raises(configlib.ConfigError, match="rl.mtp_seq_chunk"):
+    job.validate(cfg)
 
 
 def test_mtp_loss_reaches_only_the_mtp_heads(setup):
   cfg, params, batch = setup
   hidden, _, _ = model.apply(cfg, params, batch["tokens"], segment_ids_BxL=batch["valid"],
                              head=False)
-  grads = jax.grad(lambda p: mtp_distill.loss(cfg, p, hidden, batch)[0])(params)
+  grads = jax.grad(lambda p: mtp_distill.loss(cfg, p, hidden, batch, seq_chunk=5)[0])(params)
   main, heads = _split(grads)
   assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(main))
   assert float(sum(jnp.abs(g).sum() for g in jax.tree.leaves(heads))) > 0
@@ -114,10 +119,10 @@ def test_mtp_loss_counts_only_depths_predicting_generated_tokens(setup):
   cfg, params, batch = setup
   hidden, _, _ = model.apply(cfg, params, batch["tokens"], segment_ids_BxL=batch["valid"],
                              head=False)
-  base, _, _ = mtp_distill.loss(cfg, params, hidden, batch)
+  base, _, _ = mtp_distill.loss(cfg, params, hidden, batch, seq_chunk=5)
   # Without generated tokens no position is trained: the loss is 0.
   empty = dict(batch, loss_mask=jnp.zeros_like(batch["loss_mask"]))
-  assert float(mtp_distill.loss(cfg, params, hidden, empty)[0]) == 0.0
+  assert float(mtp_distill.loss(cfg, params, hidden, empty, seq_chunk=5)[0]) == 0.0
   assert float(base) > 0.0
 
 

@@ -27,6 +27,7 @@ from c2jax.rl.actors import rollouts
 from c2jax.rl.queue.group_store import Group
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import runtime
+from tests.rl.rl_testlib import random_segment
 from tests.subprocess_checks import child_env
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -63,20 +64,11 @@ def _write_sources(root: pathlib.Path) -> None:
 def _groups(cfg) -> list[Group]:
   """One group of two rollouts per step (one rollout in two segments)."""
   rng = np.random.default_rng(0)
-  layers = cfg.model.num_layers - cfg.model.first_k_dense
-  k, experts = cfg.model.moe.num_experts_per_tok, cfg.model.moe.num_experts
-
-  def segment(n):
-    mask = (np.arange(n) >= n // 3).astype(np.int32)
-    return dict(tokens=rng.integers(1, cfg.model.vocab_size, n).astype(np.int32),
-                valid=np.ones(n, np.int32), loss_mask=mask,
-                sampler_logprobs=(-2.0 - rng.random(n) * mask).astype(np.float32),
-                versions=np.zeros(n, np.int32),
-                router_indices=rng.integers(0, experts, (n, layers, k)).astype(np.int32))
   info = dict(solved=[True, False], sampled_tokens=[10, 8], total_tokens=[20, 14],
               turns=[1, 2], thinking_tokens=[0, 0])
   return [Group(f"g{i}", 0, np.float32([1, 0]), np.float32([0.5, -0.5]),
-                [segment(n) for n in (24, 11, 14)], np.int32([0, 0, 1]), dict(info))
+                [random_segment(cfg.model, rng, n) for n in (24, 11, 14)],
+                np.int32([0, 0, 1]), dict(info))
           for i in range(STEPS)]
 
 

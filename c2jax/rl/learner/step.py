@@ -20,7 +20,8 @@ gradients are unchanged, and `grad_norm` reports the policy's alone (`mtp_grad_n
 heads'). Without that, the heads get no gradient and Adam leaves them as they are.
 
 Log-probs are computed chunk-wise over sequence and vocabulary (model.token_logprobs,
-chunks from config.rl.logprobs): no [B, L, V] float32 array exists in the step.
+chunks from config.rl.logprobs), the MTP loss chunk-wise over the sequence
+(config.rl.mtp_seq_chunk): no [B, L, V] float32 array exists in the step.
 
 Temperature: actors sample from softmax(logits / T) (T = config.agent.temperature) and
 record log mu under exactly that distribution, so the learner scores its tokens under
@@ -109,8 +110,8 @@ def rl_step(rl_cfg, model_cfg, optimizer: optax.GradientTransformation, state: T
                                    num_rollouts=rollouts_per_step)
     loss = loss + aux["aux_loss"]
     if train_mtp:  # detached from the trunk: no gradient reaches the policy's parameters
-      mtp_loss, mtp_metrics, mtp_aux_loss = mtp_distill.loss(model_cfg, params,
-                                                             hidden_BxLxD, batch)
+      mtp_loss, mtp_metrics, mtp_aux_loss = mtp_distill.loss(
+          model_cfg, params, hidden_BxLxD, batch, seq_chunk=rl_cfg.mtp_seq_chunk)
       loss = loss + rl_cfg.mtp_loss_weight * mtp_loss + mtp_aux_loss
       metrics = {**metrics, **mtp_metrics, "mtp_loss": mtp_loss}
     return loss, (metrics, aux)
