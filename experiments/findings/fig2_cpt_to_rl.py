@@ -128,6 +128,7 @@ def checkpoint_job(args, run):
                      "a training run directory (config.json, checkpoints/).")
   saved = json.loads(saved_path.read_text())
   cfg = common.load_config("agent_sft.py", args.variant).sft
+  cfg.task = saved.get("task", cfg.task)  # sft, or pretrain: its held-out corpus then
   for section in ("data", "train", "sft"):
     if section in saved:
       _saved_section(cfg[section], saved[section], f"{saved_path}: {section}")
