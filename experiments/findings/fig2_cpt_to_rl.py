@@ -199,7 +199,9 @@ def correlation(x, y) -> float | None:
   return float(np.corrcoef(x, y)[0, 1])
 
 
-def summarise(rows: list[dict], levels: list[int]) -> dict:
+def summarise(rows: list[dict], levels: list[int], first_loss: str = "CPT loss") -> dict:
+  """Per-level spreads, correlations and the verdict; `first_loss` names the cpt_loss
+  column in it (the training loss with --from-checkpoints)."""
   out = {"per_level": {}}
   for level in levels:
     at = [r for r in rows if r["cpt_steps"] == level]
@@ -219,7 +221,7 @@ def summarise(rows: list[dict], levels: list[int]) -> dict:
   out["cpt_loss_falls_with_compute"] = bool(cpt_falls)
   out["agrees"] = bool(corr is not None and corr < 0)
   out["verdict"] = (
-      "CPT loss " + " -> ".join(f"{m['cpt_loss']['mean']:.3f}" for m in means)
+      f"{first_loss} " + " -> ".join(f"{m['cpt_loss']['mean']:.3f}" for m in means)
       + ", SFT loss " + " -> ".join(f"{m['sft_loss']['mean']:.3f}" for m in means)
       + ", RL reward " + " -> ".join(f"{m['rl_reward']['mean']:+.4f}" for m in means)
       + f" over levels {levels} (range of mean rewards {reward_spread:.4f}); correlation of "
@@ -374,7 +376,7 @@ def main_from_checkpoints(args):
   levels = sorted(steps)
   rows.sort(key=lambda r: (r["seed"], r["cpt_steps"]))
   write_table(args, rows)
-  summary = summarise(rows, levels)
+  summary = summarise(rows, levels, first_loss="training loss")
   numbers = {**common.header(args, "python experiments/findings/fig2_cpt_to_rl.py "
                                    "--from-checkpoints"),
              "variant": args.variant, "levels": levels, "from_checkpoints": [str(r) for r in runs],
