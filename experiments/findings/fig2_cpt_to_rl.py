@@ -15,13 +15,14 @@ RL reward = mean training reward over the last quarter of the RL steps; the held
 rate at the last step is recorded beside it.
 
   python experiments/findings/fig2_cpt_to_rl.py --from-checkpoints RUN1,RUN2,RUN3 \
-      [--rl-steps 10] [--seeds 1] [--out DIR] [--workdir DIR] [--set rl.KEY=V] [--smoke]
+      [--metrics RUN] [--rl-steps 10] [--seeds 1] [--out DIR] [--workdir DIR] \
+      [--set sft.KEY=V] [--set rl.KEY=V] [--smoke]
 
 takes the compute levels from existing training runs instead (e.g. copies of one SFT run
 at several steps, each a run directory whose newest checkpoint is that step): a level is
 the checkpoint's step, its compute 6 x active parameters x the tokens trained to it; the
 `cpt_loss` column holds the run's training loss at that step and `sft_loss` its held-out
-loss at that step from the run's metrics.jsonl, or, where that step logged none, the
+loss at that step from the run's metrics.jsonl (or --metrics RUN's), or, where that step logged none, the
 held-out loss computed now on the run's held-out traces with the training loop's own
 eval code (c2jax.train.loop.run_evals). RL runs from each checkpoint as above, with the
 checkpoint's tokenizer (its data section); --smoke makes the RL part tiny. Writes OUT/fig2_cpt_to_rl.png and .json and
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import csv
 import json
+import pathlib
 
 import numpy as np
 
@@ -133,6 +135,8 @@ def checkpoint_job(args, run):
     if section in saved:
       _saved_section(cfg[section], saved[section], f"{saved_path}: {section}")
   cfg.init_from = str(run)
+  # e.g. --set sft.sft.heldout_path=... where the run's relative trace paths moved
+  common.apply(cfg, args.parsed_overrides.get("sft", {}), "sft")
   return model_source.resolve(cfg, log=False)
 
 
@@ -141,6 +145,12 @@ def computed_heldout_loss(cfg, run, step: int) -> float:
   from c2jax.train import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
   from c2jax.train import jobs, loop  # pylint: disable=g-import-not-at-top
 
+  for key in ("train_path", "heldout_path") if cfg.task == "sft" else ():
+    if not pathlib.Path(cfg.sft[key]).expanduser().exists():
+      raise SystemExit(
+          f"{run}: its config.json names sft.{key} = {cfg.sft[key]}, which does not exist "
+          "from here; run from the directory the SFT ran in, or pass "
+          f"--set sft.sft.{key}=PATH.")
   rt = loop.build_runtime(cfg)
   ckpt = checkpoint_lib.Checkpointer(run / "checkpoints", keep=cfg.train.keep_checkpoints,
                                      every=cfg.train.checkpoint_every)
@@ -164,8 +174,10 @@ def checkpoint_level(args, run) -> dict:
 
   step = _checkpoint_step(run)
   cfg = checkpoint_job(args, run)
-  rows = [r for r in common.metrics_rows(run) if r.get("step") == step] if (
-      run / "metrics.jsonl").exists() else []
+  # The run's own metrics, else --metrics (the full run's, when RUN is a copy of it at a step).
+  source = run if (run / "metrics.jsonl").exists() else args.metrics
+  rows = ([r for r in common.metrics_rows(source) if r.get("step") == step]
+          if source is not None else [])
   train_loss = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))]
   eval_loss = [r["eval_loss"] for r in rows if isinstance(r.get("eval_loss"), (int, float))]
   if eval_loss:
@@ -284,6 +296,9 @@ def main(argv=None):
   p.add_argument("--from-checkpoints", default="", help="comma-separated training run "
                  "directories: the compute levels are their newest checkpoints (no CPT/SFT "
                  "is run)")
+  p.add_argument("--metrics", type=pathlib.Path, default=None, help="with "
+                 "--from-checkpoints: the directory of a metrics.jsonl to read a run's losses "
+                 "from when the run has none (e.g. the run it was copied from)")
   args = common.finish_args(p.parse_args(argv), NAME)
   if args.from_checkpoints:
     return main_from_checkpoints(args)
@@ -340,9 +355,9 @@ def main(argv=None):
 
 def main_from_checkpoints(args):
   """Fig. 2 over existing checkpoints: RL from each; losses from the runs themselves."""
-  import pathlib  # pylint: disable=g-import-not-at-top
-
-  common.check_kinds(args, ("rl",))
+  common.check_kinds(args, ("sft", "rl"))
+  if args.metrics is not None and not (args.metrics / "metrics.jsonl").exists():
+    raise SystemExit(f"--metrics {args.metrics}: no metrics.jsonl there.")
   runs = [pathlib.Path(x).expanduser().absolute() for x in args.from_checkpoints.split(",")
           if x]
   if len(runs) < 2 or len(set(runs)) != len(runs):
