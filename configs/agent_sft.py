@@ -13,7 +13,11 @@ Copying the values needs many distinct traces, hence the sizes below (1,520 trai
 traces, 900 steps), which follow that measured run but were not re-run in one piece.
 
   c2jax pipeline --config=configs/agent_sft.py:tiny --workdir=runs/tiny_agent
-The checkpoint lands in WORKDIR/sft/checkpoints. There is no pretraining stage: copying
+The checkpoint lands in WORKDIR/sft/checkpoints. Chains:
+  tiny_rl      traces -> SFT -> RL: configs/rl.py:tiny from WORKDIR/sft, in WORKDIR/rl
+  tiny_cpt_rl  pretrain (configs/pretrain.py:tiny) -> traces -> SFT -> RL, the chain of the
+               report's Fig. 2 (experiments/fig2_chain.py sweeps its pretraining steps)
+`tiny` itself also carries the rl section: --config.stages="('traces','sft','rl')" adds RL. There is no pretraining stage: copying
 from the prompt is learnt from the traces alone, faster than a short pretraining helps.
 The tokenizer is the pipeline's shared code-corpus BPE (the `data` section of
 configs/pretrain.py for the variant), so the RL stage and the pretraining chain read
@@ -26,7 +30,11 @@ import ml_collections
 
 from c2jax import config as configlib
 
-TEST_ARGS = ("tiny",)
+TEST_ARGS = ("tiny", "tiny_rl", "tiny_cpt_rl")
+# variant -> (recipe size, stages)
+CHAINS = {"tiny": ("tiny", ("traces", "sft")),
+          "tiny_rl": ("tiny", ("traces", "sft", "rl")),
+          "tiny_cpt_rl": ("tiny", ("pretrain", "traces", "sft", "rl"))}
 HERE = pathlib.Path(__file__).parent
 
 # Per-variant recipe sizes (2-core CPU).
@@ -39,12 +47,13 @@ RUNS = {
 
 def get_config(variant: str = "tiny"):
   variant = variant or "tiny"
-  if variant not in RUNS:
+  if variant not in CHAINS:
     raise ValueError(f"configs/agent_sft.py has no recipe for {variant!r}; variants: "
-                     f"{sorted(RUNS)}.")
+                     f"{sorted(CHAINS)}.")
+  variant, stages = CHAINS[variant]
   run = RUNS[variant]
   c = ml_collections.ConfigDict()
-  c.stages = ("traces", "sft")
+  c.stages = stages
   # The pretraining job config supplies the plain model (no YaRN: the traces are short)
   # and the shared data section; it becomes an SFT job from scratch.
   c.sft = configlib.load_config_file(HERE / "pretrain.py", variant)
@@ -66,4 +75,10 @@ def get_config(variant: str = "tiny"):
        # The RL agent's tools: the traces show the system message RL rollouts start from.
        "tools": rl_agent.tools})
   c.sft.sft.tool_format = rl_agent.tool_format  # trace call ids as the agent parses them
+  # RL from the SFT checkpoint (when "rl" is in stages): the pipeline sets its init_from to
+  # WORKDIR/sft and its data section to `c.data`, so the policy reads the SFT ids.
+  c.rl = configlib.load_config_file(HERE / "rl.py", variant)
+  if "pretrain" in stages:
+    # Continued pretraining on the shared corpus first; SFT then starts from WORKDIR/pretrain.
+    c.pretrain = configlib.load_config_file(HERE / "pretrain.py", variant)
   return c

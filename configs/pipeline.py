@@ -5,7 +5,8 @@ Stage workdirs are WORKDIR/<stage>; each stage config is the phase's own config 
 (configs/pretrain.py, longctx.py, sft.py) for the same variant, chained by checkpoint.
 Override a stage's fields with e.g. --config.pretrain.train.steps=50; data fields are
 shared by all stages: --config.data.max_total_bytes=...
-RL and evaluation stages join as they land.
+Add "rl" last to stages with an `rl` section (a configs/rl.py job) to end in RL, as
+configs/agent_sft.py:tiny_rl does (c2jax/commands/pipeline.py).
 """
 
 import pathlib

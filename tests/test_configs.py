@@ -27,8 +27,8 @@ def validate_any(cfg):
   """Validates a pipeline, job, smoke or model config with the validator it has."""
   if "stages" in cfg:
     for stage in cfg.stages:
-      if "train" in cfg[stage]:  # training stages; others are checked by their command
-        validate_any(cfg[stage])
+      if "train" in cfg[stage] or cfg[stage].get("task") == "rl":
+        validate_any(cfg[stage])  # training and RL stages; others: checked by their command
   elif cfg.get("task") == "rl":
     rl_job.validate(cfg)
   elif "suite" in cfg:  # configs/eval.py

@@ -8,12 +8,12 @@ after a kill, and writes DIR/results.jsonl, DIR/results.csv and DIR/plots/ (tabl
 """
 
 from c2jax.sweep.metrics import (Metric, MetricMissing, active_params, at_step, compute_6nd,
-                                 config_value, from_json, last, maximum, minimum, tokens,
-                                 train_flops)
+                                 config_value, from_json, last, maximum, mean_tail, minimum,
+                                 tokens, train_flops)
 from c2jax.sweep.runner import dry_run, run
 from c2jax.sweep.spec import Plan, Point, Sweep, SweepError, load
 from c2jax.sweep.table import read
 
 __all__ = ["Metric", "MetricMissing", "Plan", "Point", "Sweep", "SweepError", "active_params",
            "at_step", "compute_6nd", "config_value", "dry_run", "from_json", "last", "load",
-           "maximum", "minimum", "read", "run", "tokens", "train_flops"]
+           "maximum", "mean_tail", "minimum", "read", "run", "tokens", "train_flops"]

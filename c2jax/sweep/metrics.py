@@ -5,6 +5,12 @@ From the run's metrics.jsonl (c2jax/train/metrics.py): `last`, `minimum`, `maxim
 point's own config: `config_value`, `tokens`, `active_params`, and training compute as
 `compute_6nd` (6 x active parameters x tokens) or `train_flops` (the model's FLOP count
 per token, attention included: c2jax.parallel.roofline.train_flops_per_token, x tokens).
+`mean_tail` averages the last part of a series (e.g. RL reward over the last quarter).
+
+A point of a `pipeline` sweep is a chain of stages (c2jax/commands/pipeline.py), each in
+RUN_DIR/<stage> with its own config section: every metric takes `stage=` to read that
+stage's run and config, e.g. `last("eval_loss", stage="sft")`, `compute_6nd(stage="pretrain")`
+or `last("eval/pass_rate", stage="rl")`; without it, the pipeline root (its summary.json).
 """
 
 from __future__ import annotations
@@ -99,6 +105,47 @@ class AtStep(Metric):
 
 
 @dataclasses.dataclass(frozen=True)
+class TailMean(Metric):
+  """The mean of the finite values of `key` logged after the last `fraction` of the steps
+  (at least the last logged step)."""
+  key: str
+  fraction: float
+
+  def collect(self, run_dir, config):
+    series = _series(run_dir, self.key)
+    last_step = max(step for step, _ in series)
+    tail = max(int(last_step * self.fraction), 1)
+    values = [v for s, v in series if s > last_step - tail
+              and isinstance(v, (int, float)) and math.isfinite(v)]
+    if not values:
+      raise MetricMissing(f"{self.key!r} has no finite value after step {last_step - tail} "
+                          f"in {run_dir / METRICS_FILE}")
+    return sum(values) / len(values)
+
+
+@dataclasses.dataclass(frozen=True)
+class InStage(Metric):
+  """`metric` of one stage of a pipeline point: its run directory RUN_DIR/<stage> and its
+  config section config.<stage>."""
+  metric: Metric
+  stage: str
+
+  def collect(self, run_dir, config):
+    if "stages" not in config or self.stage not in config:
+      raise MetricMissing(f"the point's config has no stage {self.stage!r} (a stage metric "
+                          "needs a pipeline config)")
+    return self.metric.collect(pathlib.Path(run_dir) / self.stage, config[self.stage])
+
+
+def _in(metric: Metric, stage: str | None) -> Metric:
+  if stage is None:
+    return metric
+  if not isinstance(stage, str) or not stage or "/" in stage:
+    raise ValueError(f"stage={stage!r}: name one pipeline stage, e.g. 'sft'.")
+  return InStage(metric, stage)
+
+
+@dataclasses.dataclass(frozen=True)
 class FromJson(Metric):
   file: str   # relative to the run directory
   key: str    # dotted path into the JSON object
@@ -169,46 +216,53 @@ class Derived(Metric):
     return _model_size("flops_per_token", config.model, config.train.seq_len) * tokens
 
 
-def last(key: str) -> Metric:
-  """The last logged value of `key` in metrics.jsonl."""
-  return Last(key)
+def last(key: str, stage: str | None = None) -> Metric:
+  """The last logged value of `key` in metrics.jsonl (of pipeline stage `stage`)."""
+  return _in(Last(key), stage)
 
 
-def minimum(key: str) -> Metric:
-  return Extreme(key, largest=False)
+def minimum(key: str, stage: str | None = None) -> Metric:
+  return _in(Extreme(key, largest=False), stage)
 
 
-def maximum(key: str) -> Metric:
-  return Extreme(key, largest=True)
+def maximum(key: str, stage: str | None = None) -> Metric:
+  return _in(Extreme(key, largest=True), stage)
 
 
-def at_step(key: str, step: int) -> Metric:
-  return AtStep(key, int(step))
+def at_step(key: str, step: int, stage: str | None = None) -> Metric:
+  return _in(AtStep(key, int(step)), stage)
 
 
-def from_json(file: str, key: str) -> Metric:
+def mean_tail(key: str, fraction: float = 0.25, stage: str | None = None) -> Metric:
+  """The mean of `key` over the last `fraction` of the run's steps (at least one step)."""
+  if not 0 < fraction <= 1:
+    raise ValueError(f"mean_tail({key!r}, fraction={fraction}): fraction must be in (0, 1].")
+  return _in(TailMean(key, float(fraction)), stage)
+
+
+def from_json(file: str, key: str, stage: str | None = None) -> Metric:
   """A value in a JSON file of the run dir, e.g. from_json("summary.json", "overall.accuracy")."""
-  return FromJson(file, key)
+  return _in(FromJson(file, key), stage)
 
 
-def config_value(key: str) -> Metric:
-  return ConfigValue(key)
+def config_value(key: str, stage: str | None = None) -> Metric:
+  return _in(ConfigValue(key), stage)
 
 
-def tokens() -> Metric:
+def tokens(stage: str | None = None) -> Metric:
   """Training tokens: train.steps x train.batch_size x train.seq_len."""
-  return Derived("tokens")
+  return _in(Derived("tokens"), stage)
 
 
-def active_params() -> Metric:
-  return Derived("active_params")
+def active_params(stage: str | None = None) -> Metric:
+  return _in(Derived("active_params"), stage)
 
 
-def compute_6nd() -> Metric:
+def compute_6nd(stage: str | None = None) -> Metric:
   """Training compute as 6 x active parameters x tokens."""
-  return Derived("compute_6nd")
+  return _in(Derived("compute_6nd"), stage)
 
 
-def train_flops() -> Metric:
+def train_flops(stage: str | None = None) -> Metric:
   """Training compute as the model's FLOPs per token (forward + backward) x tokens."""
-  return Derived("train_flops")
+  return _in(Derived("train_flops"), stage)

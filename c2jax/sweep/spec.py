@@ -149,7 +149,24 @@ def expand(sweep: Sweep, source: pathlib.Path, extra: Sequence[str] = ()) -> Pla
       raise SweepError(f"{source}: points {names[name]} and {index} are the same point ({name}).")
     names[name] = index
     points.append(Point(name, swept, overrides, config))
+  _check_stages(sweep, source, points)
   return Plan(sweep, source, config_path, config_arg, axes, tuple(points))
+
+
+def _check_stages(sweep: Sweep, source: pathlib.Path, points: list[Point]) -> None:
+  """A metric with stage= reads one stage of a pipeline point: every point must run it."""
+  for name, metric in sweep.metrics.items():
+    if not isinstance(metric, metrics_lib.InStage):
+      continue
+    if sweep.verb != "pipeline":
+      raise SweepError(f"{source}: metrics[{name!r}] reads stage {metric.stage!r}, but the "
+                       f"points run `c2jax {sweep.verb}`, not a pipeline; drop stage= or use "
+                       "verb='pipeline'.")
+    for point in points:
+      stages = tuple(point.config.get("stages", ()))
+      if metric.stage not in stages:
+        raise SweepError(f"{source}: metrics[{name!r}] reads stage {metric.stage!r}, which "
+                         f"point {point.name} does not run (its stages are {stages}).")
 
 
 def _check_shape(sweep: Sweep, source: pathlib.Path) -> None:

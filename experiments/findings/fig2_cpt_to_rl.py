@@ -12,7 +12,20 @@ active parameters x tokens):
                tasks solved through configs/rl.py's tools; built once, under WORKDIR/traces)
   3. rl        configs/rl.py:tiny from the SFT checkpoint, a fixed number of steps
 RL reward = mean training reward over the last quarter of the RL steps; the held-out pass
-rate at the last step is recorded beside it. Writes OUT/fig2_cpt_to_rl.png and .json and
+rate at the last step is recorded beside it.
+
+  python experiments/findings/fig2_cpt_to_rl.py --from-checkpoints RUN1,RUN2,RUN3 \
+      [--metrics RUN] [--rl-steps 10] [--seeds 1] [--out DIR] [--workdir DIR] \
+      [--set sft.KEY=V] [--set rl.KEY=V] [--smoke]
+
+takes the compute levels from existing training runs instead (e.g. copies of one SFT run
+at several steps, each a run directory whose newest checkpoint is that step): a level is
+the checkpoint's step, its compute 6 x active parameters x the tokens trained to it; the
+`cpt_loss` column holds the run's training loss at that step and `sft_loss` its held-out
+loss at that step from the run's metrics.jsonl (or --metrics RUN's), or, where that step logged none, the
+held-out loss computed now on the run's held-out traces with the training loop's own
+eval code (c2jax.train.loop.run_evals). RL runs from each checkpoint as above, with the
+checkpoint's tokenizer (its data section); --smoke makes the RL part tiny. Writes OUT/fig2_cpt_to_rl.png and .json and
 the table OUT/cpt_to_rl.jsonl / .csv (columns cpt_steps, cpt_compute, cpt_loss, sft_loss,
 rl_reward, seed, then heldout_pass_rate and the run directories) that
 experiments/notebooks read. The report's finding holds when lower loss goes with higher
@@ -23,6 +36,7 @@ from __future__ import annotations
 
 import csv
 import json
+import pathlib
 
 import numpy as np
 
@@ -89,6 +103,96 @@ def rl_config(args, sft_run, seed: int):
   return cfg
 
 
+def _checkpoint_step(run) -> int:
+  common.check_init_from(run)
+  return max(int(p.name) for p in (run / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def _saved_section(cfg, saved: dict, where: str) -> None:
+  """Sets the saved values (config.json: tuples came back as lists) on `cfg`."""
+  for key, value in saved.items():
+    if key not in cfg:
+      raise SystemExit(f"{where}: {key!r} is not a key of this version's config.")
+    if isinstance(value, dict):
+      _saved_section(cfg[key], value, f"{where}.{key}")
+    else:
+      cfg[key] = tuple(value) if isinstance(cfg[key], tuple) else value
+
+
+def checkpoint_job(args, run):
+  """The SFT job config `run` trained with (its config.json over configs/agent_sft.py's
+  sft section), its model resolved from the run's own checkpoint."""
+  from c2jax.train import model_source  # pylint: disable=g-import-not-at-top
+
+  saved_path = run / "config.json"
+  if not saved_path.exists():
+    raise SystemExit(f"--from-checkpoints: {saved_path} does not exist; each entry must be "
+                     "a training run directory (config.json, checkpoints/).")
+  saved = json.loads(saved_path.read_text())
+  cfg = common.load_config("agent_sft.py", args.variant).sft
+  cfg.task = saved.get("task", cfg.task)  # sft, or pretrain: its held-out corpus then
+  for section in ("data", "train", "sft"):
+    if section in saved:
+      _saved_section(cfg[section], saved[section], f"{saved_path}: {section}")
+  cfg.init_from = str(run)
+  # e.g. --set sft.sft.heldout_path=... where the run's relative trace paths moved
+  common.apply(cfg, args.parsed_overrides.get("sft", {}), "sft")
+  return model_source.resolve(cfg, log=False)
+
+
+def computed_heldout_loss(cfg, run, step: int) -> float:
+  """The held-out loss of `run`'s newest checkpoint, by the training loop's eval."""
+  from c2jax.train import checkpoint as checkpoint_lib  # pylint: disable=g-import-not-at-top
+  from c2jax.train import jobs, loop  # pylint: disable=g-import-not-at-top
+
+  for key in ("train_path", "heldout_path") if cfg.task == "sft" else ():
+    if not pathlib.Path(cfg.sft[key]).expanduser().exists():
+      raise SystemExit(
+          f"{run}: its config.json names sft.{key} = {cfg.sft[key]}, which does not exist "
+          "from here; run from the directory the SFT ran in, or pass "
+          f"--set sft.sft.{key}=PATH.")
+  rt = loop.build_runtime(cfg)
+  ckpt = checkpoint_lib.Checkpointer(run / "checkpoints", keep=cfg.train.keep_checkpoints,
+                                     every=cfg.train.checkpoint_every)
+  try:
+    with rt.scope():
+      restored = ckpt.restore_latest(loop.abstract_state(rt))
+  finally:
+    ckpt.close()
+  if restored is None or restored[0] != step:
+    raise SystemExit(f"{run}: could not restore the checkpoint of step {step}.")
+  row = loop.run_evals(rt, loop.make_eval_step(rt), restored[1].params, jobs.datasets(cfg),
+                       step)
+  if "eval_loss" not in row:
+    raise SystemExit(f"{run}: its held-out traces ({cfg.sft.heldout_path}) gave no eval loss.")
+  return float(row["eval_loss"])
+
+
+def checkpoint_level(args, run) -> dict:
+  """One compute level from an existing run: its step, compute and losses at that step."""
+  from c2jax.model import counting  # pylint: disable=g-import-not-at-top
+
+  step = _checkpoint_step(run)
+  cfg = checkpoint_job(args, run)
+  # The run's own metrics, else --metrics (the full run's, when RUN is a copy of it at a step).
+  source = run if (run / "metrics.jsonl").exists() else args.metrics
+  rows = ([r for r in common.metrics_rows(source) if r.get("step") == step]
+          if source is not None else [])
+  train_loss = [r["loss"] for r in rows if isinstance(r.get("loss"), (int, float))]
+  eval_loss = [r["eval_loss"] for r in rows if isinstance(r.get("eval_loss"), (int, float))]
+  if eval_loss:
+    heldout, source = float(eval_loss[-1]), "metrics"
+  else:
+    print(f"fig2: {run} logged no eval_loss at step {step}; computing it", flush=True)
+    heldout, source = computed_heldout_loss(cfg, run, step), "computed"
+  tokens = step * cfg.train.batch_size * cfg.train.seq_len
+  active = counting.count_params(cfg.model)["active_params"]
+  return {"cpt_steps": step, "cpt_tokens": tokens, "cpt_compute": 6.0 * active * tokens,
+          "cpt_loss": float(train_loss[-1]) if train_loss else float("nan"),
+          "sft_loss": heldout, "sft_loss_source": source, "cpt_run": str(run),
+          "sft_run": str(run), "data": cfg.data}
+
+
 def rl_reward(run, steps: int) -> float:
   """Mean training reward over the last quarter (at least one) of the RL steps."""
   tail = max(steps // 4, 1)
@@ -107,7 +211,9 @@ def correlation(x, y) -> float | None:
   return float(np.corrcoef(x, y)[0, 1])
 
 
-def summarise(rows: list[dict], levels: list[int]) -> dict:
+def summarise(rows: list[dict], levels: list[int], first_loss: str = "CPT loss") -> dict:
+  """Per-level spreads, correlations and the verdict; `first_loss` names the cpt_loss
+  column in it (the training loss with --from-checkpoints)."""
   out = {"per_level": {}}
   for level in levels:
     at = [r for r in rows if r["cpt_steps"] == level]
@@ -127,7 +233,7 @@ def summarise(rows: list[dict], levels: list[int]) -> dict:
   out["cpt_loss_falls_with_compute"] = bool(cpt_falls)
   out["agrees"] = bool(corr is not None and corr < 0)
   out["verdict"] = (
-      "CPT loss " + " -> ".join(f"{m['cpt_loss']['mean']:.3f}" for m in means)
+      f"{first_loss} " + " -> ".join(f"{m['cpt_loss']['mean']:.3f}" for m in means)
       + ", SFT loss " + " -> ".join(f"{m['sft_loss']['mean']:.3f}" for m in means)
       + ", RL reward " + " -> ".join(f"{m['rl_reward']['mean']:+.4f}" for m in means)
       + f" over levels {levels} (range of mean rewards {reward_spread:.4f}); correlation of "
@@ -138,24 +244,26 @@ def summarise(rows: list[dict], levels: list[int]) -> dict:
   return out
 
 
-def plot(rows, summary, levels):
+def plot(rows, summary, levels, from_checkpoints: bool = False):
   plt = common.pyplot()
   fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
   compute = [summary["per_level"][lv]["cpt_compute"] for lv in levels]
-  for key, ax, title in (("cpt_loss", axes[0], "CPT eval loss"),
-                         ("sft_loss", axes[1], "SFT held-out loss")):
+  titles = (("SFT training loss", "SFT held-out loss") if from_checkpoints else
+            ("CPT eval loss", "SFT held-out loss"))
+  for key, ax, title in (("cpt_loss", axes[0], titles[0]), ("sft_loss", axes[1], titles[1])):
     mean = [summary["per_level"][lv][key]["mean"] for lv in levels]
     std = [summary["per_level"][lv][key]["std"] for lv in levels]
     ax.errorbar(compute, mean, yerr=std, fmt="o-", capsize=3)
     ax.set_xscale("log")
-    ax.set_xlabel("continued-pretraining compute (FLOPs, 6 N D)")
+    ax.set_xlabel(("training compute of the checkpoint" if from_checkpoints else
+                   "continued-pretraining compute") + " (FLOPs, 6 N D)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
   colours = plt.get_cmap("viridis")(np.linspace(0, 0.9, len(levels)))
   for level, colour in zip(levels, colours):
     at = [r for r in rows if r["cpt_steps"] == level]
     axes[2].scatter([r["sft_loss"] for r in at], [r["rl_reward"] for r in at],
-                    color=colour, label=f"{level} CPT steps")
+                    color=colour, label=f"{level} {'steps' if from_checkpoints else 'CPT steps'}")
   axes[2].set_xlabel("SFT held-out loss")
   axes[2].set_ylabel("RL reward (last quarter of steps)")
   corr = summary["corr_sft_loss_rl_reward"]
@@ -185,7 +293,15 @@ def main(argv=None):
   p.add_argument("--sft-steps", type=int, default=150)
   p.add_argument("--traces", type=int, default=320, help="SFT training traces (shared)")
   p.add_argument("--rl-steps", type=int, default=10)
+  p.add_argument("--from-checkpoints", default="", help="comma-separated training run "
+                 "directories: the compute levels are their newest checkpoints (no CPT/SFT "
+                 "is run)")
+  p.add_argument("--metrics", type=pathlib.Path, default=None, help="with "
+                 "--from-checkpoints: the directory of a metrics.jsonl to read a run's losses "
+                 "from when the run has none (e.g. the run it was copied from)")
   args = common.finish_args(p.parse_args(argv), NAME)
+  if args.from_checkpoints:
+    return main_from_checkpoints(args)
   common.check_kinds(args, ("pretrain", "sft", "rl"))
   if args.smoke:
     args.levels, args.sft_steps, args.traces, args.rl_steps = "1,2,4", 2, 4, 1
@@ -234,6 +350,57 @@ def main(argv=None):
              "traces": args.traces, "rl_steps": args.rl_steps, "rows": rows, **summary}
   print("fig2:", summary["verdict"], flush=True)
   common.write_outputs(args, numbers, plot(rows, summary, levels))
+  return numbers
+
+
+def main_from_checkpoints(args):
+  """Fig. 2 over existing checkpoints: RL from each; losses from the runs themselves."""
+  common.check_kinds(args, ("sft", "rl"))
+  if args.metrics is not None and not (args.metrics / "metrics.jsonl").exists():
+    raise SystemExit(f"--metrics {args.metrics}: no metrics.jsonl there.")
+  runs = [pathlib.Path(x).expanduser().absolute() for x in args.from_checkpoints.split(",")
+          if x]
+  if len(runs) < 2 or len(set(runs)) != len(runs):
+    raise SystemExit(f"--from-checkpoints {args.from_checkpoints!r}: need at least two "
+                     "distinct run directories.")
+  if args.smoke:
+    args.rl_steps = 1
+  if args.rl_steps < 1:
+    raise SystemExit("--rl-steps must be >= 1.")
+  common.start_jax()
+  levels_of = [checkpoint_level(args, run) for run in runs]
+  steps = [level["cpt_steps"] for level in levels_of]
+  if len(set(steps)) != len(steps):
+    raise SystemExit(f"--from-checkpoints: the runs' newest checkpoints are at steps {steps}; "
+                     "each level needs its own step.")
+  rows = []
+  for seed in range(args.seeds):
+    for level in levels_of:
+      rl_cfg = rl_config(args, level["sft_run"], seed)
+      # The policy reads the ids of the tokenizer it was trained with.
+      rl_cfg.data = level["data"]
+      rl_run = args.workdir / f"rl_step{level['cpt_steps']}_seed{seed}"
+      common.run_job("rl", rl_cfg, rl_run)
+      final_eval = max(common.eval_steps(rl_run))
+      rows.append({
+          **{k: v for k, v in level.items() if k != "data"},
+          "rl_reward": rl_reward(rl_run, rl_cfg.learner.steps), "seed": seed,
+          "heldout_pass_rate": float(np.mean([r["solved"] for r in
+                                              common.eval_records(rl_run, final_eval)])),
+          "rl_run": str(rl_run)})
+  levels = sorted(steps)
+  rows.sort(key=lambda r: (r["seed"], r["cpt_steps"]))
+  write_table(args, rows)
+  summary = summarise(rows, levels, first_loss="training loss")
+  numbers = {**common.header(args, "python experiments/findings/fig2_cpt_to_rl.py "
+                                   "--from-checkpoints"),
+             "variant": args.variant, "levels": levels, "from_checkpoints": [str(r) for r in runs],
+             "loss_columns": {"cpt_loss": "training loss at the checkpoint's step",
+                              "sft_loss": "held-out loss at the checkpoint's step"},
+             "sft_loss_source": {row["cpt_steps"]: row["sft_loss_source"] for row in rows},
+             "rl_steps": args.rl_steps, "rows": rows, **summary}
+  print("fig2:", summary["verdict"], flush=True)
+  common.write_outputs(args, numbers, plot(rows, summary, levels, from_checkpoints=True))
   return numbers
 
 

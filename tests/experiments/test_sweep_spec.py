@@ -183,3 +183,60 @@ def test_errors_inside_the_sweep_file_are_reported_as_its_own():
   with pytest.raises(sweep.SweepError, match=r"get_sweep\('huge'\) raised ValueError: "
                      r"scaling_tiny.py:huge: expected one of \['default', 'test'\]"):
     sweep.load(str(REPO / "experiments/scaling_tiny.py") + ":huge")
+
+
+def _jsonl(path, rows):
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_pipeline_sweep_reads_each_stage_of_a_chain(tmp_path):
+  """experiments/fig2_chain.py: CPT -> SFT -> RL per point; one row has every stage's number."""
+  plan = sweep.load(str(REPO / "experiments/fig2_chain.py:test"))
+  assert plan.sweep.verb == "pipeline" and plan.axes == ("pretrain.train.steps",)
+  assert [p.config.pretrain.train.steps for p in plan.points] == [1, 2, 4]
+  assert tuple(plan.points[0].config.stages) == ("pretrain", "traces", "sft", "rl")
+  point = plan.points[2]
+  root = runner.run_dir(tmp_path, point)
+  _jsonl(root / "pretrain" / "metrics.jsonl", [{"step": 4, "loss": 6.0},
+                                               {"step": 4, "eval_loss": 6.5}])
+  _jsonl(root / "sft" / "metrics.jsonl", [{"step": 2, "eval_loss": 3.25}])
+  # RL: rewards of four steps (the last quarter is step 4), the held-out eval at the end.
+  _jsonl(root / "rl" / "metrics.jsonl", [{"step": s, "reward": 0.1 * s} for s in (1, 2, 3, 4)]
+         + [{"step": 4, "eval/pass_rate": 0.5}])
+  (root / "summary.json").write_text(json.dumps({"rl": {"eval": {"pass_rate": 0.5}}}))
+  said = []
+  rows = table.collect(plan, {p.name: "done" if p is point else "failed" for p in plan.points},
+                       lambda p: runner.run_dir(tmp_path, p), said.append)
+  row = rows[2]
+  assert row["cpt_loss"] == 6.5 and row["sft_loss"] == 3.25
+  assert row["rl_reward"] == pytest.approx(0.4) and row["heldout_pass_rate"] == 0.5
+  # Compute from the pretrain section: 6 x active parameters x its own 4 steps of tokens.
+  cpt = point.config.pretrain
+  tokens = 4 * cpt.train.batch_size * cpt.train.seq_len
+  assert row["cpt_compute"] == 6 * sweep.active_params().collect(root, cpt) * tokens
+  assert rows[0]["cpt_loss"] is None and not said
+  with pytest.raises(sweep.MetricMissing, match=r"rl/metrics.jsonl has 'loss'|no row"):
+    sweep.last("loss", stage="rl").collect(root, point.config)
+  assert sweep.mean_tail("reward", 0.5, stage="rl").collect(root, point.config) == (
+      pytest.approx(0.35))
+
+
+def test_stage_metrics_need_a_pipeline_that_runs_the_stage(tmp_path):
+  path = tmp_path / "chain.py"
+  path.write_text('''
+from c2jax import sweep
+
+def get_sweep(arg=None):
+  return sweep.Sweep(verb=arg or "pipeline", config="configs/agent_sft.py:tiny",
+                     points=[{"sft.train.steps": 2}],
+                     metrics={"reward": sweep.last("reward", stage="rl")})
+''')
+  with pytest.raises(sweep.SweepError, match=r"stage 'rl'.*point base does not run.*"
+                                             r"\('traces', 'sft'\)"):
+    sweep.load(str(path))
+  assert sweep.load(str(path), ["stages=('traces', 'sft', 'rl')"]).points[0].name == "base"
+  with pytest.raises(sweep.SweepError, match="run `c2jax rl`, not a pipeline"):
+    sweep.load(f"{path}:rl")
+  with pytest.raises(ValueError, match="name one pipeline stage"):
+    sweep.last("loss", stage="")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from train_testlib import run_pipeline
+from train_testlib import run_pipeline, run_rl_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -25,3 +25,21 @@ def test_pipeline_runs_every_stage_and_resumes(tmp_path, data_cache):
   assert config["data"]["vocab_size"] == 1024 and config["init_from"] == str(root / "longctx")
   rerun = run_pipeline(root, data_cache)
   assert rerun.stdout.count("resume: step 2") == 3  # finished stages are not trained again
+
+
+def test_pipeline_ends_in_rl_from_the_sft_checkpoint(tmp_path, data_cache):
+  root = tmp_path / "agent"
+  result = run_rl_pipeline(root, data_cache)
+  summary = json.loads((root / "summary.json").read_text())
+  assert list(summary) == ["traces", "sft", "rl"]
+  rl = summary["rl"]
+  assert rl["step"] == 1 and rl["init_from"] == str(root / "sft")
+  assert 0.0 <= rl["eval"]["pass_rate"] <= 1.0 and list(rl["evals"]) == ["1"]
+  assert f"init: parameters from {root}/sft/checkpoints step 2" in result.stdout
+  # The RL run is `c2jax rl`'s: its metrics, checkpoints and held-out eval are in WORKDIR/rl.
+  rows = [json.loads(line) for line in (root / "rl" / "metrics.jsonl").read_text().splitlines()]
+  assert [r["eval/pass_rate"] for r in rows if "eval/pass_rate" in r] == [rl["eval"]["pass_rate"]]
+  assert (root / "rl" / "evals" / "step_000001").is_dir()
+  rerun = run_rl_pipeline(root, data_cache)
+  assert "rl: finished at step 1" in rerun.stdout and "resume: step 2" in rerun.stdout
+  assert json.loads((root / "summary.json").read_text())["rl"]["eval"] == rl["eval"]

@@ -50,8 +50,31 @@ def run_pipeline(root, data_cache):
                f"--config.{stage}.train.batch_size={batch}",
                f"--config.{stage}.train.eval_every=2", f"--config.{stage}.train.eval_batches=1",
                f"--config.{stage}.train.checkpoint_every=2"]
+  return _pipeline("configs/pipeline.py:tiny", root, data_cache, stages)
+
+
+# The RL stage at the size of configs/rl.py:test: one step of one group of two rollouts.
+RL_STAGE = ["--config.rl.learner.steps=1", "--config.rl.learner.groups_per_step=1",
+            "--config.rl.learner.checkpoint_every=1", "--config.rl.rl.group_size=2",
+            "--config.rl.rl.queue.capacity=1", "--config.rl.tasks.train_count=2",
+            "--config.rl.tasks.heldout_count=1", "--config.rl.actors.count=1",
+            "--config.rl.actors.slots=2", "--config.rl.agent.max_turns=1",
+            "--config.rl.agent.max_turn_tokens=12", "--config.rl.eval.samples=1",
+            "--config.rl.eval.slots=2", "--config.rl.eval.at_start=False"]
+
+
+def run_rl_pipeline(root, data_cache):
+  """`c2jax pipeline --config=configs/agent_sft.py:tiny_rl`: traces -> SFT (two steps) ->
+  RL (one step)."""
+  sft = ["--config.sft.train.steps=2", "--config.sft.train.batch_size=1",
+         "--config.sft.train.eval_every=2", "--config.sft.train.eval_batches=1",
+         "--config.sft.train.checkpoint_every=2"]
+  return _pipeline("configs/agent_sft.py:tiny_rl", root, data_cache, sft + RL_STAGE)
+
+
+def _pipeline(config, root, data_cache, stages):
   data = [arg for arg in TINY if arg.startswith("--config.data.")]  # shared by all stages
-  cmd = [sys.executable, "-m", "c2jax.cli", "pipeline", "--config=configs/pipeline.py:tiny",
+  cmd = [sys.executable, "-m", "c2jax.cli", "pipeline", f"--config={config}",
          f"--workdir={root}", f"--config.data.cache_dir={data_cache}", *data, *stages,
          "--config.traces.count=3", "--config.traces.heldout=1"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
