@@ -19,6 +19,7 @@ from c2jax.agent import solver
 from c2jax.env import procgen, sandbox
 from c2jax.eval import engine_policy, runner
 from c2jax.rollout.engine import Engine, SlotOutput
+from tests.agent.agent_testlib import assistant_runs
 
 LAYERS, TOP_K = 1, 2
 
@@ -54,17 +55,6 @@ class ReplayEngine(Engine):
     raise NotImplementedError
 
 
-def _turns(rendered):
-  runs, current = [], []
-  for token, trained in zip(rendered.ids.tolist(), rendered.loss_mask.tolist()):
-    if trained:
-      current.append(token)
-    elif current:
-      runs.append(current)
-      current = []
-  return runs + ([current] if current else [])
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
   tasks = procgen.generate_suite(str(tmp_path_factory.mktemp("repos")), 3, seed=7,
@@ -78,7 +68,7 @@ def setup(tmp_path_factory):
   for task, trace in zip(tasks, traces):
     prompt = prompt_lib.prompt_ids(tokenizer, trace["messages"][0]["content"], task.prompt)
     # The finish turn's result is never fed back, so the rendering drops it (and <|eos|>).
-    turns = _turns(chat.render(tokenizer, trace["messages"]))
+    turns = assistant_runs(chat.render(tokenizer, trace["messages"]))
     scripts[tuple(prompt.tolist())] = turns
     sampled[task.id] = sum(len(t) for t in turns)
   return tasks, tokenizer, cfg, scripts, sampled
