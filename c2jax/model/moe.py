@@ -84,6 +84,14 @@ class Experts(nn.Module):
     dtype = layers.compute_dtype(cfg)
 
     def weight(name, shape, axes):
+      if self.has_variable("params", name):
+        stored = self.get_variable("params", name)
+        if isinstance(stored, (tuple, list)):
+          # One array per expert (model.unstack_layers(..., split_experts=True)).
+          if len(stored) != e or any(w.shape != shape[1:] for w in stored):
+            raise ValueError(f"experts/{name}: split weights need {e} arrays of shape "
+                             f"{shape[1:]}; got {[w.shape for w in stored]}.")
+          return tuple(w.astype(dtype) for w in stored)
       value = layers.logical_param(self, name, nn.initializers.normal(cfg.init_std), shape,
                                    axes, layers.param_dtype(cfg))
       return value.astype(dtype)
@@ -95,9 +103,13 @@ class Experts(nn.Module):
     x_TxD = x_TxD.astype(dtype)
     plan = (expert_parallel.plan_from_context() if cfg.moe.expert_parallel == "auto"
             else None)
+    split = moe_dispatch.is_split(experts)
+    if split and plan is not None:
+      raise ValueError("Expert-parallel MoE needs the stacked expert weights; split them "
+                       "(model.unstack_layers(..., split_experts=True)) only off a mesh.")
     if plan is None:
       dispatch = moe_dispatch.select(cfg.moe_impl, cfg.quant, x_TxD.shape[0],
-                                     indices_TxK.shape[1], e, decoding=decoding)
+                                     indices_TxK.shape[1], e, decoding=decoding, split=split)
       y_TxD = dispatch(x_TxD, weights_TxK, indices_TxK, experts, quant=cfg.quant)
       return y_TxD, jnp.zeros((), jnp.int32)
     return expert_parallel.moe_forward(

@@ -21,6 +21,13 @@ and both gradients) runs under the c2jax.quant recipe `quant` (cfg.quant).
           tokens (decode steps); `select` picks it there, whatever cfg.moe_impl says
           (and picks 'ragged' over 'dense' for every call against a KV cache).
 Register a new one with `DISPATCH['name'] = fn`; config validation reads the keys.
+  per_expert  (not a cfg.moe_impl: `select` picks it whenever the weights come split, one
+          array per expert, as decode engines keep them: model.unstack_layers with
+          split_experts=True) sorts token copies by expert like the sorted dispatches,
+          then a static loop over experts runs each one's tiles of rows against its own
+          weight arrays. XLA:CPU copies an expert's weights out of a stacked [E, D, F]
+          array before a matmul reads them (static or dynamic index alike); separate
+          arrays are read in place, and experts no token chose cost nothing.
 
 Products with the float32 gate weights and the sum over k happen in float32, as HF
 does; the result is cast back to x's dtype. Under a block-scaled recipe the sorted
@@ -45,6 +52,7 @@ import jax.numpy as jnp
 import c2jax_kernels as kernels
 from c2jax import quant as quantlib
 from c2jax_kernels.grouped_matmul import IMPLS as GROUPED_MATMUL_IMPLS
+from c2jax_kernels.grouped_matmul import tiled
 
 # The Pallas kernel used where the platform's default grouped matmul is not Pallas (CPU):
 # megablox has a CPU interpreter for every shape, Mosaic GPU needs 64-multiple features.
@@ -137,15 +145,101 @@ def gathered(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
   return y_TxD.astype(x_TxD.dtype)
 
 
+# per_expert runs up to this many token copies (batch-8 decode at K = 2) as one expert
+# switch per copy; more as a loop over experts (a switch per copy compiles slowly).
+PER_COPY_MAX_COPIES = 16
+
+
+def is_split(experts: ExpertWeights) -> bool:
+  """Whether `experts` holds one weight array per expert (tuples) rather than stacked ones."""
+  return isinstance(experts.gate_ExDxF, (tuple, list))
+
+
+def per_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
+               quant: str = "none") -> jax.Array:
+  """Experts given as one array each (ExpertWeights of E-tuples of [D, F] / [F, D]): token
+  copies sorted by expert, then for each expert a loop over its tiles of sorted rows
+  (none for an unchosen expert), each tile running the whole SwiGLU against that
+  expert's arrays, read in place. Numerics as `ragged` (float32 accumulation, same
+  combine)."""
+  if quant != "none":
+    raise ValueError(f"MoE dispatch 'per_expert' runs unquantised experts; quant = {quant!r} "
+                     "needs the stacked expert weights (do not split them).")
+  if not is_split(experts):
+    raise ValueError("MoE dispatch 'per_expert' needs one weight array per expert (tuples, "
+                     "model.unstack_layers(params, split_experts=True)); got stacked ones.")
+  num_tokens, top_k = indices_TxK.shape
+  num_experts = len(experts.gate_ExDxF)
+  num_copies = num_tokens * top_k
+  expert_M = indices_TxK.reshape(-1)
+  out_dtype = combine_dtype(quant, x_TxD.dtype)
+
+  def swiglu(x_RxD, e):
+    h_RxF = (jax.nn.silu(jnp.dot(x_RxD, experts.gate_ExDxF[e],
+                                 preferred_element_type=jnp.float32))
+             * jnp.dot(x_RxD, experts.up_ExDxF[e], preferred_element_type=jnp.float32))
+    return jnp.dot(h_RxF.astype(x_RxD.dtype), experts.down_ExFxD[e],
+                   preferred_element_type=jnp.float32).astype(out_dtype)
+
+  if num_copies <= PER_COPY_MAX_COPIES:
+    # Few copies (batch-1 decode): each copy switches to its expert's branch, which reads
+    # that expert's arrays; one conditional per copy instead of one per expert.
+    x_MxD = jnp.repeat(x_TxD, top_k, axis=0)
+    branches = [functools.partial(lambda x_1xD, e: swiglu(x_1xD, e), e=e)
+                for e in range(num_experts)]
+    out_MxD = jnp.concatenate([jax.lax.switch(expert_M[m], branches, x_MxD[m:m + 1])
+                               for m in range(num_copies)])
+    y_TxD = jnp.einsum("tkd,tk->td",
+                       out_MxD.reshape(num_tokens, top_k, -1).astype(jnp.float32),
+                       weights_TxK)
+    return y_TxD.astype(x_TxD.dtype)
+
+  order_M = jnp.argsort(expert_M, stable=True)
+  x_MxD = jnp.take(x_TxD, order_M // top_k, axis=0)  # token copies, sorted by expert
+  sizes_E = jnp.bincount(expert_M, length=num_experts).astype(jnp.int32)
+  starts_E = jnp.cumsum(sizes_E) - sizes_E
+  tile = tiled.tile_rows(num_copies, num_experts)
+  rows_R = jnp.arange(tile, dtype=jnp.int32)
+
+  def expert_tiles(e, start, size, out_MxD):
+    def body(w, out_MxD):
+      first = start + w * tile
+      # A window of `tile` sorted rows inside [0, M) holding the tile's rows; rows of the
+      # window that are not this tile's keep what they had.
+      window = jnp.minimum(first, num_copies - tile)
+      offset = first - window
+      y_RxD = swiglu(jax.lax.dynamic_slice_in_dim(x_MxD, window, tile), e)
+      mine_R = (rows_R >= offset) & (rows_R < offset + jnp.minimum(size - w * tile, tile))
+      kept_RxD = jax.lax.dynamic_slice_in_dim(out_MxD, window, tile)
+      return jax.lax.dynamic_update_slice_in_dim(
+          out_MxD, jnp.where(mine_R[:, None], y_RxD, kept_RxD), window, 0)
+    # The cond keeps an unchosen expert's work (and its weight reads) from running even
+    # where XLA hoists a loop-invariant tile out of the loop (one tile: M <= tile).
+    return jax.lax.cond(size > 0, lambda out: jax.lax.fori_loop(
+        0, (size + tile - 1) // tile, body, out), lambda out: out, out_MxD)
+
+  out_MxD = jnp.zeros((num_copies, x_TxD.shape[1]), out_dtype)
+  for e in range(num_experts):
+    out_MxD = expert_tiles(e, starts_E[e], sizes_E[e], out_MxD)
+  unsort_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(num_copies))
+  out_TxKxD = jnp.take(out_MxD, unsort_M, axis=0).reshape(num_tokens, top_k, -1)
+  y_TxD = jnp.einsum("tkd,tk->td", out_TxKxD.astype(jnp.float32), weights_TxK)
+  return y_TxD.astype(x_TxD.dtype)
+
+
 def select(moe_impl: str, quant: str, num_tokens: int, top_k: int, num_experts: int, *,
-           decoding: bool = False) -> Callable[..., jax.Array]:
+           decoding: bool = False, split: bool = False) -> Callable[..., jax.Array]:
   """The dispatch for one call: `moe_impl` (cfg.moe_impl), except that
+  - weights split one array per expert (`split`, what decode engines keep) always run
+    'per_expert', the one dispatch that reads them;
   - an unquantised call with no more token copies than experts (T * K <= E: decode steps,
     short prefills) runs 'gathered', which reads only the chosen experts' weights;
   - a `decoding` call (against a KV cache: decode steps and prefill chunks) never runs the
     'dense' reference, which computes all E experts for every token (E / K times the
     work): it runs the sorted 'ragged' dispatch, which computes only the chosen ones
     (same numerics up to float summation order). Training keeps `moe_impl` as given."""
+  if split:
+    return per_expert
   if quant == "none" and num_tokens * top_k <= num_experts:
     return DISPATCH["gathered"]
   if decoding and moe_impl == "dense":

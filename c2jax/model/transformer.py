@@ -57,7 +57,7 @@ class DecoderBlock(nn.Module):
     return x_BxLxD, (stats, new_cache)
 
 
-def _stack(cfg, use_moe: bool, num_layers: int, name: str) -> nn.Module:
+def _block(cfg):
   block = DecoderBlock
   policy_name = cfg.remat
   if policy_name not in REMAT_POLICIES:
@@ -65,6 +65,41 @@ def _stack(cfg, use_moe: bool, num_layers: int, name: str) -> nn.Module:
   if REMAT_POLICIES[policy_name] is not None:
     # prevent_cse=False is safe (and faster) inside scan, per jax.checkpoint docs.
     block = nn.remat(block, policy=REMAT_POLICIES[policy_name], prevent_cse=False)
+  return block
+
+
+class UnrolledStack(nn.Module):
+  """A layer stack as a Python loop over per-layer blocks named '0', '1', ... (params
+  {'0': block params, ...}, see unstack_layers): the scan's contract (per-layer xs in,
+  stacked per-layer outputs out), but each layer's weights are their own arrays. XLA:CPU
+  copies a scanned layer's weight slice (e.g. a MoE layer's [E, D, F] experts) before a
+  matmul or gather reads it; separate arrays are read in place, which is what decode
+  steps, bound by reading the weights, need. The stacked KV cache stays stacked: each
+  layer's rows are written back into it in place."""
+  cfg: object
+  use_moe: bool
+  num_layers: int
+
+  @nn.compact
+  def __call__(self, x_BxLxD, xs, positions_BxL, segment_ids_BxL):
+    routing, cache = xs
+    block = _block(self.cfg)
+    stats = []
+    for i in range(self.num_layers):
+      layer_xs = jax.tree.map(lambda a, i=i: a[i], (routing, cache))
+      x_BxLxD, (layer_stats, layer_cache) = block(self.cfg, self.use_moe, name=str(i))(
+          x_BxLxD, layer_xs, positions_BxL, segment_ids_BxL)
+      stats.append(layer_stats)
+      if cache is not None:
+        cache = jax.tree.map(
+            lambda c, r, i=i: jax.lax.dynamic_update_index_in_dim(c, r.astype(c.dtype), i, 0),
+            cache, layer_cache)
+    stacked_stats = jax.tree.map(lambda *leaves: jnp.stack(leaves), *stats)
+    return x_BxLxD, (stacked_stats, cache)
+
+
+def _stack(cfg, use_moe: bool, num_layers: int, name: str) -> nn.Module:
+  block = _block(cfg)
   scanned = nn.scan(
       block,
       variable_axes={"params": 0},
@@ -78,8 +113,11 @@ def _stack(cfg, use_moe: bool, num_layers: int, name: str) -> nn.Module:
 
 
 class Transformer(nn.Module):
-  """See the model contract: returns (logits_BxLxV float32, aux, new_cache)."""
+  """See the model contract: returns (logits_BxLxV float32, aux, new_cache).
+  unrolled_layers: the layer stacks are UnrolledStack (params from unstack_layers) in
+  place of scans over stacked params; same function, same numerics."""
   cfg: object
+  unrolled_layers: bool = False
 
   @nn.compact
   def __call__(self, tokens_BxL, positions_BxL=None, segment_ids_BxL=None, routing=None,
@@ -113,8 +151,10 @@ class Transformer(nn.Module):
       if count == 0:
         continue
       xs = (routing if use_moe else None, None if cache is None else cache[name])
-      x_BxLxD, (layer_stats, layer_cache) = _stack(cfg, use_moe, count, name)(
-          x_BxLxD, xs, positions_BxL, segment_ids_BxL)
+      stack = (UnrolledStack(cfg, use_moe, count, name=name) if self.unrolled_layers
+               else _stack(cfg, use_moe, count, name))
+      x_BxLxD, (layer_stats, layer_cache) = stack(x_BxLxD, xs, positions_BxL,
+                                                  segment_ids_BxL)
       if use_moe:
         stats = layer_stats
       if cache is not None:
@@ -163,3 +203,48 @@ def cache_axes(cfg) -> dict:
             "moe_layers": cfg.num_layers - cfg.first_k_dense}
   return {name: attention_lib.layer_cache_axes(cfg) for name, count in counts.items()
           if count}
+
+
+_EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+
+
+def unstack_layers(params, split_experts: bool = False) -> dict:
+  """`params` (model.init's tree) with each stacked layer stack [layers, ...] split into
+  {'0': layer 0's params, '1': ...}: the tree Transformer(unrolled_layers=True) reads.
+  split_experts: also split each MoE layer's routed expert weights [E, ...] into a tuple
+  of E arrays, run by moe_dispatch.per_expert (unquantised, off a mesh: decode engines).
+  Other entries (embedding, head, 'mtp_layers') are kept as they are."""
+  out = dict(params)
+  for name in _STACKS:
+    if name in params:
+      count = jax.tree.leaves(params[name])[0].shape[0]
+      layers = [jax.tree.map(lambda a, i=i: a[i], params[name]) for i in range(count)]
+      if split_experts and name == "moe_layers":
+        layers = [_map_experts(layer, lambda w: tuple(w[e] for e in range(w.shape[0])))
+                  for layer in layers]
+      out[name] = {str(i): layer for i, layer in enumerate(layers)}
+  return out
+
+
+def stack_layers(params) -> dict:
+  """Inverse of unstack_layers (split experts included)."""
+  out = dict(params)
+  for name in _STACKS:
+    if name in params:
+      layers = [_map_experts(params[name][str(i)],
+                             lambda w: jnp.stack(w) if isinstance(w, (tuple, list)) else w)
+                for i in range(len(params[name]))]
+      out[name] = jax.tree.map(lambda *leaves: jnp.stack(leaves), *layers)
+  return out
+
+
+def _map_experts(layer, fn):
+  """`layer` with fn applied to each routed expert weight (layer['moe']['experts'])."""
+  experts = layer["moe"]["experts"]
+  new = {k: fn(v) if k in _EXPERT_WEIGHTS else v for k, v in experts.items()}
+  return {**layer, "moe": {**layer["moe"], "experts": new}}
+
+
+def has_unstacked_layers(params) -> bool:
+  """Whether `params` holds unstack_layers' per-layer trees."""
+  return any(name in params and "0" in params[name] for name in _STACKS)

@@ -15,6 +15,11 @@ model's MTP module drafts tokens that one forward over all slots verifies.
 With a `parallel` config the engine spans a mesh of local devices (see sharding.py):
 parameters and caches are placed by the training logical rules, and every program keeps
 the state's shardings from step to step (and across weight swaps).
+On one device the engine keeps its weights in a decode layout (model.unstack_layers):
+one array per layer, and per routed expert when unquantised, so the layers run as a
+Python loop and XLA reads every weight in place (XLA:CPU copies a weight it slices out
+of a stacked array, per step); `update_params` and `param_like` still take and give
+model.init's stacked tree.
 
 Shape legend: S slots, C chunk length, T max_length, V vocab, Lm MoE layers, K experts
 per token, D draft tokens per step.
@@ -108,6 +113,10 @@ class JaxEngine(Engine):
     if num_draft_tokens:
       speculative.check_drafter(cfg, params, num_draft_tokens)
     placement = self.placement
+    # Off a mesh, the decode layout (see the module docstring); on a mesh the stacked tree
+    # the sharding rules name (expert parallelism needs stacked experts).
+    self._to_layout = None if placement else jax.jit(functools.partial(
+        model.unstack_layers, split_experts=cfg.quant == "none"))
     with self._scope():
       self._param_shardings = placement and placement.param_shardings(cfg, params)
       self._params = self._place(params)
@@ -144,10 +153,15 @@ class JaxEngine(Engine):
 
   def _place(self, params):
     """Parameters on the engine's devices, laid out by the rules (host or device arrays,
-    whatever their current sharding)."""
+    whatever their current sharding), in the engine's layout; records the stacked tree's
+    shapes, dtypes and shardings (param_like)."""
     if self.placement is None:
-      return jax.device_put(params)
-    return jax.device_put(params, self._param_shardings)
+      stacked = jax.device_put(params)
+    else:
+      stacked = jax.device_put(params, self._param_shardings)
+    self._stacked_like = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), stacked)
+    return stacked if self._to_layout is None else self._to_layout(stacked)
 
   def _zeros(self, make, shardings):
     """Zero state born sharded (never whole on one device)."""
@@ -170,7 +184,7 @@ class JaxEngine(Engine):
     return call
 
   def _set_params(self, params) -> None:
-    old = jax.tree.map(lambda x: (x.shape, x.dtype), self._params)
+    old = jax.tree.map(lambda x: (x.shape, x.dtype), self._stacked_like)
     # result_type reads the dtype without copying host arrays onto a device.
     new = jax.tree.map(lambda x: (np.shape(x), jnp.result_type(x)), params)
     if jax.tree.structure(old) != jax.tree.structure(new) or old != new:
@@ -182,9 +196,8 @@ class JaxEngine(Engine):
   def param_like(self):
     """ShapeDtypeStructs of the engine's parameters, with their shardings: a template
     for weight loaders (c2jax.rl.weights `like=`) so new versions arrive already laid
-    out as the engine keeps them."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                        self._params)
+    out as the engine places them (model.init's stacked tree)."""
+    return self._stacked_like
 
   def _bucket(self, count: int) -> int:
     return next((b for b in self._buckets if b >= count), self._buckets[-1])
