@@ -231,9 +231,10 @@ def stack_layers(params) -> dict:
   out = dict(params)
   for name in _STACKS:
     if name in params:
-      layers = [_map_experts(params[name][str(i)],
-                             lambda w: jnp.stack(w) if isinstance(w, (tuple, list)) else w)
-                for i in range(len(params[name]))]
+      layers = [params[name][str(i)] for i in range(len(params[name]))]
+      if name == "moe_layers":
+        layers = [_map_experts(layer, lambda w: jnp.stack(w) if isinstance(w, (tuple, list))
+                               else w) for layer in layers]
       out[name] = jax.tree.map(lambda *leaves: jnp.stack(leaves), *layers)
   return out
 

@@ -1,0 +1,91 @@
+"""The decode layout (model.unstack_layers: one array per layer and per routed expert, the
+layers as a Python loop) against model.init's stacked tree, and the 'per_expert' MoE
+dispatch it runs against the sorted 'ragged' one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from c2jax import model
+from c2jax.model import moe_dispatch
+from tests.model.conftest import Model, tiny_cfg
+
+D, F, E, K = 8, 6, 8, 2
+
+
+def _experts(seed=0):
+  keys = jax.random.split(jax.random.key(seed), 3)
+  return moe_dispatch.ExpertWeights(*(0.3 * jax.random.normal(k, s) for k, s in zip(
+      keys, [(E, D, F), (E, D, F), (E, F, D)])))
+
+
+def _split(experts):
+  return moe_dispatch.ExpertWeights(*(tuple(w) for w in experts))
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 20])
+def test_per_expert_matches_ragged(tokens):
+  """Both paths of per_expert: a switch per copy (M <= PER_COPY_MAX_COPIES) and the loop
+  over experts' tiles (skewed groups, empty experts, a replayed duplicate index)."""
+  keys = jax.random.split(jax.random.key(tokens), 3)
+  x = jax.random.normal(keys[0], (tokens, D))
+  weights = jax.nn.softmax(jax.random.normal(keys[1], (tokens, K)), axis=-1)
+  # Skewed: experts 0..3 only, so 4..7 stay empty; row 0 repeats its expert (replay).
+  indices = jax.random.randint(keys[2], (tokens, K), 0, 4).at[0].set(2)
+  experts = _experts()
+  want = moe_dispatch.ragged(x, weights, indices, experts)
+  got = jax.jit(moe_dispatch.per_expert)(x, weights, indices, _split(experts))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert (tokens * K <= moe_dispatch.PER_COPY_MAX_COPIES) == (tokens * K <= 16)
+
+
+def test_per_expert_selected_for_split_weights_and_checks_them():
+  assert moe_dispatch.select("dense", "none", 64, 2, 8, split=True) is moe_dispatch.per_expert
+  assert moe_dispatch.select("ragged", "none", 1, 2, 8, split=True) is moe_dispatch.per_expert
+  x, weights = jnp.ones((2, D)), jnp.full((2, K), 0.5)
+  indices = jnp.zeros((2, K), jnp.int32)
+  with pytest.raises(ValueError, match="one weight array per expert"):
+    moe_dispatch.per_expert(x, weights, indices, _experts())
+  with pytest.raises(ValueError, match="unquantised"):
+    moe_dispatch.per_expert(x, weights, indices, _split(_experts()), quant="mxfp8")
+
+
+@pytest.fixture(scope="module")
+def small_moe():
+  # 3 MoE layers so the unrolled loop has several layers per stack.
+  return Model(tiny_cfg(num_layers=4))
+
+
+def test_unstack_round_trip(small_moe):
+  params = small_moe.params
+  for split in (False, True):
+    unstacked = model.unstack_layers(params, split_experts=split)
+    assert sorted(unstacked["moe_layers"]) == ["0", "1", "2"]
+    gate = unstacked["moe_layers"]["1"]["moe"]["experts"]["gate_proj"]
+    assert isinstance(gate, tuple) == split
+    jax.tree.map(np.testing.assert_array_equal, model.stack_layers(unstacked), params)
+    assert model.has_unstacked_layers(unstacked) and not model.has_unstacked_layers(params)
+
+
+def test_unstacked_layout_decodes_as_stacked(small_moe):
+  """Prefill then one decode step against a cache: logits, routing and the cache agree."""
+  cfg, params = small_moe.cfg, small_moe.params
+  tokens = jnp.asarray([[3, 17, 5, 9, 60, 2], [7, 7, 1, 200, 4, 8]], jnp.int32)
+  prompt, step = tokens[:, :5], tokens[:, 5:]
+  positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
+
+  def run(p):
+    cache = model.init_cache(cfg, 2, 8)
+    _, _, cache = model.apply(cfg, p, prompt, positions_BxL=positions[:, :5], cache=cache)
+    logits, aux, cache = model.apply(cfg, p, step, positions_BxL=positions[:, 5:],
+                                     cache=cache)
+    return logits, aux["expert_indices"], aux["expert_loads"], cache
+
+  want = jax.jit(run)(params)
+  for split in (False, True):
+    got = jax.jit(run)(model.unstack_layers(params, split_experts=split))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_allclose(got[2], want[2])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), got[3], want[3])
