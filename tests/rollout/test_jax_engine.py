@@ -5,9 +5,11 @@ log-softmax and recorded experts its routing, for sequences that share slots, qu
 them and finish at different steps.
 """
 
+import jax
 import numpy as np
 import pytest
 
+from c2jax import model
 from c2jax.rollout import Request, SamplingParams
 from tests.rollout.conftest import MAX_LENGTH, VOCAB, detokenize
 
@@ -168,6 +170,18 @@ def test_update_params_between_decode_steps(setup, engine):
                             new_logp[n - 1 + swapped:-1].argmax(-1))
   with pytest.raises(ValueError, match="structure, shapes"):
     engine._set_params({"embed": setup.params["embed"]})
+
+
+def test_engine_keeps_decode_layout_and_gives_the_stacked_template(setup, engine):
+  """Off a mesh the engine holds per-layer (and per-expert) arrays; loaders still see
+  model.init's stacked tree."""
+  assert model.has_unstacked_layers(engine._params)
+  like = engine.param_like()
+  assert jax.tree.structure(like) == jax.tree.structure(setup.params)
+  jax.tree.map(lambda l, p: l.shape == np.shape(p) or pytest.fail(f"{l.shape} {np.shape(p)}"),
+               like, setup.params)
+  jax.tree.map(np.testing.assert_array_equal, model.stack_layers(engine._params),
+               setup.params)
 
 
 def test_logprobs_scores_sequences(setup, engine):
