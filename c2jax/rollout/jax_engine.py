@@ -15,11 +15,12 @@ model's MTP module drafts tokens that one forward over all slots verifies.
 With a `parallel` config the engine spans a mesh of local devices (see sharding.py):
 parameters and caches are placed by the training logical rules, and every program keeps
 the state's shardings from step to step (and across weight swaps).
-On one device the engine keeps its weights in a decode layout (model.unstack_layers):
+On one CPU device the engine keeps its weights in a decode layout (model.unstack_layers):
 one array per layer, and per routed expert when unquantised, so the layers run as a
 Python loop and XLA reads every weight in place (XLA:CPU copies a weight it slices out
 of a stacked array, per step); `update_params` and `param_like` still take and give
-model.init's stacked tree.
+model.init's stacked tree. Accelerators (whose compilers read such slices in place and
+whose grouped matmuls want stacked experts) and meshes keep the stacked tree.
 
 Shape legend: S slots, C chunk length, T max_length, V vocab, Lm MoE layers, K experts
 per token, D draft tokens per step.
@@ -113,10 +114,11 @@ class JaxEngine(Engine):
     if num_draft_tokens:
       speculative.check_drafter(cfg, params, num_draft_tokens)
     placement = self.placement
-    # Off a mesh, the decode layout (see the module docstring); on a mesh the stacked tree
-    # the sharding rules name (expert parallelism needs stacked experts).
-    self._to_layout = None if placement else jax.jit(functools.partial(
-        model.unstack_layers, split_experts=cfg.quant == "none"))
+    # On one CPU device the decode layout (see the module docstring); on a mesh the
+    # stacked tree the sharding rules name (expert parallelism needs stacked experts).
+    decode_layout = placement is None and jax.default_backend() == "cpu"
+    self._to_layout = jax.jit(functools.partial(
+        model.unstack_layers, split_experts=cfg.quant == "none")) if decode_layout else None
     with self._scope():
       self._param_shardings = placement and placement.param_shardings(cfg, params)
       self._params = self._place(params)
