@@ -157,11 +157,11 @@ def is_split(experts: ExpertWeights) -> bool:
 
 def per_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
                quant: str = "none") -> jax.Array:
-  """Experts given as one array each (ExpertWeights of E-tuples of [D, F] / [F, D]): token
-  copies sorted by expert, then for each expert a loop over its tiles of sorted rows
-  (none for an unchosen expert), each tile running the whole SwiGLU against that
-  expert's arrays, read in place. Numerics as `ragged` (float32 accumulation, same
-  combine)."""
+  """Experts given as one array each (ExpertWeights of E-tuples of [D, F] / [F, D]), read
+  in place. Up to PER_COPY_MAX_COPIES token copies: a `lax.switch` per copy onto its
+  expert's SwiGLU. More: copies sorted by expert, then for each expert a loop over its
+  tiles of sorted rows (none for an unchosen expert), each tile running the whole SwiGLU.
+  Numerics as `ragged` (float32 accumulation, same combine)."""
   if quant != "none":
     raise ValueError(f"MoE dispatch 'per_expert' runs unquantised experts; quant = {quant!r} "
                      "needs the stacked expert weights (do not split them).")
@@ -182,11 +182,10 @@ def per_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
                    preferred_element_type=jnp.float32).astype(out_dtype)
 
   if num_copies <= PER_COPY_MAX_COPIES:
-    # Few copies (batch-1 decode): each copy switches to its expert's branch, which reads
-    # that expert's arrays; one conditional per copy instead of one per expert.
+    # Few copies (decode steps up to batch 8 at K = 2): each copy switches to its expert's
+    # branch, which reads that expert's arrays; one conditional per copy, not per expert.
     x_MxD = jnp.repeat(x_TxD, top_k, axis=0)
-    branches = [functools.partial(lambda x_1xD, e: swiglu(x_1xD, e), e=e)
-                for e in range(num_experts)]
+    branches = [functools.partial(swiglu, e=e) for e in range(num_experts)]
     out_MxD = jnp.concatenate([jax.lax.switch(expert_M[m], branches, x_MxD[m:m + 1])
                                for m in range(num_copies)])
     y_TxD = jnp.einsum("tkd,tk->td",
