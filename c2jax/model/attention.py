@@ -128,11 +128,17 @@ def _over_context(attend, axes, local, gathered, weights, weight_specs, out_spec
 
 def _mla_expanded(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, mask, scale,
                   dtype):
-  """Attention with the latent already up-projected to per-head k_nope | v."""
-  n = q_nope_BxLxHxN.shape[-1]
-  k_nope_BxTxHxN, v_BxTxHxV = kv_BxTxHx_[..., :n], kv_BxTxHx_[..., n:]
-  scores_BxHxLxT = (_einsum("blhn,bthn->bhlt", q_nope_BxLxHxN, k_nope_BxTxHxN)
-                    + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
+  """Attention with the latent already up-projected to per-head k_nope | v.
+
+  The scores are one matmul over [nope | rope] with the shared rope key broadcast to every
+  head, the scale folded into the queries: two score matmuls, their sum and a rescale
+  would each be a pass over the float32 [B, H, L, T] scores (and their gradients), the
+  largest arrays of the layer at training lengths.
+  """
+  q_BxLxHxE, k_BxTxHxE, v_BxTxHxV = _mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
+                                             k_rope_BxTxR)
+  q_BxLxHxE = (q_BxLxHxE.astype(jnp.float32) * scale).astype(q_BxLxHxE.dtype)
+  scores_BxHxLxT = _einsum("blhe,bthe->bhlt", q_BxLxHxE, k_BxTxHxE)
   probs_BxHxLxT = masked_softmax(scores_BxHxLxT, mask, dtype)
   return jnp.einsum("bhlt,bthv->blhv", probs_BxHxLxT, v_BxTxHxV)
 
