@@ -26,8 +26,9 @@ def _split(experts):
 
 @pytest.mark.parametrize("tokens", [1, 3, 20])
 def test_per_expert_matches_ragged(tokens):
-  """Both paths of per_expert: a switch per copy (M <= PER_COPY_MAX_COPIES) and the loop
-  over experts' tiles (skewed groups, empty experts, a replayed duplicate index)."""
+  """Both paths of per_expert: every chosen expert on all tokens (T <= ALL_TOKENS_MAX_TOKENS)
+  and the loop over experts' tiles (skewed groups, empty experts, a replayed duplicate
+  index)."""
   keys = jax.random.split(jax.random.key(tokens), 3)
   x = jax.random.normal(keys[0], (tokens, D))
   weights = jax.nn.softmax(jax.random.normal(keys[1], (tokens, K)), axis=-1)
@@ -37,7 +38,7 @@ def test_per_expert_matches_ragged(tokens):
   want = moe_dispatch.ragged(x, weights, indices, experts)
   got = jax.jit(moe_dispatch.per_expert)(x, weights, indices, _split(experts))
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  assert (tokens * K <= moe_dispatch.PER_COPY_MAX_COPIES) == (tokens * K <= 16)
+  assert (tokens <= moe_dispatch.ALL_TOKENS_MAX_TOKENS) == (tokens <= 8)
 
 
 def test_per_expert_selected_for_split_weights_and_checks_them():
