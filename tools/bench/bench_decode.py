@@ -9,8 +9,9 @@ decode; compile and prefill excluded: a one-token generate's time is subtracted,
 engine as for HF; the engine's timings are each the best of 3), greedy by default.
 With --drafts D the engine speculates D tokens per step with the model's MTP module; the
 table gives tokens per sequence-step (1 + accepted drafts) and the speedup over plain
-decoding. --temperature T > 0 samples instead (drafts are then kept by the standard speculative-sampling rule): a small trained
-model's greedy output soon repeats a short loop, which any drafter predicts.
+decoding. --temperature T > 0 samples instead (drafts are then kept by the standard
+speculative-sampling rule): a small trained model's greedy output soon repeats a short
+loop, which any drafter predicts.
 
 Weights: random (per --variants) by default, where the MTP module accepts almost nothing
 and speculation only shows its cost; or a trained run with --checkpoint WORKDIR (a
