@@ -15,8 +15,8 @@ def test_bench_serve_smoke(capsys):
   spec.loader.exec_module(bench)
   result = bench.main(["--smoke", "--clients", "4"])
   assert result["engine_tokens_per_s"] > 0 and result["server_tokens_per_s"] > 0
-  # 4 clients x 1 round x at most 8 tokens (fewer only if <|eos|> was sampled).
-  assert 4 <= result["server_tokens"] <= 32
+  # 4 clients x 1 round x at most 16 tokens (fewer only if <|eos|> was sampled).
+  assert 4 <= result["server_tokens"] <= 64
   assert result["ratio"] == pytest.approx(
       result["server_tokens_per_s"] / result["engine_tokens_per_s"], rel=0.01)
   assert '"ratio"' in capsys.readouterr().out

@@ -28,7 +28,7 @@ or the FLOPs at peak if larger, on the device's datasheet row
 no row), as tokens/s, and the measured rate as a fraction of it. On a GPU:
     PYTHONPATH=. python tools/bench/bench_decode.py --variants moe_8b_a1b --batches 1,8,64 \
         --prompt_len 512 --new_tokens 128
-`--smoke` runs tiny at batch 2 for a few tokens (the suite runs it).
+`--smoke` runs tiny at batch 2 for 16 new tokens (the suite runs it).
 
 --mesh 'fsdp=8' (the `c2jax serve --mesh` syntax) shards the engine over this process's
 devices (c2jax.rollout.sharding). On a CPU, fake devices only check that it runs; they
@@ -268,7 +268,7 @@ def main(argv=None) -> None:
                       help="shard the engine over local devices, e.g. fsdp=8 (default: one)")
   parser.add_argument("--hf_worker", default="", help=argparse.SUPPRESS)
   parser.add_argument("--smoke", action="store_true",
-                      help="tiny, batch 2, 8-token prompts, 4 new tokens")
+                      help="tiny, batch 2, 8-token prompts, 16 new tokens")
   args = parser.parse_args(argv)
   if args.hf_worker:
     _hf_worker(args)
@@ -277,7 +277,9 @@ def main(argv=None) -> None:
   # As `c2jax` does at start-up (C2JAX_RETAIN_FREED_MEMORY=0 measures without it).
   host_memory.retain_freed_memory()
   if args.smoke:
-    args.variants, args.batches, args.prompt_len, args.new_tokens = "tiny", "2", 8, 4
+    # 16 tokens: the rate is a difference of two timings, which 3 decode steps (~1 ms
+    # at tiny) could turn negative under a loaded test run.
+    args.variants, args.batches, args.prompt_len, args.new_tokens = "tiny", "2", 8, 16
   import jax
   device = jax.devices()[0]
   print(f"decode throughput, {time.strftime('%Y-%m-%d', time.gmtime())}, {device.platform} "

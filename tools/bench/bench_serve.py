@@ -75,6 +75,9 @@ def _engine_rate(engine, prompts, args) -> float:
   # the tokens of the call that admits the batch cannot be split off its time); the
   # fastest of three runs each keeps a busy machine's noise out of the difference.
   full, one = (min(timed(count) for _ in range(3)) for count in (args.max_tokens, 1))
+  if full <= one:
+    raise RuntimeError(f"engine timing: {args.max_tokens} tokens took no longer than 1 (best "
+                       "of 3); the machine is too busy to time this, or raise --max_tokens.")
   return len(batch) * (args.max_tokens - 1) / (full - one)
 
 
@@ -122,7 +125,9 @@ def main(argv=None) -> dict:
                       help="a few tokens per request: checks the benchmark runs")
   args = parser.parse_args(argv)
   if args.smoke:
-    args.rounds, args.prompt_len, args.max_tokens, args.repeats = 1, 16, 8, 1
+    # 16 tokens: the engine rate is a difference of two timings, and 7 decode steps
+    # (~1 ms at tiny) could come out negative under a loaded test run.
+    args.rounds, args.prompt_len, args.max_tokens, args.repeats = 1, 16, 16, 1
   cfg, tokenizer, engine, prompts = _setup(args)
   engine_rates, server_rates = [], []
   for _ in range(args.repeats):  # interleaved, so load from other processes hits both
