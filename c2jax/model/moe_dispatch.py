@@ -96,13 +96,8 @@ def sorted_by_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
                      quant: str = "none", impl: str) -> jax.Array:
   """Sort token copies by expert, three grouped matmuls (kernels.grouped_matmul `impl`,
   under the quant recipe), unsort, combine."""
-  num_tokens, top_k = indices_TxK.shape
   num_experts = experts.gate_ExDxF.shape[0]
-  expert_M = indices_TxK.reshape(-1)
-  # Stable sort keeps each expert's tokens in token order (deterministic results).
-  order_M = jnp.argsort(expert_M, stable=True)
-  rows_M = order_M // top_k  # the token behind each sorted copy: the dispatch gather
-  group_sizes_E = jnp.bincount(expert_M, length=num_experts).astype(jnp.int32)
+  order_M, rows_M, group_sizes_E = _sort_copies(indices_TxK, num_experts)
 
   def grouped(lhs, rhs_ExCxN, **kwargs):
     return quantlib.grouped_dot(quant, lhs, rhs_ExCxN, group_sizes_E, impl=impl, **kwargs)
@@ -112,11 +107,27 @@ def sorted_by_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
   out_MxD = grouped(jax.nn.silu(gate_MxF) * up_MxF, experts.down_ExFxD,
                     preferred_element_type=combine_dtype(quant, x_TxD.dtype))
 
+  return _unsort_combine(out_MxD, order_M, weights_TxK, x_TxD.dtype)
+
+
+def _sort_copies(indices_TxK, num_experts):
+  """Token copies sorted by expert: (order_M, the token behind each sorted copy rows_M,
+  group_sizes_E int32). The stable sort keeps each expert's tokens in token order."""
+  top_k = indices_TxK.shape[1]
+  expert_M = indices_TxK.reshape(-1)
+  order_M = jnp.argsort(expert_M, stable=True)
+  group_sizes_E = jnp.bincount(expert_M, length=num_experts).astype(jnp.int32)
+  return order_M, order_M // top_k, group_sizes_E
+
+
+def _unsort_combine(out_MxD, order_M, weights_TxK, dtype):
+  """Sorted expert outputs back in token order, summed by gate weight in float32."""
+  num_tokens, top_k = weights_TxK.shape
   # Inverse permutation by scatter (cheaper than a second sort), then gather back.
   unsort_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(order_M.shape[0]))
   out_TxKxD = jnp.take(out_MxD, unsort_M, axis=0).reshape(num_tokens, top_k, -1)
   y_TxD = jnp.einsum("tkd,tk->td", out_TxKxD.astype(jnp.float32), weights_TxK)
-  return y_TxD.astype(x_TxD.dtype)
+  return y_TxD.astype(dtype)
 
 
 def ragged(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
@@ -198,9 +209,8 @@ def per_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
           lambda y: y, y_TxD)
     return y_TxD.astype(x_TxD.dtype)
 
-  order_M = jnp.argsort(expert_M, stable=True)
-  x_MxD = jnp.take(x_TxD, order_M // top_k, axis=0)  # token copies, sorted by expert
-  sizes_E = jnp.bincount(expert_M, length=num_experts).astype(jnp.int32)
+  order_M, rows_M, sizes_E = _sort_copies(indices_TxK, num_experts)
+  x_MxD = jnp.take(x_TxD, rows_M, axis=0)  # token copies, sorted by expert
   starts_E = jnp.cumsum(sizes_E) - sizes_E
   tile = tiled.tile_rows(num_copies, num_experts)
   rows_R = jnp.arange(tile, dtype=jnp.int32)
@@ -225,10 +235,7 @@ def per_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
   out_MxD = jnp.zeros((num_copies, x_TxD.shape[1]), out_dtype)
   for e in range(num_experts):
     out_MxD = expert_tiles(e, starts_E[e], sizes_E[e], out_MxD)
-  unsort_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(num_copies))
-  out_TxKxD = jnp.take(out_MxD, unsort_M, axis=0).reshape(num_tokens, top_k, -1)
-  y_TxD = jnp.einsum("tkd,tk->td", out_TxKxD.astype(jnp.float32), weights_TxK)
-  return y_TxD.astype(x_TxD.dtype)
+  return _unsort_combine(out_MxD, order_M, weights_TxK, x_TxD.dtype)
 
 
 def select(moe_impl: str, quant: str, num_tokens: int, top_k: int, num_experts: int, *,
