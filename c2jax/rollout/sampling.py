@@ -89,6 +89,16 @@ def sampling_logprobs(logits_BxV, temperature_B, top_k_B, top_p_B) -> jax.Array:
   return jax.nn.log_softmax(jnp.where(keep_BxV, scaled_BxV, NEG_INF), axis=-1)
 
 
+def token_logprobs(logits_BxV: jax.Array, tokens_B: jax.Array) -> jax.Array:
+  """[B] log_softmax(logits)[b, tokens[b]] (float32), the same arithmetic as
+  jax.nn.log_softmax, without the [B, V] result: a decode step needs one entry a row, and
+  on CPU each full [B, V] pass costs as much as the reductions themselves."""
+  x_BxV = logits_BxV.astype(jnp.float32)
+  max_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True, initial=-jnp.inf)
+  shifted_B = (jnp.take_along_axis(x_BxV, tokens_B[:, None], axis=-1) - max_Bx1)[:, 0]
+  return shifted_B - jnp.log(jnp.sum(jnp.exp(x_BxV - max_Bx1), axis=-1))
+
+
 def recorded_logprobs(logp_BxV, logits_BxV, temperature_B, tokens_B) -> jax.Array:
   """[B] log-probabilities the engine reports for drawn tokens: under the distribution
   actually sampled from (`logp_BxV`, from sampling_logprobs: temperature, then top-k /
@@ -96,9 +106,11 @@ def recorded_logprobs(logp_BxV, logits_BxV, temperature_B, tokens_B) -> jax.Arra
   (temperature 0), whose sampled distribution is a point mass (log-prob 0 for every
   draw), report the model's own log_softmax instead."""
   sampled_B = jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]
-  model_BxV = policy_logprobs(logits_BxV, jnp.ones_like(temperature_B))
-  model_B = jnp.take_along_axis(model_BxV, tokens_B[:, None], axis=-1)[:, 0]
-  return jnp.where(temperature_B > 0, sampled_B, model_B)
+  return _reported(sampled_B, logits_BxV, temperature_B, tokens_B)
+
+
+def _reported(sampled_B, logits_BxV, temperature_B, tokens_B) -> jax.Array:
+  return jnp.where(temperature_B > 0, sampled_B, token_logprobs(logits_BxV, tokens_B))
 
 
 def draw(logp_BxV: jax.Array, keys_B: jax.Array) -> jax.Array:
@@ -120,12 +132,19 @@ def draw(logp_BxV: jax.Array, keys_B: jax.Array) -> jax.Array:
 
 def sample(logits_BxV, temperature_B, top_k_B, top_p_B, keys_B):
   """(tokens_B int32, logprobs_B float32): draws and their log-probabilities under the
-  distribution they were drawn from (see recorded_logprobs)."""
-  logp_BxV = sampling_logprobs(logits_BxV, temperature_B, top_k_B, top_p_B)
-  greedy_B = argmax(logp_BxV)
-  # An all-greedy batch (the one-hot rows draw their argmax anyway) skips the draw.
-  tokens_B = jax.lax.cond(
-      jnp.any(temperature_B > 0),
-      lambda: jnp.where(temperature_B > 0, draw(logp_BxV, keys_B), greedy_B),
-      lambda: greedy_B)
-  return tokens_B, recorded_logprobs(logp_BxV, logits_BxV, temperature_B, tokens_B)
+  distribution they were drawn from (see recorded_logprobs).
+
+  An all-greedy batch takes the argmax of the logits (what the one-hot rows of
+  sampling_logprobs draw) and builds no [B, V] distribution: three passes over the
+  logits (max, first index of it, sum of exponentials) instead of about ten."""
+  greedy_B = argmax(logits_BxV.astype(jnp.float32))
+
+  def sampled():
+    logp_BxV = sampling_logprobs(logits_BxV, temperature_B, top_k_B, top_p_B)
+    tokens_B = jnp.where(temperature_B > 0, draw(logp_BxV, keys_B), greedy_B)
+    return tokens_B, jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]
+
+  tokens_B, sampled_B = jax.lax.cond(
+      jnp.any(temperature_B > 0), sampled,
+      lambda: (greedy_B, jnp.zeros(greedy_B.shape, jnp.float32)))
+  return tokens_B, _reported(sampled_B, logits_BxV, temperature_B, tokens_B)

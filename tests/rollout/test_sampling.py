@@ -118,3 +118,35 @@ def test_argmax_is_jnp_argmax_with_ties_infinities_and_nans():
   assert got.dtype == jnp.int32
   np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
   np.testing.assert_array_equal(got[:5], [0, 0, 3, 41, 9])
+
+
+def test_token_logprobs_are_log_softmax_entries_bit_for_bit():
+  rng = np.random.default_rng(1)
+  logits = jnp.asarray(8 * rng.standard_normal((6, 300)), jnp.bfloat16)
+  tokens = jnp.asarray(rng.integers(0, 300, 6), jnp.int32)
+  got = jax.jit(sampling.token_logprobs)(logits, tokens)
+  full = jax.jit(lambda x: jax.nn.log_softmax(x.astype(jnp.float32), axis=-1))(logits)
+  assert got.dtype == jnp.float32
+  np.testing.assert_array_equal(got, np.take_along_axis(np.asarray(full),
+                                                        np.asarray(tokens)[:, None], 1)[:, 0])
+
+
+def test_greedy_and_mixed_batches_sample_as_the_full_distribution_does():
+  # sample() skips sampling_logprobs for an all-greedy batch; its tokens and reported
+  # log-probs must be those of the one-hot rows of the full rule.
+  rng = np.random.default_rng(2)
+  logits = jnp.asarray(np.round(3 * rng.standard_normal((5, 64)), 1), jnp.float32)  # ties
+  keys = sampling.row_keys(jnp.arange(5, dtype=jnp.uint32), jnp.zeros(5, jnp.int32))
+  top_k, top_p = jnp.zeros(5, jnp.int32), jnp.ones(5, jnp.float32)
+  for temperature in (jnp.zeros(5), jnp.asarray([0.0, 1.0, 0.0, 0.7, 0.0])):
+    tokens, logprobs = jax.jit(sampling.sample)(logits, temperature, top_k, top_p, keys)
+    logp = sampling.sampling_logprobs(logits, temperature, top_k, top_p)
+    greedy = np.asarray(temperature) == 0
+    np.testing.assert_array_equal(np.asarray(tokens)[greedy],
+                                  np.argmax(np.asarray(logits), -1)[greedy])
+    np.testing.assert_allclose(
+        logprobs, sampling.recorded_logprobs(logp, logits, temperature, tokens), rtol=0,
+        atol=1e-6)
+    model_logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+    np.testing.assert_allclose(np.asarray(logprobs)[greedy], np.take_along_axis(
+        model_logp, np.asarray(tokens)[:, None], 1)[greedy, 0], rtol=0, atol=1e-6)
