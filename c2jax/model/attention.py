@@ -35,9 +35,12 @@ from c2jax.model import rope as rope_lib
 from c2jax.model import fused_attention as fused_lib
 from c2jax.model.blockwise_attention import blockwise_attention
 from c2jax.model.layers import Linear, RMSNorm, compute_dtype, constrain
+# The masks and the KV cache's layout live in attention_masks; re-exported here, where
+# callers have always found them.
+from c2jax.model.attention_masks import (  # noqa: F401
+    Cache, cache_mask, causal_mask, init_layer_cache, layer_cache_axes, layer_mask,
+    masked_softmax, position_mask, write_cache)
 from c2jax.parallel import context as context_lib
-
-Cache = dict[str, jax.Array]
 
 # config.model.attention_impl for training forwards (decoding always scores densely):
 # 'dense' materialises float32 [B, H, L, T] scores (the reference); 'blockwise' is
@@ -47,55 +50,6 @@ Cache = dict[str, jax.Array]
 ATTENTION_IMPLS = fused_lib.IMPLS
 
 _BLHE = ("batch", "length", "heads", "head_dim")
-
-
-def causal_mask(length: int, segment_ids_BxL: jax.Array | None, batch: int) -> jax.Array:
-  """[B, 1, L, L] bool: key j visible to query i iff j <= i and same document."""
-  idx = jnp.arange(length)
-  mask_BxLxL = jnp.broadcast_to(idx[None, :] <= idx[:, None], (batch, length, length))
-  if segment_ids_BxL is not None:
-    mask_BxLxL = mask_BxLxL & (segment_ids_BxL[:, :, None] == segment_ids_BxL[:, None, :])
-  return mask_BxLxL[:, None]
-
-
-def cache_mask(positions_BxL: jax.Array, cache_length: int) -> jax.Array:
-  """[B, 1, L, T] bool: slot t visible to a query at position p iff t <= p."""
-  slots = jnp.arange(cache_length)
-  return (slots[None, None, :] <= positions_BxL[:, :, None])[:, None]
-
-
-def write_cache(cache_BxTx_: jax.Array, new_BxLx_: jax.Array,
-                positions_BxL: jax.Array) -> jax.Array:
-  """Writes each row's new entries at slots = their positions (beyond T: dropped)."""
-  rows_Bx1 = jnp.arange(cache_BxTx_.shape[0])[:, None]
-  return cache_BxTx_.at[rows_Bx1, positions_BxL].set(
-      new_BxLx_.astype(cache_BxTx_.dtype), mode="drop")
-
-
-def masked_softmax(scores: jax.Array, mask: jax.Array, dtype) -> jax.Array:
-  """Softmax over the last axis in float32 with masked entries excluded."""
-  scores = jnp.where(mask, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
-  return jax.nn.softmax(scores, axis=-1).astype(dtype)
-
-
-def position_mask(positions_BxS, segment_ids_BxS, key_positions_BxT,
-                  key_segment_ids_BxT) -> jax.Array:
-  """[B, 1, S, T] bool: key t visible to query s iff same document and not later."""
-  mask_BxSxT = key_positions_BxT[:, None, :] <= positions_BxS[:, :, None]
-  if segment_ids_BxS is not None:
-    mask_BxSxT = mask_BxSxT & (segment_ids_BxS[:, :, None] == key_segment_ids_BxT[:, None, :])
-  return mask_BxSxT[:, None]
-
-
-def _mask(positions_BxL, segment_ids_BxL, cache_length: int | None):
-  batch, length = positions_BxL.shape
-  if cache_length is None:
-    return causal_mask(length, segment_ids_BxL, batch)
-  if segment_ids_BxL is not None:
-    raise ValueError(
-        "segment_ids are for packed training sequences; with a KV cache each batch row is "
-        "one sequence. Pass segment_ids=None and per-row positions instead.")
-  return cache_mask(positions_BxL, cache_length)
 
 
 def _einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
@@ -314,7 +268,7 @@ class MLA(nn.Module):
                                      scale, cfg)
       else:
         out_BxLxHxV = _mla_expanded(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxLxR,
-                                    _mask(positions_BxL, segment_ids_BxL, None), scale,
+                                    layer_mask(positions_BxL, segment_ids_BxL, None), scale,
                                     dtype)
       new_cache = None
     else:
@@ -327,7 +281,7 @@ class MLA(nn.Module):
       q_absorbed_BxLxHxC = jnp.einsum("blhn,chn->blhc", q_nope_BxLxHxN, w_uk_CxHxN)
       impl = _cached_impl(cfg, q_absorbed_BxLxHxC, c_BxTxC, h, 1, c + r, c)
       if impl != "dense":
-        _mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1])  # rejects segment ids
+        layer_mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1])  # rejects segment ids
         # Absorbed MLA is multi-query attention: every head scores the one latent key
         # [c_kv | k_rope] and reads the latent c_kv as its value.
         q_BxLxHxE = jnp.concatenate([q_absorbed_BxLxHxC,
@@ -339,7 +293,7 @@ class MLA(nn.Module):
         scores_BxHxLxT = (_einsum("blhc,btc->bhlt", q_absorbed_BxLxHxC, c_BxTxC)
                           + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
         probs_BxHxLxT = masked_softmax(
-            scores_BxHxLxT, _mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1]), dtype)
+            scores_BxHxLxT, layer_mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1]), dtype)
         context_BxLxHxC = jnp.einsum("bhlt,btc->blhc", probs_BxHxLxT, c_BxTxC)
       out_BxLxHxV = jnp.einsum("blhc,chv->blhv", context_BxLxHxC, w_uv_CxHxV)
 
@@ -405,12 +359,12 @@ class GQA(nn.Module):
                                         block=cfg.attention_block)
     elif cache is None:
       out_BxLxHxE = _gqa_attend(q_BxLxHxE, k_BxLxKxE, v_BxLxKxE,
-                                _mask(positions_BxL, segment_ids_BxL, None), dtype)
+                                layer_mask(positions_BxL, segment_ids_BxL, None), dtype)
     else:
       new_cache = {"k": write_cache(cache["k"], k_BxLxKxE, positions_BxL),
                    "v": write_cache(cache["v"], v_BxLxKxE, positions_BxL)}
       keys_BxTxKxE, values_BxTxKxE = new_cache["k"].astype(dtype), new_cache["v"].astype(dtype)
-      mask = _mask(positions_BxL, segment_ids_BxL, keys_BxTxKxE.shape[1])
+      mask = layer_mask(positions_BxL, segment_ids_BxL, keys_BxTxKxE.shape[1])
       impl = _cached_impl(cfg, q_BxLxHxE, keys_BxTxKxE, h, k, e, e)
       if impl == "dense":
         out_BxLxHxE = _gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask, dtype)
@@ -423,21 +377,3 @@ class GQA(nn.Module):
 
 
 ATTENTION = {"mla": MLA, "gqa": GQA}
-
-
-def init_layer_cache(cfg, num_layers: int, batch: int, max_length: int, dtype) -> Cache:
-  """Zeroed stacked cache for `num_layers` layers of this attention type."""
-  if cfg.attention == "mla":
-    shapes = {"c_kv": (cfg.kv_lora_rank,), "k_rope": (cfg.qk_rope_head_dim,)}
-  else:
-    shapes = {"k": (cfg.num_kv_heads, cfg.head_dim), "v": (cfg.num_kv_heads, cfg.head_dim)}
-  return {name: jnp.zeros((num_layers, batch, max_length, *tail), dtype)
-          for name, tail in shapes.items()}
-
-
-def layer_cache_axes(cfg) -> dict[str, tuple[str, ...]]:
-  """Logical axis names of each stacked cache array (for sharding the decode state)."""
-  prefix = ("layers", "batch", "cache_length")
-  if cfg.attention == "mla":
-    return {"c_kv": (*prefix, "kv_lora"), "k_rope": (*prefix, "head_dim")}
-  return {"k": (*prefix, "kv_heads", "head_dim"), "v": (*prefix, "kv_heads", "head_dim")}
