@@ -1,6 +1,6 @@
-"""tools/bench/bench_cpu_limits.py --smoke prints its three tables (docs/benchmarks.md
-"2026-11-26: what limits small on this CPU"), every row timed, and lax.ragged_dot agrees
-with the tile loop it is compared against."""
+"""tools/bench/bench_cpu_limits.py --smoke prints its three tables (docs/benchmarks.md,
+"2026-11-26, second session"), every row timed, and lax.ragged_dot agrees with the tile
+loop it is compared against."""
 
 import importlib
 import pathlib
