@@ -21,10 +21,11 @@ import jax.numpy as jnp
 from c2jax.model import mtp
 from c2jax.model.transformer import (REMAT_POLICIES, Transformer, cache_axes,
                                      has_unstacked_layers, init_cache, stack_layers,
-                                     unstack_layers)
+                                     transformer_for, unstack_layers)
 
-__all__ = ["REMAT_POLICIES", "Transformer", "apply", "cache_axes", "forward", "init",
-           "init_cache", "param_axes", "stack_layers", "trainable_mask", "unstack_layers"]
+__all__ = ["REMAT_POLICIES", "Transformer", "apply", "cache_axes", "forward",
+           "has_unstacked_layers", "init", "init_cache", "param_axes", "stack_layers",
+           "trainable_mask", "transformer_for", "unstack_layers"]
 
 _NOT_TRAINED = frozenset({"correction_bias"})
 
@@ -57,11 +58,6 @@ def apply(cfg, params, tokens_BxL, **kwargs):
   may also be unstack_layers(params) (per-layer weight arrays, what decode engines keep):
   the layers then run as a Python loop, same numerics."""
   return transformer_for(cfg, params).apply({"params": params}, tokens_BxL, **kwargs)
-
-
-def transformer_for(cfg, params) -> Transformer:
-  """The Transformer module that reads `params`: stacked (model.init) or unstacked."""
-  return Transformer(cfg, unrolled_layers=has_unstacked_layers(params))
 
 
 def forward(cfg, params, tokens_BxL, **kwargs) -> jax.Array:

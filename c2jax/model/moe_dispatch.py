@@ -25,9 +25,10 @@ Register a new one with `DISPATCH['name'] = fn`; config validation reads the key
           array per expert, as decode engines keep them: model.unstack_layers with
           split_experts=True) runs each chosen expert on every token for a few tokens,
           else sorts token copies by expert like the sorted dispatches and a static loop
-          over experts runs each one's tiles of rows against its own weight arrays. XLA:CPU copies an expert's weights out of a stacked [E, D, F]
-          array before a matmul reads them (static or dynamic index alike); separate
-          arrays are read in place, and experts no token chose cost nothing.
+          over experts runs each one's tiles of rows against its own weight arrays.
+          XLA:CPU copies an expert's weights out of a stacked [E, D, F] array before a
+          matmul reads them (static or dynamic index alike); separate arrays are read in
+          place, and experts no token chose cost nothing.
 
 Products with the float32 gate weights and the sum over k happen in float32, as HF
 does; the result is cast back to x's dtype. Under a block-scaled recipe the sorted
@@ -217,11 +218,9 @@ def per_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
 
   def expert_tiles(e, start, size, out_MxD):
     def body(w, out_MxD):
-      first = start + w * tile
-      # A window of `tile` sorted rows inside [0, M) holding the tile's rows; rows of the
-      # window that are not this tile's keep what they had.
-      window = jnp.minimum(first, num_copies - tile)
-      offset = first - window
+      # Rows of the tile's window (tiled.window) that are not this tile's keep what
+      # they had.
+      window, offset = tiled.window(start + w * tile, num_copies, tile)
       y_RxD = swiglu(jax.lax.dynamic_slice_in_dim(x_MxD, window, tile), e)
       mine_R = (rows_R >= offset) & (rows_R < offset + jnp.minimum(size - w * tile, tile))
       kept_RxD = jax.lax.dynamic_slice_in_dim(out_MxD, window, tile)

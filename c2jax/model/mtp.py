@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 from c2jax.model import attention as attention_lib
 from c2jax.model.layers import Linear, RMSNorm, compute_dtype, constrain
-from c2jax.model.transformer import DecoderBlock, Transformer, has_unstacked_layers
+from c2jax.model.transformer import DecoderBlock, Transformer, transformer_for
 
 PARAMS_KEY = "mtp_layers"
 
@@ -94,8 +94,7 @@ def init(cfg, rng: jax.Array) -> dict:
 
 def forward_with_hidden(cfg, params, tokens_BxL, **kwargs):
   """model.apply plus the main model's final hidden state: (logits, aux, cache, hidden)."""
-  module = Transformer(cfg, unrolled_layers=has_unstacked_layers(params))
-  (logits, aux, cache), state = module.apply(
+  (logits, aux, cache), state = transformer_for(cfg, params).apply(
       {"params": params}, tokens_BxL, **kwargs, mutable=["intermediates"],
       capture_intermediates=lambda mdl, _: (mdl.name == "final_norm"
                                             and isinstance(mdl.parent, Transformer)))

@@ -249,3 +249,8 @@ def _map_experts(layer, fn):
 def has_unstacked_layers(params) -> bool:
   """Whether `params` holds unstack_layers' per-layer trees."""
   return any(name in params and "0" in params[name] for name in _STACKS)
+
+
+def transformer_for(cfg, params) -> Transformer:
+  """The Transformer module that reads `params`: stacked (model.init) or unstacked."""
+  return Transformer(cfg, unrolled_layers=has_unstacked_layers(params))

@@ -16,12 +16,12 @@ With a `parallel` config the engine spans a mesh of local devices (see sharding.
 parameters and caches are placed by the training logical rules, and every program keeps
 the state's shardings from step to step (and across weight swaps).
 On one CPU device, with enough slots (decode_layout_pays), the engine keeps its weights
-in a decode layout (model.unstack_layers):
-one array per layer, and per routed expert when unquantised, so the layers run as a
-Python loop and XLA reads every weight in place (XLA:CPU copies a weight it slices out
-of a stacked array, per step); `update_params` and `param_like` still take and give
-model.init's stacked tree. Accelerators (whose compilers read such slices in place and
-whose grouped matmuls want stacked experts) and meshes keep the stacked tree.
+in a decode layout (model.unstack_layers): one array per layer, and per routed expert
+when unquantised, so the layers run as a Python loop and XLA reads every weight in place
+(XLA:CPU copies a weight it slices out of a stacked array, per step); `update_params`
+and `param_like` still take and give model.init's stacked tree. Accelerators (whose
+compilers read such slices in place and whose grouped matmuls want stacked experts) and
+meshes keep the stacked tree.
 
 Shape legend: S slots, C chunk length, T max_length, V vocab, Lm MoE layers, K experts
 per token, D draft tokens per step.

@@ -51,7 +51,7 @@ def _tiles(group_sizes_G, num_rows, tile):
   return group_W, first_row_W, count_W, tile_ends_G[-1]
 
 
-def _window(first_row, num_rows, tile):
+def window(first_row, num_rows, tile):
   """The window [start, start + tile) holding a tile's rows, kept inside [0, M), and the
   tile's first row's offset in it."""
   start = jnp.minimum(first_row, num_rows - tile)
@@ -72,7 +72,7 @@ def gmm(lhs_MxK, rhs, group_sizes_G, *, transpose_rhs, out_dtype, interpret=Fals
   rows_R = jnp.arange(tile, dtype=jnp.int32)
 
   def body(w, out_MxN):
-    start, offset = _window(first_row_W[w], num_rows, tile)
+    start, offset = window(first_row_W[w], num_rows, tile)
     lhs_RxK = jax.lax.dynamic_slice_in_dim(lhs_MxK, start, tile)
     rhs_g = jax.lax.dynamic_index_in_dim(rhs, group_W[w], keepdims=False)
     tile_RxN = jax.lax.dot_general(lhs_RxK, rhs_g, (contract, ((), ())),
@@ -97,7 +97,7 @@ def tgmm(lhs_MxK, rhs_MxN, group_sizes_G, *, out_dtype, interpret=False, tile=No
   rows_R = jnp.arange(tile, dtype=jnp.int32)
 
   def body(w, acc_GxKxN):
-    start, offset = _window(first_row_W[w], num_rows, tile)
+    start, offset = window(first_row_W[w], num_rows, tile)
     mine_R = (rows_R >= offset) & (rows_R < offset + count_W[w])
     lhs_RxK = jnp.where(mine_R[:, None], jax.lax.dynamic_slice_in_dim(lhs_MxK, start, tile),
                         0)

@@ -79,7 +79,7 @@ def _engine_rate(cfg, params, prompts_BxP, new_tokens: int, drafts: int,
   timed(2)  # compile prefill and decode
   engine.acceptance = type(engine.acceptance)()
   # Best of REPEATS each: the difference of two single timings of a few decode steps can
-  # come out negative on a loaded machine (a smoke run's 3 steps take ~2 ms).
+  # come out negative on a loaded machine when the run has few decode steps.
   decode = (min(timed(new_tokens) for _ in range(REPEATS))
             - min(timed(1) for _ in range(REPEATS)))
   if decode <= 0:
