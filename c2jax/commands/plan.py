@@ -19,8 +19,8 @@ axis by axis. `--config` may be a model config or any job config with a `model` 
   c2jax plan --config=configs/pretrain.py:kimi_k25 --roofline --mesh=fsdp=16,expert=8,context=2
 compiles the same step and prints, per train step and per decode step, the model-formula
 FLOPs beside XLA's compiled cost analysis, bytes moved, arithmetic intensity, and the
-lower-bound time and MFU ceiling on every accelerator of c2jax/parallel/accelerators.py
-(c2jax/parallel/roofline.py says how). With --measure (one device) it also measures this
+lower-bound time and MFU ceiling on every accelerator of c2jax/plan/accelerators.py
+(c2jax/plan/roofline.py says how). With --measure (one device) it also measures this
 machine's peaks and the real step times, and prints measured / bound for them.
 """
 
@@ -76,7 +76,7 @@ def main(argv) -> int:
   if _MESH.value:
     if "parallel" not in cfg:
       raise SystemExit("c2jax plan: --mesh needs a job config (with a `parallel` group).")
-    from c2jax.parallel import memory
+    from c2jax.plan import memory
     try:
       cfg.parallel.mesh.update(memory.parse_mesh_flag(_MESH.value))
     except ValueError as err:
@@ -97,7 +97,7 @@ def main(argv) -> int:
 
 def _print_shardings(cfg, model_cfg) -> None:
   from c2jax import parallel
-  from c2jax.parallel import plan
+  from c2jax.plan import shardings as plan
 
   parallel_cfg = cfg.parallel if "parallel" in cfg else parallel.default_parallel_config()
   devices = _DEVICES.value or jax.device_count()
@@ -112,7 +112,7 @@ def _print_shardings(cfg, model_cfg) -> None:
 def _reexecute_with_fake_devices(cfg) -> int:
   """JAX fixes the CPU device count when it starts: run this command again in a process
   that sees exactly the mesh's number of fake devices."""
-  from c2jax.parallel import memory
+  from c2jax.plan import memory
 
   if "parallel" not in cfg or not ("train" in cfg or _is_rl(cfg)):
     raise SystemExit("c2jax plan --memory/--roofline needs a job config, e.g. "
@@ -139,7 +139,7 @@ def _check_child_devices() -> int:
 
 
 def _print_memory(cfg):
-  from c2jax.parallel import hlo_comms, memory
+  from c2jax.plan import hlo_comms, memory
 
   # A fresh compile every time: the compile time is part of the report, and a cached
   # executable would hide it.
@@ -184,7 +184,7 @@ def _is_rl(cfg) -> bool:
 def _print_roofline(cfg, compiled) -> None:
   import dataclasses
 
-  from c2jax.parallel import accelerators, memory, roofline
+  from c2jax.plan import accelerators, memory, roofline
 
   devices = _check_child_devices()
   if compiled is None:
@@ -198,7 +198,7 @@ def _print_roofline(cfg, compiled) -> None:
     if devices != 1:
       raise SystemExit("c2jax plan --measure times the real steps on one device: "
                        "drop --mesh/--devices or use a one-device config.")
-    from c2jax.parallel import measure
+    from c2jax.plan import measure
 
     accels["this"] = accelerators.measure_cpu()
     train = dataclasses.replace(train, measured_s=measure.train_step_seconds(cfg))

@@ -4,9 +4,8 @@ Modules annotate parameters and activations with logical axis names only; a job 
 `parallel` group says the mesh shape and the logical->mesh rules.
 
 Submodules, imported where needed: expert (all-to-all expert parallelism), context
-(context parallelism, causal load balance), distributed (multi-process start-up),
-memory (`c2jax plan --memory`: AOT compile on a simulated mesh), hlo_comms
-(communication volume from compiled HLO), plan (the sharding table).
+(context parallelism, causal load balance), distributed (multi-process start-up). This
+package knows no model, runtime or RL; `c2jax plan`'s modules live in `c2jax.plan`.
 """
 
 from c2jax.parallel.mesh import (MESH_AXES, default_parallel_config, make_mesh,

@@ -4,7 +4,7 @@ From the run's metrics.jsonl (c2jax/train/metrics.py): `last`, `minimum`, `maxim
 `at_step`. From a JSON file the run wrote (an eval's summary.json): `from_json`. From the
 point's own config: `config_value`, `tokens`, `active_params`, and training compute as
 `compute_6nd` (6 x active parameters x tokens) or `train_flops` (the model's FLOP count
-per token, attention included: c2jax.parallel.roofline.train_flops_per_token, x tokens).
+per token, attention included: c2jax.plan.roofline.train_flops_per_token, x tokens).
 `mean_tail` averages the last part of a series (e.g. RL reward over the last quarter).
 
 A point of a `pipeline` sweep is a chain of stages (c2jax/commands/pipeline.py), each in
@@ -194,7 +194,7 @@ def _model_size(what: str, model: ml_collections.ConfigDict, seq_len: int = 0) -
 
       _SIZES[key] = counting.count_params(model)["active_params"]
     else:
-      from c2jax.parallel import roofline
+      from c2jax.plan import roofline
 
       _SIZES[key] = roofline.train_flops_per_token(model, seq_len)
   return _SIZES[key]

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from c2jax.parallel import accelerators
+from c2jax.plan import accelerators
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH_DIR = ROOT / "tools" / "bench"

@@ -17,7 +17,8 @@ import pytest
 from c2jax import config as configlib
 from c2jax import parallel
 from c2jax.model import attention, variants
-from c2jax.parallel import DEFAULT_RULES, MESH_AXES, context, plan
+from c2jax.parallel import DEFAULT_RULES, MESH_AXES, context
+from c2jax.plan import shardings as plan
 from c2jax.train import jobs
 
 CHECKS = pathlib.Path(__file__).with_name("context_parallel_checks.py")

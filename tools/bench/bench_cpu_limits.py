@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax import host_memory
-from c2jax.parallel import accelerators
+from c2jax.plan import accelerators
 from c2jax_kernels.grouped_matmul import tiled
 
 FULL = dict(hidden=512, expert_width=256, vocab=16384, experts=16, weights=112,

@@ -21,10 +21,10 @@ corpus instead of random tokens:
     PYTHONPATH=. python tools/bench/bench_decode.py --checkpoint runs/tiny/mtp --batches 1,8
 
 Each row also gives the roofline bound of a decode step at that batch
-(c2jax.parallel.roofline.decode_step_cost at the mean context, prompt + new_tokens / 2):
+(c2jax.plan.roofline.decode_step_cost at the mean context, prompt + new_tokens / 2):
 the active weights the batch touches plus the KV cache read per step over HBM bandwidth,
 or the FLOPs at peak if larger, on the device's datasheet row
-(c2jax.parallel.accelerators.by_device_kind; this machine as measured where the table has
+(c2jax.plan.accelerators.by_device_kind; this machine as measured where the table has
 no row), as tokens/s, and the measured rate as a fraction of it. On a GPU:
     PYTHONPATH=. python tools/bench/bench_decode.py --variants moe_8b_a1b --batches 1,8,64 \
         --prompt_len 512 --new_tokens 128
@@ -160,7 +160,7 @@ def _accelerator():
   """The roofline's device: the datasheet row of this device kind, else measured here."""
   import jax
 
-  from c2jax.parallel import accelerators
+  from c2jax.plan import accelerators
   device = jax.devices()[0]
   known = accelerators.by_device_kind(device.device_kind)
   if known is not None:
@@ -172,7 +172,7 @@ def _accelerator():
 
 def _bound_rate(cfg, batch: int, context: int, acc) -> tuple[float, str]:
   """(tokens/s at the roofline's lower bound for one decode step, what bounds it)."""
-  from c2jax.parallel import roofline
+  from c2jax.plan import roofline
   bound = roofline.bound(roofline.decode_step_cost(cfg, batch, context), acc)
   return batch / bound.lower_s, bound.bound_by
 

@@ -7,10 +7,10 @@ and against the roofline.
   PYTHONPATH=. python tools/bench/bench_train.py --smoke                  # seconds, CPU
 
 The ceiling is the best rate of one large jitted float32 (bfloat16 on accelerators) matmul
-on the same device (c2jax.parallel.accelerators.matmul_ceiling); model FLOPs per token
-are c2jax.parallel.roofline.train_flops_per_token (3 forward passes of the active matmul
+on the same device (c2jax.plan.accelerators.matmul_ceiling); model FLOPs per token
+are c2jax.plan.roofline.train_flops_per_token (3 forward passes of the active matmul
 weights plus causal attention). MFU is given twice: over the measured matmul ceiling, and
-over the device's datasheet bf16 peak (c2jax.parallel.accelerators.ACCELERATORS, matched
+over the device's datasheet bf16 peak (c2jax.plan.accelerators.ACCELERATORS, matched
 by device kind; this machine's measured peaks where it is not in the table). 'bound ms'
 is the roofline's lower bound for the step (roofline.train_step_cost's formula: compute
 at peak vs the parameter/gradient/Adam bytes over HBM bandwidth), and 'of bound' the
@@ -36,7 +36,7 @@ import ml_collections
 
 from c2jax import host_memory, train
 from c2jax.model import variants
-from c2jax.parallel import accelerators, roofline
+from c2jax.plan import accelerators, roofline
 
 SMOKE = dict(variants="tiny", batch=2, seq_len=32, steps=1, moe_impls="ragged")
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from c2jax import config as configlib
-from c2jax.parallel import hlo_comms, memory, plan
+from c2jax.plan import hlo_comms, memory, shardings as plan
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -74,7 +74,7 @@ _SHARD_MAP_PROGRAMS = textwrap.dedent("""\
     import json
     import jax, jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
-    from c2jax.parallel import hlo_comms
+    from c2jax.plan import hlo_comms
 
     mesh = jax.make_mesh((4,), ("x",))
     def comms(fn, *shapes):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from c2jax.model import variants
-from c2jax.parallel import accelerators, roofline
+from c2jax.plan import accelerators, roofline
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

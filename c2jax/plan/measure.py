@@ -12,11 +12,13 @@ import time
 import jax
 import numpy as np
 
+from c2jax import model
+from c2jax.rollout import JaxEngine, Request, SamplingParams
+from c2jax.train import loop
+
 
 def train_step_seconds(cfg, steps: int = 3) -> float:
   """Seconds per step of the job config's train step, best of `steps` after a warm-up."""
-  from c2jax.train import loop
-
   rt = loop.build_runtime(cfg)
   step = loop.make_train_step(rt)
   state = loop.init_state(rt)
@@ -41,8 +43,6 @@ def train_step_seconds(cfg, steps: int = 3) -> float:
 
 def decode_step_seconds(model_cfg, batch: int, context: int, new_tokens: int = 16) -> float:
   """Seconds per decode step of `batch` sequences whose prompts are `context` tokens."""
-  from c2jax import model
-  from c2jax.rollout import JaxEngine, Request, SamplingParams
 
   params = model.init(model_cfg, jax.random.key(0))
   engine = JaxEngine(model_cfg, params, num_slots=batch,

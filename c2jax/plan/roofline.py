@@ -37,8 +37,10 @@ import math
 
 import jax
 
-from c2jax.parallel import accelerators as accel_lib
-from c2jax.parallel import memory as memory_lib
+from c2jax.model import counting, mtp
+from c2jax.plan import accelerators as accel_lib
+from c2jax.plan import hlo_comms
+from c2jax.plan import memory as memory_lib
 
 _MATMUL_LEAVES = ("kernel", "gate_proj", "up_proj", "down_proj")
 
@@ -52,7 +54,6 @@ class ParamGroups:
 
 
 def param_groups(model_cfg) -> ParamGroups:
-  from c2jax.model import counting, mtp
 
   dense = routed = mtp_matmul = 0
   fraction = model_cfg.moe.num_experts_per_tok / model_cfg.moe.num_experts
@@ -113,9 +114,7 @@ class StepCost:
 def train_step_cost(cfg, devices: int, compiled=None) -> StepCost:
   """The train step of job config `cfg` on `devices` devices; XLA's numbers from
   `compiled` (e.g. memory.compile_train_step) when given, else the formula alone."""
-  from c2jax.parallel import hlo_comms
 
-  from c2jax.model import counting
 
   tokens = cfg.train.batch_size * cfg.train.seq_len
   model_flops = train_flops_per_token(cfg.model, cfg.train.seq_len) * tokens / devices

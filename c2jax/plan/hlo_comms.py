@@ -25,6 +25,8 @@ import dataclasses
 import math
 import re
 
+from c2jax.plan.memory import GB, format_table
+
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 _BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16,
@@ -47,7 +49,7 @@ def dtype_bits(name: str) -> int:
   if name.startswith(("f4", "s4", "u4")):
     return 4
   raise ValueError(f"unknown HLO element type {name!r} in a collective's shape; add its "
-                   "width to c2jax.parallel.hlo_comms._BITS.")
+                   "width to c2jax.plan.hlo_comms._BITS.")
 
 
 def shape_bytes(type_text: str) -> int:
@@ -224,7 +226,6 @@ def _async_result_bytes(type_text: str, num_operands: int) -> int:
 
 
 def format_comm_table(volumes: dict[str, CommVolume]) -> str:
-  from c2jax.parallel.memory import GB, format_table
 
   rows = [("collective (per device, per step)", "ops", "runs", "operand GB", "wire GB")]
   for kind, v in volumes.items():

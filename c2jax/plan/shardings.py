@@ -13,7 +13,9 @@ import flax.linen as nn
 import jax
 import numpy as np
 
+from c2jax import model
 from c2jax.parallel import mesh as mesh_lib
+from c2jax.parallel.rules import rules_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +42,6 @@ def _axes_size(axes, sizes: dict[str, int]) -> int:
 
 def param_plans(model_cfg, parallel_cfg, num_devices: int) -> list[ParamPlan]:
   """How every parameter of `model_cfg` is split over the mesh of `parallel_cfg`."""
-  from c2jax import model  # lazily: the model imports parallel's neighbours
-  from c2jax.parallel.rules import rules_of
-
   sizes = mesh_lib.mesh_shape(parallel_cfg.mesh, num_devices)
   rules = rules_of(parallel_cfg)
   logical = model.param_axes(model_cfg)

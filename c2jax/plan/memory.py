@@ -32,6 +32,9 @@ import jax
 import numpy as np
 
 from c2jax.parallel import mesh as mesh_lib
+from c2jax.rl import job
+from c2jax.rl.learner import runtime as learner_runtime
+from c2jax.train import jobs, loop, runtime
 
 GB = 10**9
 
@@ -77,8 +80,6 @@ def mesh_devices(mesh_cfg, num_devices: int | None) -> int:
 
 def abstract_batch(cfg, sharding) -> dict[str, jax.ShapeDtypeStruct]:
   """The train step's batch (c2jax.train.step) as sharded shape structs, global shapes."""
-  from c2jax.train import jobs
-
   shape = (cfg.train.batch_size, cfg.train.seq_len)
   dtypes = {"loss_mask": np.float32}
   return {key: jax.ShapeDtypeStruct(shape, dtypes.get(key, np.int32), sharding=sharding)
@@ -87,8 +88,6 @@ def abstract_batch(cfg, sharding) -> dict[str, jax.ShapeDtypeStruct]:
 
 def compile_train_step(cfg) -> tuple[jax.stages.Compiled, float]:
   """(compiled train step, compile seconds) on a mesh over all of this process's devices."""
-  from c2jax.train import loop
-
   rt = loop.build_runtime(cfg)
   step = loop.make_train_step(rt)
   state = loop.abstract_state(rt)
@@ -102,29 +101,20 @@ def compile_train_step(cfg) -> tuple[jax.stages.Compiled, float]:
 def job_runtime(cfg):
   """The runtime of a pretraining / SFT job or (task = 'rl') of the RL learner."""
   if cfg.get("task") == "rl":
-    from c2jax.rl import job
-    from c2jax.rl.learner import runtime as learner_runtime
-
     job.validate(cfg, jax.device_count())
     return learner_runtime.build(cfg)
-  from c2jax.train import loop
-
   return loop.build_runtime(cfg)
 
 
 def rl_batch_rows(cfg, rt) -> int:
   """Rows of the RL learner's packed batch when every rollout fits one row: the step's
   rollouts rounded up to the batch ways (c2jax.rl.learner.runtime.build_batch)."""
-  from c2jax.rl.learner import runtime as learner_runtime
-
   ways = rt.batch_ways()
   return -(-learner_runtime.rollouts_per_step(cfg) // ways) * ways
 
 
 def abstract_rl_batch(cfg, rt, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
   """The learner's packed batch (c2jax.rl.learner.step) as sharded shape structs."""
-  from c2jax.rl.learner import runtime as learner_runtime
-
   shardings = learner_runtime.batch_shardings(rt)
   length = cfg.actors.max_length
   moe_layers = cfg.model.num_layers - cfg.model.first_k_dense
@@ -140,9 +130,6 @@ def abstract_rl_batch(cfg, rt, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
 
 def compile_rl_step(cfg, rows: int | None = None) -> tuple[jax.stages.Compiled, float]:
   """(compiled RL learner step, compile seconds) on a mesh over this process's devices."""
-  from c2jax.rl.learner import runtime as learner_runtime
-  from c2jax.train import runtime
-
   rt = job_runtime(cfg)
   step = learner_runtime.make_step(rt)
   state = runtime.abstract_state(rt)
@@ -170,8 +157,6 @@ class StateBytes:
 
   @classmethod
   def of(cls, cfg) -> StateBytes:
-    from c2jax.train import runtime
-
     state = runtime.abstract_state(job_runtime(cfg))
 
     def shard_bytes(tree) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 from c2jax import parallel
 from c2jax.model import variants
-from c2jax.parallel import plan
+from c2jax.plan import shardings as plan
 
 
 @pytest.fixture(scope="module")

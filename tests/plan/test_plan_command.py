@@ -56,4 +56,4 @@ def test_cli_prints_one_json_object():
 
 def _repo_root():
   import pathlib
-  return pathlib.Path(__file__).resolve().parents[1]
+  return pathlib.Path(__file__).resolve().parents[2]
