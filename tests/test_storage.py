@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from c2jax import storage
-from c2jax.rl import weights as weights_lib
+from c2jax.rollout import weights as weights_lib
 from c2jax.train import checkpoint as checkpoint_lib
 
 

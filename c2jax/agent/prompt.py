@@ -19,25 +19,9 @@ import numpy as np
 
 from c2jax.toolcalls import protocol
 from c2jax.data.tokenizer import Tokenizer
-
-
-def _describe(spec: dict) -> str:
-  function = spec["function"]
-  schema = function["parameters"]
-  required = set(schema.get("required", ()))
-  args = [name + ("" if name in required else "?") + ": " + prop.get("type", "any")
-          for name, prop in schema.get("properties", {}).items()]
-  return f"- {function['name']}({', '.join(args)}): {function['description']}"
-
-
-def system_message(system_prompt: str, tool_specs: list[dict]) -> str:
-  """The system prompt followed by a compact listing of the tools and the call format."""
-  if not tool_specs:
-    return system_prompt
-  example = protocol.render_call("name", {"argument": "value"})
-  lines = [system_prompt, "", f"Call tools by writing {example} (several per turn allowed; "
-           "? marks optional arguments). Tools:"]
-  return "\n".join(lines + [_describe(spec) for spec in tool_specs])
+# The system prompt + tool listing is part of the call protocol (the server writes it too);
+# the agent's prompt pieces start from it.
+from c2jax.toolcalls.protocol import system_message  # pylint: disable=unused-import
 
 
 def initial_messages(system: str, task_prompt: str) -> list[dict]:

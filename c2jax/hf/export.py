@@ -31,7 +31,6 @@ from c2jax.hf import config as hf_config
 from c2jax.hf import convert
 from c2jax.hf import names
 from c2jax.hf import sources
-from c2jax.train import checkpoint as checkpoint_lib
 
 DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "float32": "float32",
           "fp32": "float32"}

@@ -49,7 +49,7 @@ from c2jax.rl.actors import infra
 from c2jax.rl.learner import runtime as learner_runtime
 from c2jax.rl.actors import rollouts
 from c2jax.rl.tasks import task_sources
-from c2jax.rl import weights as weights_lib
+from c2jax.rollout import weights as weights_lib
 from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import metrics as metrics_lib
 from c2jax.train import model_source, runtime

@@ -211,7 +211,7 @@ class JaxEngine(Engine):
 
   def param_like(self):
     """ShapeDtypeStructs of the engine's parameters, with their shardings: a template
-    for weight loaders (c2jax.rl.weights `like=`) so new versions arrive already laid
+    for weight loaders (c2jax.rollout.weights `like=`) so new versions arrive already laid
     out as the engine places them (model.init's stacked tree)."""
     return self._stacked_like
 

@@ -1,7 +1,7 @@
 """Serving a policy that keeps training: follow the RL learner's published weights.
 
 `c2jax serve --model RL_RUN --follow_weights RL_RUN/weights/<run>` polls the directory the
-learner's WeightPublisher writes (c2jax/rl/weights.py) and stages every newer version in
+learner's WeightPublisher writes (c2jax/rollout/weights.py) and stages every newer version in
 the engine, which swaps it in between decode steps exactly as a rollout actor does: a
 request in flight continues on the new weights, and each sampled token's policy version
 (in the capture) says which weights produced it, so the learner can bound staleness.
@@ -14,14 +14,13 @@ import threading
 from absl import logging
 
 from c2jax.rollout import Engine
+from c2jax.rollout import weights as weights_lib
 
 
 class WeightFollower:
   """Polls `directory` every `interval_s` on a daemon thread until `stop()`."""
 
   def __init__(self, engine: Engine, directory: str, interval_s: float = 2.0):
-    from c2jax.rl import weights as weights_lib  # pylint: disable=g-import-not-at-top
-
     if interval_s <= 0:
       raise ValueError(f"weight poll interval = {interval_s}s; use a positive number.")
     self.engine, self.interval_s = engine, interval_s

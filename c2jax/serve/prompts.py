@@ -2,8 +2,8 @@
 
 Chat: messages are rendered by the model's chat template (c2jax/data/chat.py), ending in
 the assistant marker. Tools are listed in the system message exactly as the agent lists
-its own (c2jax/agent/prompt.py: system_message), so a model trained on agent traces sees
-an external harness's tools the way it saw its own; assistant messages with tool_calls
+its own (c2jax/toolcalls/protocol.py: system_message), so a model trained on agent traces
+sees an external harness's tools the way it saw its own; assistant messages with tool_calls
 and `tool` messages render as the agent's turns and observations. An assistant message
 this server itself produced recently is rendered from the exact tokens it sampled
 (TurnMemory), so a multi-turn conversation through the API keeps the policy's own tokens
@@ -26,7 +26,6 @@ import re
 
 import numpy as np
 
-from c2jax.agent import prompt as agent_prompt
 from c2jax.toolcalls import protocol
 from c2jax.data import chat
 from c2jax.data.tokenizer import Tokenizer
@@ -133,9 +132,9 @@ def chat_messages(request: schema.ChatRequest, specs: list[dict]) -> list[dict]:
   messages = from_text_protocol(messages)
   if specs:
     if messages[0]["role"] == "system":
-      messages[0]["content"] = agent_prompt.system_message(messages[0]["content"] or "", specs)
+      messages[0]["content"] = protocol.system_message(messages[0]["content"] or "", specs)
     else:
-      messages.insert(0, {"role": "system", "content": agent_prompt.system_message("", specs)})
+      messages.insert(0, {"role": "system", "content": protocol.system_message("", specs)})
   return messages
 
 

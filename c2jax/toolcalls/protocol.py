@@ -156,6 +156,26 @@ def render_result(name: str, ok: bool, output: str) -> str:
   return f'{TOOL_RESULT_START} name="{name}" status="{status}">\n{output}\n{TOOL_RESULT_END}'
 
 
+def _describe(spec: dict) -> str:
+  function = spec['function']
+  schema = function['parameters']
+  required = set(schema.get('required', ()))
+  args = [name + ('' if name in required else '?') + ': ' + prop.get('type', 'any')
+          for name, prop in schema.get('properties', {}).items()]
+  return f"- {function['name']}({', '.join(args)}): {function['description']}"
+
+
+def system_message(system_prompt: str, tool_specs: list[dict]) -> str:
+  """The system prompt followed by a compact listing of the tools and the call format
+  (the agent's system message, and what the server puts before an OpenAI request's tools)."""
+  if not tool_specs:
+    return system_prompt
+  example = render_call('name', {'argument': 'value'})
+  lines = [system_prompt, '', f'Call tools by writing {example} (several per turn allowed; '
+           '? marks optional arguments). Tools:']
+  return '\n'.join(lines + [_describe(spec) for spec in tool_specs])
+
+
 def to_openai_messages(turn: Turn, observations, turn_number: int = 0) -> list[dict]:
   """An assistant message with its tool_calls, then one `tool` message per observation.
 

@@ -17,7 +17,7 @@ from c2jax.rl import job
 from c2jax.rl.learner import step as learner
 from c2jax.rl.learner import runtime as learner_runtime
 from c2jax.rl.learner import mtp_distill
-from c2jax.rl import weights as weights_lib
+from c2jax.rollout import weights as weights_lib
 from c2jax.train import optimizer as optimizer_lib
 from c2jax.train.step import TrainState
 from tests.model.conftest import tiny_cfg

@@ -13,7 +13,7 @@ import pytest
 
 from c2jax.model import mtp
 from c2jax.rl import trainer
-from c2jax.rl import weights as weights_lib
+from c2jax.rollout import weights as weights_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 2

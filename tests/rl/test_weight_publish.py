@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from c2jax.rl import weights
+from c2jax.rollout import weights
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # leaf path -> (shape, dtype, changes every N versions; 0 = never)

@@ -168,7 +168,7 @@ def test_client_disconnect_while_waiting_for_a_plain_reply_frees_the_slot(script
 
 
 def test_followed_weights_tag_the_tokens_they_sample(served, tmp_path):
-  from c2jax.rl import weights as weights_lib
+  from c2jax.rollout import weights as weights_lib
   from c2jax.serve import follow
 
   tokenizer = served.tokenizer

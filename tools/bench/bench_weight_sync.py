@@ -23,7 +23,7 @@ import numpy as np
 
 from c2jax import model
 from c2jax.model import variants
-from c2jax.rl import weights
+from c2jax.rollout import weights
 
 
 def _bytes_written(root: pathlib.Path, version: int) -> int:

@@ -113,7 +113,7 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
   prompts left (returns 0). `dirs` receives infra counts (a RunDirs, or a stand-in
   with `record_infra`); `repos`, when given, fetches each task's repository to local
   disk (c2jax.rl.actors.ray_link: no shared file system)."""
-  from c2jax.rl import weights as weights_lib  # pylint: disable=g-import-not-at-top
+  from c2jax.rollout import weights as weights_lib  # pylint: disable=g-import-not-at-top
   from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
 
   subscriber = weights_lib.WeightSubscriber(weights_dir)
