@@ -10,8 +10,15 @@ from __future__ import annotations
 import ml_collections
 
 from c2jax import config as configlib
-from c2jax.toolcalls import formats
+from c2jax.agent import conversation
+from c2jax.agent.external import config as external_config
+# toolset (the env toolset an agent section offers) lives with the episode that uses it;
+# callers know it as agent.config.toolset too.
+from c2jax.agent.episode import toolset  # pylint: disable=unused-import
+from c2jax.data import model_tokenizer
+from c2jax.env import sandbox
 from c2jax.env import tools as tools_lib
+from c2jax.toolcalls import formats
 
 SYSTEM_PROMPT = ("You are a coding agent working in a repository at /workspace. Use the "
                  "tools to inspect and change the code, then call finish.")
@@ -68,15 +75,12 @@ def default_config() -> ml_collections.ConfigDict:
   # Tool execution and grading run in this many threads beside the decode loop.
   c.tool_threads = 4
   # An external agent harness (mini-swe-agent, a command) instead of this loop in RL.
-  from c2jax.agent.external import config as external_config  # pylint: disable=import-outside-toplevel
   c.external = external_config.default_config()
   return c
 
 
 def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
   """Raises configlib.ConfigError naming the first bad key under `prefix`."""
-  from c2jax.env import sandbox  # imports the backends; only when validating
-
   configlib.check_keys(cfg, default_config(), prefix + ".")
   wrapper = ml_collections.ConfigDict({prefix: cfg})
   key = lambda name: f"{prefix}.{name}"
@@ -97,7 +101,6 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
     raise configlib.ConfigError(key("tools"), "must include 'finish': it is how the agent "
                                 "ends a task.")
   if "external" in cfg:
-    from c2jax.agent.external import config as external_config  # pylint: disable=import-outside-toplevel
     external_config.validate(cfg.external, key("external"))
   configlib.check_choice(wrapper, key("context_management"), CONTEXT_MANAGEMENT)
   if cfg.context_management == "none" and cfg.summary_trigger_tokens:
@@ -127,9 +130,6 @@ def check_tokenizer(cfg: ml_collections.ConfigDict, data_cfg: ml_collections.Con
   """agent.tool_format against the tokenizer the data section names: c2jax's protocol with
   c2jax's tokenizer; with a released model's (data.tokenizer_dir) a format that reads the
   tool calls its chat template writes, and a vocabulary the model's embedding covers."""
-  from c2jax.agent import conversation  # pylint: disable=import-outside-toplevel
-  from c2jax.data import model_tokenizer  # pylint: disable=import-outside-toplevel
-
   if data_cfg.tokenizer_dir is None:
     if cfg.tool_format != "c2jax":
       raise configlib.ConfigError("agent.tool_format", f"is {cfg.tool_format!r} but "
@@ -146,7 +146,3 @@ def check_tokenizer(cfg: ml_collections.ConfigDict, data_cfg: ml_collections.Con
     raise configlib.ConfigError("data.tokenizer_dir", f"holds a tokenizer of "
                                 f"{tokenizer.vocab_size} tokens but model.vocab_size is "
                                 f"{model_vocab_size}; use the model the tokenizer belongs to.")
-
-
-def toolset(cfg) -> tools_lib.ToolsetConfig:
-  return tools_lib.ToolsetConfig(tools=tuple(cfg.tools), strict=cfg.strict_tools)

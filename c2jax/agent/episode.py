@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from c2jax.agent import config as agent_config
 from c2jax.agent import conversation as conversation_lib
 from c2jax.agent import prompt as prompt_lib
 from c2jax.agent.stats import TrajectoryStats
@@ -28,6 +27,11 @@ from c2jax.toolcalls import protocol
 # finish: the model called finish; answer: a turn without tool calls (a final message);
 # max_turns / budget (max_total_tokens) / context (the engine's max_length): cut off.
 FINISH_REASONS = ("finish", "answer", "max_turns", "budget", "context")
+
+
+def toolset(cfg) -> tools_lib.ToolsetConfig:
+  """The environment's toolset for an agent section (config.agent)."""
+  return tools_lib.ToolsetConfig(tools=tuple(cfg.tools), strict=cfg.strict_tools)
 
 
 @dataclasses.dataclass
@@ -150,7 +154,7 @@ class Episode:
     self.started = time.monotonic()  # wall time counts from the start, not the queue
     self.sandbox = self.sandbox_factory(self.task)
     reward_lib.prepare(self.sandbox, self.task)
-    self.toolbox = tools_lib.Toolbox(self.sandbox, agent_config.toolset(self.cfg))
+    self.toolbox = tools_lib.Toolbox(self.sandbox, toolset(self.cfg))
     return self.conv.start(self.cfg.system_prompt, self.toolbox.specs(), self.task.prompt)
 
   def tools_work(self, text: str):

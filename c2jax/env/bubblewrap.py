@@ -35,7 +35,7 @@ import time
 
 from c2jax.env import cgroups
 from c2jax.env import limits as limits_lib
-from c2jax.env import sandbox as sandbox_lib
+from c2jax.env import sandbox_base as sandbox_lib
 from c2jax.env import workspace as workspace_lib
 
 _ETC_FILES = ('/etc/ld.so.cache', '/etc/ld.so.conf', '/etc/localtime', '/etc/alternatives',

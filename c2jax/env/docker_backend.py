@@ -35,7 +35,7 @@ import uuid
 import docker
 
 from c2jax.env import limits as limits_lib
-from c2jax.env import sandbox as sandbox_lib
+from c2jax.env import sandbox_base as sandbox_lib
 
 _WRAPPER = 'timeout -s KILL "$0" "$@"; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
 _INIT = ['sleep', 'infinity']  # keeps the container alive between commands

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import threading
 
-from c2jax.env import sandbox as sandbox_lib
+from c2jax.env import sandbox_base as sandbox_lib
 
 
 @dataclasses.dataclass(frozen=True)

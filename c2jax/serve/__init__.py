@@ -16,8 +16,9 @@ deltas), capture (token-exact JSONL for RL), loading (run or HF directory), serv
 (uvicorn).
 """
 
-from c2jax.serve.app import Service, create_app
+from c2jax.serve.app import Service
 from c2jax.serve.capture import read as read_capture
+from c2jax.serve.endpoints import create_app
 from c2jax.serve.server import Running
 
 __all__ = ["Running", "Service", "create_app", "read_capture"]

@@ -1,4 +1,6 @@
-"""The FastAPI app: /v1/models, /v1/chat/completions, /v1/completions over an EngineLoop.
+"""What the FastAPI routes serve: the Service (an EngineLoop over one engine, its tokenizer,
+token capture) and the pieces every endpoint shares (sampling checks, log-probs, SSE, JSON
+bodies). The routes and `create_app` are in endpoints.py, which builds on this module.
 
 Handlers validate and render on the event loop, hand a rollout Request to the engine
 thread, and await its events (engine_loop.py). A non-streaming handler watches for the
@@ -14,9 +16,7 @@ import time
 import uuid
 
 import fastapi
-from absl import logging
 from fastapi import responses
-from starlette.exceptions import HTTPException
 
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.rollout import Engine, Request, SamplingParams
@@ -211,42 +211,6 @@ def usage(generation) -> dict:
   prompt, completion = len(generation.prompt_tokens), len(generation.tokens)
   return {"prompt_tokens": prompt, "completion_tokens": completion,
           "total_tokens": prompt + completion}
-
-
-def create_app(service: Service) -> fastapi.FastAPI:
-  """The ASGI app; `service.start()` must run before requests arrive."""
-  app = fastapi.FastAPI(title="c2jax serve", docs_url=None, redoc_url=None)
-
-  @app.exception_handler(schema.APIError)
-  async def _api_error(_, error: schema.APIError):
-    return error_response(error)
-
-  @app.exception_handler(HTTPException)
-  async def _http_error(_, error: HTTPException):
-    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
-    return error_response(schema.APIError(error.status_code, str(error.detail), kind=kind))
-
-  @app.exception_handler(Exception)
-  async def _internal_error(_, error: Exception):
-    logging.exception("request failed")
-    return error_response(schema.APIError(500, f"internal error: {type(error).__name__}: "
-                                          f"{error}", kind="server_error"))
-
-  @app.get("/health")
-  async def health():
-    return {"status": "ok", "live_requests": service.loop.live}
-
-  @app.get("/v1/models")
-  async def models():
-    return {"object": "list", "data": [{
-        "id": service.model_name, "object": "model", "created": service.created,
-        "owned_by": "c2jax", "max_model_len": service.engine.max_length}]}
-
-  # Imported late: the two endpoint modules build on the names above.
-  from c2jax.serve import endpoints  # pylint: disable=g-import-not-at-top
-
-  endpoints.add_routes(app, service)
-  return app
 
 
 def logprob_entries(service: Service, tokens, logprobs) -> list[dict]:

@@ -1,16 +1,19 @@
-"""POST /v1/chat/completions and /v1/completions (plain and `stream=true`)."""
+"""The app's routes: POST /v1/chat/completions and /v1/completions (plain and
+`stream=true`), /v1/models, /health, the OpenAI error bodies, and `create_app`."""
 
 from __future__ import annotations
 
 import time
 
 import fastapi
+from absl import logging
 from fastapi import responses
+from starlette.exceptions import HTTPException
 
 from c2jax.rollout import Request
 from c2jax.serve import prompts, schema
-from c2jax.serve.app import (ClientGone, Pending, Service, alternatives, logprob_entries,
-                             new_id, read_json, score, sse, usage)
+from c2jax.serve.app import (ClientGone, Pending, Service, alternatives, error_response,
+                             logprob_entries, new_id, read_json, score, sse, usage)
 from c2jax.serve.output import Output
 
 
@@ -260,3 +263,36 @@ async def _completion_stream(service, request, engine_request, output, head):
   except schema.APIError as error:
     yield sse(error.body())
   yield sse("[DONE]")
+
+
+def create_app(service: Service) -> fastapi.FastAPI:
+  """The ASGI app; `service.start()` must run before requests arrive."""
+  app = fastapi.FastAPI(title="c2jax serve", docs_url=None, redoc_url=None)
+
+  @app.exception_handler(schema.APIError)
+  async def _api_error(_, error: schema.APIError):
+    return error_response(error)
+
+  @app.exception_handler(HTTPException)
+  async def _http_error(_, error: HTTPException):
+    kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
+    return error_response(schema.APIError(error.status_code, str(error.detail), kind=kind))
+
+  @app.exception_handler(Exception)
+  async def _internal_error(_, error: Exception):
+    logging.exception("request failed")
+    return error_response(schema.APIError(500, f"internal error: {type(error).__name__}: "
+                                          f"{error}", kind="server_error"))
+
+  @app.get("/health")
+  async def health():
+    return {"status": "ok", "live_requests": service.loop.live}
+
+  @app.get("/v1/models")
+  async def models():
+    return {"object": "list", "data": [{
+        "id": service.model_name, "object": "model", "created": service.created,
+        "owned_by": "c2jax", "max_model_len": service.engine.max_length}]}
+
+  add_routes(app, service)
+  return app

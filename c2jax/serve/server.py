@@ -9,7 +9,8 @@ import time
 
 import uvicorn
 
-from c2jax.serve.app import Service, create_app
+from c2jax.serve.app import Service
+from c2jax.serve.endpoints import create_app
 
 
 def _socket(host: str, port: int) -> socket.socket:

@@ -33,6 +33,7 @@ import ml_collections
 
 from c2jax import config as configlib
 from c2jax.sweep import metrics as metrics_lib
+from c2jax.verbs import VERBS
 
 
 # The table's own columns (c2jax/sweep/table.py); metrics may not reuse them.
@@ -190,10 +191,8 @@ def _check_shape(sweep: Sweep, source: pathlib.Path) -> None:
   if not any("{run_dir}" in arg for arg in sweep.run_args):
     raise SweepError(f"{source}: run_args must pass the run directory, e.g. "
                      "('--workdir={run_dir}',).")
-  from c2jax import cli  # the verb registry is the one source of valid verbs
-
-  if sweep.verb not in cli.VERBS or sweep.verb == "sweep":
-    verbs = sorted(v for v in cli.VERBS if v != "sweep")
+  if sweep.verb not in VERBS or sweep.verb == "sweep":
+    verbs = sorted(v for v in VERBS if v != "sweep")
     raise SweepError(f"{source}: verb={sweep.verb!r} is not a c2jax verb ({verbs}).")
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ml_collections
 
 from c2jax import config as configlib
+from c2jax.agent.external.launchers import HARNESSES
+from c2jax.env import sandbox as sandbox_lib
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -16,7 +18,7 @@ def default_config() -> ml_collections.ConfigDict:
   # RL actors roll out through the harness below instead of the native agent loop (the
   # native loop's sampling, turn and tool settings then do not apply; these do).
   c.enabled = False
-  c.harness = "mini_swe_agent"  # a key of harness.HARNESSES
+  c.harness = "mini_swe_agent"  # a key of launchers.HARNESSES
   c.command = ""  # 'command' harness: argv template ({base_url} {model} {task_file} {workdir})
   c.timeout_s = 900.0  # the whole episode; past it the harness is killed (finish 'budget')
   c.max_turns = 30  # model calls the harness may make (mini-swe-agent step_limit)
@@ -35,9 +37,6 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent.external") -> None:
-  from c2jax.agent.external.harness import HARNESSES  # pylint: disable=import-outside-toplevel
-  from c2jax.env import sandbox as sandbox_lib  # pylint: disable=import-outside-toplevel
-
   configlib.check_keys(cfg, default_config(), prefix + ".")
   wrapper = cfg
   for part in reversed(prefix.split(".")):

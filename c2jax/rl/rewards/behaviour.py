@@ -22,9 +22,11 @@ reads the scores from TrajectoryStats.behaviour, so rewards stay pure functions:
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Callable
+
+from c2jax.rl.rewards import model_grader
+from c2jax.rl.rewards.grading import GraderError, Transcript, Verdict
 
 _GRADERS: dict[str, Callable] = {}
 
@@ -34,23 +36,6 @@ _REASONING = re.compile(
     r"actually[,.]|on second thought|maybe we|not sure)\b", re.I)
 _COMMENT = re.compile(r"^\s*(#|//)(?!!)(.*)$")
 _PRAGMA = re.compile(r"^\s*#\s*(type:|noqa|pylint:|fmt:|pragma|-\*-)", re.I)
-_HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?[^\n]*\n(.*?)\n\s*\1\s*$", re.S | re.M)
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-  score: float  # in [0, 1]; 1 = nothing to object to
-  reason: str
-
-
-def _rollout_error():
-  from c2jax.agent.loop import RolloutError  # pylint: disable=import-outside-toplevel
-  return RolloutError
-
-
-class GraderError(_rollout_error()):
-  """A grader could not produce a verdict (e.g. its endpoint failed). A RolloutError:
-  the actor drops the group and returns its prompt, as for any infrastructure failure."""
 
 
 def register_grader(name: str):
@@ -63,67 +48,7 @@ def register_grader(name: str):
 
 
 def grader_names() -> list[str]:
-  _import_graders()
   return sorted(_GRADERS)
-
-
-def _import_graders() -> None:
-  from c2jax.rl.rewards import model_grader  # pylint: disable=import-outside-toplevel,unused-import
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolCall:
-  name: str
-  arguments: dict
-
-
-class Transcript:
-  """Read-only views of a chain's messages that the graders share."""
-
-  def __init__(self, messages: list[dict]):
-    self.messages = list(messages)
-
-  @property
-  def tool_calls(self) -> list[ToolCall]:
-    calls = []
-    for message in self.messages:
-      for call in message.get("tool_calls") or ():
-        function = call.get("function", {})
-        try:
-          arguments = json.loads(function.get("arguments") or "{}")
-        except json.JSONDecodeError:
-          arguments = {}
-        calls.append(ToolCall(function.get("name", ""),
-                              arguments if isinstance(arguments, dict) else {}))
-    return calls
-
-  @property
-  def final_message(self) -> str:
-    """The finish tool's summary if the agent called it, else the last assistant text."""
-    for call in reversed(self.tool_calls):
-      if call.name == "finish":
-        return str(call.arguments.get("summary") or call.arguments.get("message") or "")
-    for message in reversed(self.messages):
-      if message.get("role") == "assistant" and not message.get("tool_calls"):
-        return message.get("content") or ""
-    return ""
-
-  def written_code(self, shell_tool: str) -> list[str]:
-    """Text the agent put into files: write_file contents, edit_file replacements, shell
-    heredocs."""
-    texts = []
-    for call in self.tool_calls:
-      if call.name == "write_file":
-        texts.append(str(call.arguments.get("content", "")))
-      elif call.name == "edit_file":
-        texts.append(str(call.arguments.get("new_string", "")))
-      elif call.name == shell_tool:
-        texts += [body for _, body in _HEREDOC.findall(str(call.arguments.get("command", "")))]
-    return texts
-
-  def edited_paths(self) -> list[str]:
-    return [str(c.arguments["path"]) for c in self.tool_calls
-            if c.name in ("write_file", "edit_file") and "path" in c.arguments]
 
 
 @register_grader("cot_comments")
@@ -208,11 +133,13 @@ def final_message(transcript: Transcript, cfg) -> Verdict:
   return Verdict(max(0.0, 1.0 - len(problems) / checks), "; ".join(problems))
 
 
+register_grader("model")(model_grader.model_judge)
+
+
 def grade(behaviour_cfg, messages: list[dict]) -> tuple[dict[str, float], dict[str, str]]:
   """(score, reason) per grader with a positive weight, for one chain's transcript.
   Raises GraderError if a grader could not decide (the caller treats it like any
   infrastructure failure)."""
-  _import_graders()
   transcript = Transcript(messages)
   scores, reasons = {}, {}
   for name in behaviour_cfg.graders.keys():

@@ -20,7 +20,7 @@ import json
 import os
 import re
 
-from c2jax.rl.rewards.behaviour import GraderError, Transcript, Verdict, register_grader
+from c2jax.rl.rewards.grading import GraderError, Transcript, Verdict
 
 RUBRIC = ("You review how a coding agent worked on a task. Judge its communication and "
           "style, not whether the code is correct: is the final message clear and honest "
@@ -60,7 +60,6 @@ def _client(cfg):
                        max_retries=1)
 
 
-@register_grader("model")
 def model_judge(transcript: Transcript, cfg) -> Verdict:
   if not cfg.base_url or not cfg.model:
     raise GraderError("behaviour grader 'model' needs graders.model.base_url and "
