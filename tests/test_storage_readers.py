@@ -15,7 +15,7 @@ import pytest
 from c2jax import data, model, storage
 from c2jax.data import tokenizer as tokenizer_lib
 from c2jax.eval import engine_policy
-from c2jax.eval.base import checkpoint as eval_checkpoint
+from c2jax.eval import base as eval_base
 from c2jax.hf import export, sources
 from c2jax.model import variants
 from c2jax.serve import loading
@@ -103,7 +103,7 @@ def test_serve_and_evals_load_a_run_from_a_file_url(runs):
   served = loading.load(url)
   assert (served.name, served.version) == ("rl", 2)
   _assert_same(served.params, params)
-  loaded = eval_checkpoint.load_run(url)
+  loaded = eval_base.load_run(url)
   _assert_same(loaded.params, {k: v for k, v in params.items() if k != "mtp_layers"})
   np.testing.assert_array_equal(loaded.tokenizer.encode("def a(x):"),
                                 served.tokenizer.encode("def a(x):"))

@@ -20,42 +20,20 @@ import pathlib
 import sys
 import tempfile
 
-import jax
-import ml_collections
 import numpy as np
 
 from c2jax import config as configlib
-from c2jax import data, model
 from c2jax.agent import config as agent_config
 from c2jax.agent import prompt as prompt_lib
 from c2jax.toolcalls import protocol
-from c2jax.config import apply_overrides
 from c2jax.env import procgen
 from c2jax.env.tools import registry
-from c2jax.model import variants
 from c2jax.rollout import JaxEngine, Request, SamplingParams
-from c2jax.train import init_params
+from c2jax.train import run_loading
 
 # Far from the recipe's training seeds (0 .. a few hundred), so no task is seen in SFT.
 HELDOUT_SEED = 100_000
 FIELDS = ('path', 'old_string', 'new_string')
-
-
-def load_run(workdir: pathlib.Path):
-  """(job config, params, tokenizer) of the newest checkpoint of a training workdir."""
-  config_path = workdir / 'config.json'
-  if not config_path.is_file():
-    raise FileNotFoundError(f'{config_path} not found; --workdir must be a training stage '
-                            'folder (e.g. runs/tiny_agent/sft) written by c2jax sft/pipeline.')
-  saved = json.loads(config_path.read_text())
-  model_cfg = variants.get(saved['model']['name'])
-  apply_overrides(model_cfg, saved['model'])
-  tokenizer = data.prepare_from_config(ml_collections.ConfigDict(saved['data']),
-                                       progress=False).tokenizer()
-  fresh = model.init(model_cfg, jax.random.key(0))
-  params = init_params.restore_init_params(
-      ml_collections.ConfigDict({'init_from': str(workdir), 'model': model_cfg}), fresh)
-  return model_cfg, params, tokenizer
 
 
 def prompt_ids(tokenizer, task, tools) -> np.ndarray:
@@ -126,7 +104,9 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   path, _, arg = args.rl_config.partition(':')
   tools = tuple(configlib.load_config_file(path, arg or None).agent.tools)
-  model_cfg, params, tokenizer = load_run(pathlib.Path(args.workdir).expanduser())
+  run = run_loading.load_run(pathlib.Path(args.workdir).expanduser(), keep_mtp=True,
+                             flag='--workdir')
+  model_cfg, params, tokenizer = run.cfg, run.params, run.tokenizer
   with tempfile.TemporaryDirectory(prefix='c2jax-eval-d0-') as repos:
     tasks = procgen.generate_suite(repos, args.count, args.seed, difficulties=(0,))
   result = evaluate(model_cfg, params, tokenizer, tasks, tools=tools, samples=args.samples,

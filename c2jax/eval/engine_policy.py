@@ -8,72 +8,18 @@ engine; `c2jax eval` builds one from a run directory (`EnginePolicy.from_run`).
 
 from __future__ import annotations
 
-import json
-import pathlib
 
 from c2jax.agent import loop as agent_loop
 from c2jax.eval import episode as episode_lib
-
-
-def load_hf(directory: pathlib.Path):
-  """(model config, params, tokenizer) of an HF directory (config.json, safetensors,
-  tokenizer.json), released FP8 / INT4 layouts dequantised by c2jax.hf."""
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-
-  from c2jax.data.tokenizer import Tokenizer  # pylint: disable=g-import-not-at-top
-  from c2jax.hf import convert  # pylint: disable=g-import-not-at-top
-
-  tokenizer_path = directory / "tokenizer.json"
-  if not tokenizer_path.is_file():
-    raise FileNotFoundError(f"config.policy.run = {str(directory)!r} is an HF directory "
-                            "without tokenizer.json; copy the model's tokenizer.json there.")
-  model_cfg, params = convert.load(directory)
-  tokenizer = Tokenizer.load(tokenizer_path)
-  if tokenizer.vocab_size > model_cfg.vocab_size:
-    raise ValueError(f"{tokenizer_path} has {tokenizer.vocab_size} tokens (special tokens "
-                     f"included) but the model's vocab_size is {model_cfg.vocab_size}; "
-                     "ids past the embedding would be silently clamped.")
-  return model_cfg, {k: _to_jax(v, jnp) for k, v in params.items()}, tokenizer
-
-
-def _to_jax(tree, jnp):
-  import jax  # pylint: disable=g-import-not-at-top
-
-  return jax.tree.map(jnp.asarray, tree)
+from c2jax.train import run_loading
 
 
 def load_run(run_dir: str):
   """(model config, params, tokenizer) of the newest checkpoint of a c2jax run dir (a
-  local path or any URL c2jax.storage reads), or of a local HF directory (see load_hf)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import ml_collections  # pylint: disable=g-import-not-at-top
-
-  from c2jax import data, model  # pylint: disable=g-import-not-at-top
-  from c2jax.config import apply_overrides  # pylint: disable=g-import-not-at-top
-  from c2jax.model import variants  # pylint: disable=g-import-not-at-top
-  from c2jax.train import init_params  # pylint: disable=g-import-not-at-top
-
-  from c2jax import storage  # pylint: disable=g-import-not-at-top
-
-  directory = storage.orbax_path(run_dir, "config.policy.run")
-  config_path = directory / "config.json"
-  if not config_path.is_file():
-    raise FileNotFoundError(
-        f"config.policy.run = {run_dir!r} has no config.json; point it at a training stage "
-        "folder written by c2jax pretrain/sft/rl (e.g. runs/tiny_agent/sft) or an HF "
-        "model directory.")
-  saved = json.loads(config_path.read_text())
-  if "model" not in saved:  # HF's config.json describes the model at its top level
-    return load_hf(storage.require_local(run_dir, "config.policy.run", "an HF model "
-                                         "directory"))
-  model_cfg = variants.get(saved["model"]["name"])
-  apply_overrides(model_cfg, saved["model"])
-  tokenizer = data.prepare_from_config(ml_collections.ConfigDict(saved["data"]),
-                                       progress=False).tokenizer()
-  fresh = model.init(model_cfg, jax.random.key(0))
-  params = init_params.restore_init_params(
-      ml_collections.ConfigDict({"init_from": str(directory), "model": model_cfg}), fresh)
-  return model_cfg, params, tokenizer
+  local path or any URL c2jax.storage reads), or of a local HF directory, MTP drafter kept
+  (c2jax.train.run_loading)."""
+  run = run_loading.load_run(run_dir, keep_mtp=True, flag="config.policy.run")
+  return run.cfg, run.params, run.tokenizer
 
 
 def outcome_of(trajectory: agent_loop.Trajectory) -> episode_lib.Outcome:

@@ -1,6 +1,7 @@
 """What `init_from` points at, told apart by what is on disk, and read leaf slice by slice.
 
     kind = sources.detect(path)            # 'run' | 'hf' | 'converted'
+    where = sources.locate(path)           # kind, path, and a run's orbax steps folder
     source = sources.open_source(path)     # HFSource | ConvertedSource (not for 'run')
     source.shapes                          # c2jax leaf path -> shape it can provide
     source.read(path, index)               # leaf[index] as numpy, index a tuple of slices
@@ -80,6 +81,25 @@ def detect(path: str | os.PathLike) -> str:
       f"a `c2jax convert` output ({checkpoint.CONFIG_FILE}). It holds {found or 'nothing'}"
       "; point init_from at one of those (an HF directory still downloading lacks its "
       "safetensors).")
+
+
+@dataclasses.dataclass(frozen=True)
+class Location:
+  """What an init_from path names, decided once (detect) for every reader of it."""
+  kind: str  # 'run' | 'hf' | 'converted'
+  path: object  # storage.orbax_path(init_from): pathlib.Path, or etils.epath.Path
+  steps_dir: object | None  # a run's orbax step folders: RUN/checkpoints or RUN; else None
+
+
+def locate(path: str | os.PathLike) -> Location:
+  """The kind of source at `path` and, for a run, where its checkpoint steps are;
+  SourceError as detect's."""
+  kind = detect(path)
+  directory = storage.orbax_path(path, "init_from")
+  steps_dir = None
+  if kind == "run":
+    steps_dir = directory / "checkpoints" if (directory / "checkpoints").is_dir() else directory
+  return Location(kind, directory, steps_dir)
 
 
 def local_dir(path: str | os.PathLike) -> pathlib.Path:

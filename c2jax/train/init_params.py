@@ -59,8 +59,9 @@ def restore_init_params(cfg, fresh_params, shardings=None):
         f"config.init_from = {source!r} does not exist; run the previous phase first "
         "(see configs/longctx.py and configs/sft.py for the chain), or point it at an HF "
         "model directory.")
-  if init_sources.detect(source) == "run":
-    saved, where, restore = _orbax_source(directory, source)
+  located = init_sources.locate(source)
+  if located.kind == "run":
+    saved, where, restore = _orbax_source(located.steps_dir, source)
   else:
     loaded = init_sources.open_source(source)
     saved, where = _nested(loaded.shapes), f"{directory} ({loaded.kind})"
@@ -87,9 +88,8 @@ def restore_init_params(cfg, fresh_params, shardings=None):
 
 
 def _orbax_source(directory, source: str):
-  """(saved shapes, description, restore(abstract, shardings)) of a c2jax run."""
-  if (directory / "checkpoints").is_dir():
-    directory = directory / "checkpoints"
+  """(saved shapes, description, restore(abstract, shardings)) of a c2jax run whose
+  checkpoint steps are in `directory`."""
   previous = checkpoint_lib.Checkpointer(directory, async_save=False)
   if not previous.steps():
     previous.close()

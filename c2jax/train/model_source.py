@@ -17,18 +17,9 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from c2jax import config as configlib
-from c2jax import storage
+from c2jax.hf import sources
 from c2jax.model import config as model_config
 from c2jax.model import lineage
-
-
-def _checkpoint_dir(path):
-  """The orbax step directory root of a c2jax run (RUN or RUN/checkpoints), or None;
-  pathlib or etils.epath paths (c2jax.storage.orbax_path)."""
-  for candidate in (path / "checkpoints", path):
-    if candidate.is_dir() and any(child.name.isdigit() for child in candidate.iterdir()):
-      return candidate
-  return None
 
 
 def _run_model(directory) -> dict | None:
@@ -65,20 +56,16 @@ def _from_dict(values: dict, where: str) -> ml_collections.ConfigDict:
 def source_model(init_from: str) -> tuple[ml_collections.ConfigDict | None, str]:
   """(model config, description) of what `init_from` points at; None when the source
   records no model config (an older c2jax checkpoint)."""
-  from c2jax.hf import sources  # pylint: disable=g-import-not-at-top
-
   try:
-    kind = sources.detect(init_from)
-    path = storage.orbax_path(init_from, "init_from")
-    if kind != "run":
-      where = (f"the HF model {path}" if kind == "hf" else
-               f"the converted checkpoint {path}")
-      return sources.model_config(path), where
+    source = sources.locate(init_from)
+    if source.kind != "run":
+      where = (f"the HF model {source.path}" if source.kind == "hf" else
+               f"the converted checkpoint {source.path}")
+      return sources.model_config(source.path), where
   except sources.SourceError as err:
     raise configlib.ConfigError("init_from", str(err)) from None
-  directory = _checkpoint_dir(path)
-  where = f"the run {directory or path}"
-  values = _run_model(directory) if directory is not None else None
+  where = f"the run {source.steps_dir}"
+  values = _run_model(source.steps_dir)
   return (_from_dict(values, where) if values else None), where
 
 

@@ -72,8 +72,8 @@ def test_codebase_ppl_matches_the_base_eval_and_resumes(tmp_path, hf_dir):
   records = _records(workdir)
   assert sorted(r["task_id"] for r in records) == ["README.md", "a/main.py", "b/util.py"]
   # The same numbers as the plain function of c2jax/eval/base on the same model.
-  from c2jax.eval.engine_policy import load_hf  # pylint: disable=g-import-not-at-top
-  model_cfg, params, tok = load_hf(hf_dir)
+  from c2jax.eval.engine_policy import load_run  # pylint: disable=g-import-not-at-top
+  model_cfg, params, tok = load_run(str(hf_dir))
   direct = perplexity.codebase_perplexity(model_cfg, params, tok, repo, window=16, stride=8,
                                           batch_size=4)
   metrics = json.loads((workdir / "summary.json").read_text())["metrics"]

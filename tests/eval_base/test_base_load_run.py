@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from c2jax import data, model
-from c2jax.eval.base import checkpoint, perplexity
+from c2jax.eval import base
+from c2jax.eval.base import perplexity
 from c2jax.model import variants
 from c2jax.train import checkpoint as checkpoint_lib
 
@@ -42,12 +43,12 @@ def run_dir(tmp_path_factory, tok):
 
 def test_load_run_restores_newest_params(run_dir, tok, repo):
   workdir, cfg, params = run_dir
-  loaded = checkpoint.load_run(workdir)
+  loaded = base.load_run(workdir)
   assert loaded.cfg.num_mtp_layers == 0 and "mtp_layers" not in loaded.params
   expected = {k: v for k, v in params.items() if k != "mtp_layers"}
   jax.tree.map(np.testing.assert_array_equal, loaded.params, expected)
   np.testing.assert_array_equal(loaded.tokenizer.encode("def f(x):"), tok.encode("def f(x):"))
-  with_mtp = checkpoint.load_run(workdir, keep_mtp=True)
+  with_mtp = base.load_run(workdir, keep_mtp=True)
   jax.tree.map(np.testing.assert_array_equal, with_mtp.params["mtp_layers"],
                params["mtp_layers"])
   # The eval runs on what was loaded: same numbers as the in-memory parameters.
@@ -60,7 +61,7 @@ def test_load_run_restores_newest_params(run_dir, tok, repo):
 
 def test_load_run_errors_name_the_problem(tmp_path):
   with pytest.raises(FileNotFoundError, match="config.json"):
-    checkpoint.load_run(tmp_path)
+    base.load_run(tmp_path)
   (tmp_path / "config.json").write_text(json.dumps({"rl": {}}))
   with pytest.raises(ValueError, match="model"):
-    checkpoint.load_run(tmp_path)
+    base.load_run(tmp_path)

@@ -1,6 +1,6 @@
 """Base-model evaluations of the Composer 2 report (App. B), as pure, composable functions.
 
-  run = load_run(RUN_DIR)                       # model config, newest params, tokenizer
+  run = load_run(RUN_DIR)         # model config, newest params, tokenizer (train.run_loading)
 
   codebase_perplexity(run.cfg, run.params, run.tokenizer, REPO_DIR, window=W, stride=S)
       NLL of a held-out repository's files, concatenated in alphabetical order of path,
@@ -18,13 +18,13 @@
 `tools/build_state_tracking.py --repo DIR --out cases.jsonl` writes cases.
 """
 
-from c2jax.eval.base.checkpoint import LoadedRun, load_run
 from c2jax.eval.base.codebase import CodebaseOptions
 from c2jax.eval.base.perplexity import PerplexityResult, WindowScorer, codebase_perplexity
 from c2jax.eval.base.state_cases import Case, git_cases, load_jsonl, procedural_cases, save_jsonl
 from c2jax.eval.base.state_tracking import (StateTrackingOptions, StateTrackingResult,
                                             extract_answer)
 from c2jax.eval.base.state_tracking import run as run_state_tracking
+from c2jax.train.run_loading import LoadedRun, load_run
 
 __all__ = ["Case", "CodebaseOptions", "LoadedRun", "PerplexityResult", "StateTrackingOptions",
            "StateTrackingResult", "WindowScorer", "codebase_perplexity", "extract_answer",
