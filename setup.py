@@ -48,8 +48,8 @@ setup(
         # separate venv where the CPU torch wheel exists.
         # setuptools: tests/test_install_names.py installs a copy of the project offline.
         # ray: tests/rl/test_ray_backend.py runs the Ray actor backend on a local cluster.
-        # mini-swe-agent: the external harness tests/agent/test_external_harness.py drives.
-        # scipy, nbclient, ipykernel, nbformat: tests/experiments/test_sweep_runs.py
+        # mini-swe-agent: the external harness tests/agent/external/test_external_harness.py drives.
+        # scipy, nbclient, ipykernel, nbformat: tests/sweep/test_sweep_runs.py
         # executes the notebooks in experiments/notebooks/.
         "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "setuptools>=70",
                  "ray>=2.9", "mini-swe-agent>=2.4", "scipy>=1.11", "nbclient>=0.10",

@@ -18,8 +18,7 @@ from c2jax.eval.base import perplexity
 from c2jax.hf import convert
 from c2jax.model import variants
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "eval_base"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "base"))
 from evalbase_testlib import REPO, write_repo  # pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -21,7 +21,7 @@ from tests.serve.conftest import ScriptedEngine
 pytest.importorskip("openai")
 
 FAKE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent",
-                    "external_fake_harness.py")
+                    "external", "external_fake_harness.py")
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 SCRIPT = textwrap.dedent("""
     import json

@@ -92,7 +92,7 @@ def test_git_cases_follow_renames_and_match_git(history_repo, tmp_path):
 
 def test_build_tool_writes_cases(history_repo, tmp_path):
   out = tmp_path / "cases.jsonl"
-  tool = pathlib.Path(__file__).parents[2] / "tools" / "build_state_tracking.py"
+  tool = pathlib.Path(__file__).resolve().parents[3] / "tools" / "build_state_tracking.py"
   env = {**os.environ, "PYTHONPATH": str(tool.parents[1])}
   done = subprocess.run([sys.executable, str(tool), "--repo", str(history_repo), "--out",
                          str(out), "--procedural", "2", "--seed", "5"], env=env, check=True,

@@ -1,5 +1,5 @@
 """Sweep files: expansion, run-directory names, override checks, metrics and the table
-(no point runs here; tests/experiments/test_sweep_runs.py runs them)."""
+(no point runs here; tests/sweep/test_sweep_runs.py runs them)."""
 
 import json
 import pathlib

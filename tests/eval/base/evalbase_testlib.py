@@ -1,4 +1,4 @@
-"""Helpers shared by the eval_base tests: a little repository to evaluate."""
+"""Helpers shared by the eval/base tests: a little repository to evaluate."""
 
 import pathlib
 
