@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import collections
 import pathlib
-import sys
 
 import pytest
 
@@ -220,4 +219,3 @@ if __name__ == "__main__":
                                if layer_of(a) != layer_of(b))
   for (here, there), n in sorted(counts.items()):
     print(f"{here:>10} -> {there:<10} {n}")
-  sys.exit(0)
