@@ -33,6 +33,8 @@ _MESH = flags.DEFINE_string("mesh", "", "Shard the engine over this process's de
                             "e.g. 'fsdp=8' or 'expert=4,tensor=2' (axes data, fsdp, expert, "
                             "tensor; -1 takes the remaining devices). Empty: one device.")
 _POLL = flags.DEFINE_float("weight_poll_s", 2.0, "How often --follow_weights is polled.")
+_MAX_BODY_MB = flags.DEFINE_float("max_body_mb", 32.0, "Largest request body accepted, in "
+                                  "MiB; a larger one is answered 413 before it is read.")
 
 USAGE = ("usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N "
          "--max_length N --mesh AXIS=SIZE,...]")
@@ -45,13 +47,17 @@ def main(argv: list[str]) -> int:
   if not _MODEL.value:
     print(f"c2jax serve: --model is required.\n{USAGE}", file=sys.stderr)
     return 2
+  if not _MAX_BODY_MB.value > 0:
+    print(f"c2jax serve: --max_body_mb = {_MAX_BODY_MB.value}; use a positive size.",
+          file=sys.stderr)
+    return 2
   if _SLOTS.value < 1 or _MAX_LENGTH.value < 2:
     print(f"c2jax serve: --slots = {_SLOTS.value} and --max_length = {_MAX_LENGTH.value}; "
           "use at least 1 slot and 2 tokens.", file=sys.stderr)
     return 2
   # Heavy imports after the flags are checked, so a typo fails fast.
   from c2jax.rollout import JaxEngine, sharding  # pylint: disable=g-import-not-at-top
-  from c2jax.serve import app, loading, server  # pylint: disable=g-import-not-at-top
+  from c2jax.serve import app, loading, server, validation  # pylint: disable=g-import-not-at-top
 
   try:
     mesh = sharding.parse_mesh(_MESH.value) if _MESH.value else None
@@ -73,7 +79,9 @@ def main(argv: list[str]) -> int:
     print(f"c2jax serve: engine over {mesh.devices.size} devices, mesh "
           f"{ {axis: size for axis, size in mesh.shape.items() if size > 1} }", flush=True)
   service = app.Service(engine, loaded.tokenizer, _NAME.value or loaded.name,
-                        vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value)
+                        vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value,
+                        limits=validation.Limits(
+                            max_body_bytes=int(_MAX_BODY_MB.value * 2**20)))
   follower = None
   if _FOLLOW.value:
     from c2jax.serve import follow  # pylint: disable=g-import-not-at-top

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.rollout import Engine, Request, SamplingParams
 from c2jax.serve import capture as capture_lib
-from c2jax.serve import prompts, schema
+from c2jax.serve import prompts, schema, validation
 from c2jax.serve.engine_loop import EngineLoop, Stream
 
 _DISCONNECT_POLL_S = 0.25
@@ -31,9 +31,11 @@ class Service:
   """What the app serves: one engine (driven by its own thread), its tokenizer, a name."""
 
   def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, *,
-               vocab_size: int, capture_path: str | None = None):
+               vocab_size: int, capture_path: str | None = None,
+               limits: validation.Limits = validation.Limits()):
     self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
     self.vocab_size = vocab_size
+    self.limits = limits
     self.loop = EngineLoop(engine)
     self.capture = capture_lib.CaptureWriter(capture_path) if capture_path else None
     self.turns = prompts.TurnMemory()
@@ -59,7 +61,10 @@ class Service:
           "messages or start the server with a larger --max_length.", "messages",
           "context_length_exceeded")
     room = max_length - prompt_length
-    return SamplingParams(temperature=request.temperature, top_k=request.top_k,
+    # top_k >= the vocabulary keeps every token, as 0 does; clamped, any integer is safe
+    # to hand the engine (its batch holds int32s).
+    return SamplingParams(temperature=request.temperature,
+                          top_k=min(request.top_k, self.vocab_size),
                           top_p=request.top_p, max_tokens=min(limit or room, room),
                           stop_tokens=stop_ids, stop_strings=request.stop_strings(),
                           # The sampler keys on 32-bit seeds; clients send any integer.
@@ -193,13 +198,9 @@ def error_response(error: schema.APIError) -> responses.JSONResponse:
   return responses.JSONResponse(error.body(), status_code=error.status)
 
 
-async def read_json(http: fastapi.Request):
-  raw = await http.body()
-  try:
-    return json.loads(raw)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise schema.APIError(400, f"the request body is not valid JSON ({e}); send a JSON "
-                          "object with Content-Type: application/json.") from e
+async def read_json(http: fastapi.Request, limits: validation.Limits):
+  """The body, size-limited and parsed off the event loop (validation.py)."""
+  return await validation.read_payload(http, limits)
 
 
 def sse(payload: dict | str) -> bytes:

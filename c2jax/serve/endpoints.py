@@ -6,9 +6,10 @@ import time
 
 import fastapi
 from fastapi import responses
+from starlette.concurrency import run_in_threadpool
 
 from c2jax.rollout import Request
-from c2jax.serve import prompts, schema
+from c2jax.serve import prompts, schema, validation
 from c2jax.serve.app import (ClientGone, Pending, Service, alternatives, logprob_entries,
                              new_id, read_json, score, sse, usage)
 from c2jax.serve.output import Output
@@ -25,7 +26,12 @@ def _chat_setup(service: Service, payload):
     if request.stream or not request.logprobs:
       raise schema.APIError(400, "top_logprobs needs logprobs = true and is not "
                             "available with stream = true.", "top_logprobs")
+  validation.check_tool_schemas(request.tools)
   specs = prompts.tool_specs(request)
+  texts = [message.text(i) for i, message in enumerate(request.messages)]
+  texts += [tool.function.description for tool in request.tools or ()]
+  validation.check_text_length(service.tokenizer, service.engine.max_length, texts,
+                               "messages")
   prompt = prompts.chat_prompt(service.tokenizer, request, specs, service.turns)
   specials = service.tokenizer.specials
   stop_ids = (service.tokenizer.token_id(specials.end), service.tokenizer.eos_id)
@@ -51,6 +57,10 @@ def _completion_setup(service: Service, payload):
   if request.max_tokens == 0 and not request.echo:
     raise schema.APIError(400, "max_tokens = 0 asks for nothing; it is allowed only with "
                           "echo = true (scoring the prompt).", "max_tokens")
+  if isinstance(request.prompt, str) or (request.prompt and isinstance(request.prompt[0], str)):
+    texts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
+    validation.check_text_length(service.tokenizer, service.engine.max_length, texts,
+                                 "prompt")
   prompt, echo_start = prompts.completion_prompt(service.tokenizer, service.vocab_size,
                                                  request)
   sampling = service.sampling(request, request.max_tokens or None, len(prompt),
@@ -94,7 +104,10 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
 
   @app.post("/v1/chat/completions")
   async def chat_completions(http: fastapi.Request):
-    request, specs, prompt, sampling = _chat_setup(service, await read_json(http))
+    # Validation, rendering and tokenising run on a worker thread: a large prompt never
+    # holds the event loop that answers /health and streams other clients' tokens.
+    request, specs, prompt, sampling = await run_in_threadpool(
+        _chat_setup, service, await read_json(http, service.limits))
     request_id = new_id("chatcmpl")
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=bool(specs),
@@ -131,8 +144,8 @@ def add_routes(app: fastapi.FastAPI, service: Service) -> None:
 
   @app.post("/v1/completions")
   async def completions(http: fastapi.Request):
-    request, prompt, echo_start, sampling = _completion_setup(service,
-                                                             await read_json(http))
+    request, prompt, echo_start, sampling = await run_in_threadpool(
+        _completion_setup, service, await read_json(http, service.limits))
     request_id = new_id("cmpl")
     output = Output(service.tokenizer.decode, stop_ids=sampling.stop_tokens,
                     stop_strings=sampling.stop_strings, tools=False, call_id_prefix="")

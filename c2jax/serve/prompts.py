@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import threading
 
 import numpy as np
 
@@ -162,20 +163,24 @@ class TurnMemory:
   def __init__(self, size: int = 4096):
     self.size = size
     self._turns: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+    # Prompts render on worker threads while replies are remembered on the event loop.
+    self._lock = threading.Lock()
 
   def remember(self, key: str | None, tokens: np.ndarray) -> None:
     if key is None:
       return
-    self._turns[key] = np.asarray(tokens, np.int32)
-    self._turns.move_to_end(key)
-    while len(self._turns) > self.size:
-      self._turns.popitem(last=False)
+    with self._lock:
+      self._turns[key] = np.asarray(tokens, np.int32)
+      self._turns.move_to_end(key)
+      while len(self._turns) > self.size:
+        self._turns.popitem(last=False)
 
   def recall(self, key: str | None) -> np.ndarray | None:
-    if key is None or key not in self._turns:
-      return None
-    self._turns.move_to_end(key)
-    return self._turns[key]
+    with self._lock:
+      if key is None or key not in self._turns:
+        return None
+      self._turns.move_to_end(key)
+      return self._turns[key]
 
 
 def chat_prompt(tokenizer: Tokenizer, request: schema.ChatRequest, specs: list[dict],

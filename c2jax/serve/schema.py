@@ -123,7 +123,7 @@ class CompletionRequest(Sampling):
   prompt: str | list[int] | list[str] | list[list[int]]
   # 16 is the OpenAI default for completions; 0 only with echo (score the prompt).
   max_tokens: int | None = pydantic.Field(16, ge=0)
-  logprobs: int | None = pydantic.Field(None, ge=0, le=5)
+  logprobs: int | None = pydantic.Field(None, ge=0, le=20)
   echo: bool = False
   best_of: int | None = None
   suffix: str | None = None
@@ -148,7 +148,9 @@ def parse(model_class: type[_Body], payload: Any) -> _Body:
     if error["type"] == "missing":
       message = f"missing required parameter {param!r}."
     else:
-      message = f"invalid value for {param!r}: {error['msg']} (got {error.get('input')!r})."
+      got = repr(error.get("input"))
+      got = got if len(got) <= 200 else got[:200] + "..."  # the input may be megabytes
+      message = f"invalid value for {param!r}: {error['msg']} (got {got})."
     raise APIError(400, message, param or None,
                    "missing_required_parameter" if error["type"] == "missing"
                    else "invalid_value") from e
