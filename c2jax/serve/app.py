@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.rollout import Engine, Request, SamplingParams
 from c2jax.serve import capture as capture_lib
-from c2jax.serve import prompts, schema, validation
+from c2jax.serve import auth, prompts, schema, validation
 from c2jax.serve.engine_loop import EngineLoop, Stream
 
 _DISCONNECT_POLL_S = 0.25
@@ -32,10 +32,12 @@ class Service:
 
   def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, *,
                vocab_size: int, capture_path: str | None = None,
-               limits: validation.Limits = validation.Limits()):
+               limits: validation.Limits = validation.Limits(),
+               api_key: str | None = None):
     self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
     self.vocab_size = vocab_size
     self.limits = limits
+    self.api_key = api_key  # None: no authentication (auth.py)
     self.loop = EngineLoop(engine)
     self.capture = capture_lib.CaptureWriter(capture_path) if capture_path else None
     self.turns = prompts.TurnMemory()
@@ -217,6 +219,8 @@ def usage(generation) -> dict:
 def create_app(service: Service) -> fastapi.FastAPI:
   """The ASGI app; `service.start()` must run before requests arrive."""
   app = fastapi.FastAPI(title="c2jax serve", docs_url=None, redoc_url=None)
+  if service.api_key:
+    app.add_middleware(auth.BearerAuth, api_key=service.api_key)
 
   @app.exception_handler(schema.APIError)
   async def _api_error(_, error: schema.APIError):
