@@ -54,13 +54,13 @@ class Service:
 
   # ---- one request ---------------------------------------------------------------------
   def sampling(self, request: schema.Sampling, limit: int | None, prompt_length: int,
-               stop_ids: tuple[int, ...]) -> SamplingParams:
+               stop_ids: tuple[int, ...], param: str = "messages") -> SamplingParams:
     max_length = self.engine.max_length
     if prompt_length + 1 > max_length:
       raise schema.APIError(
           400, f"This model's maximum context length is {max_length} tokens; the prompt "
           f"has {prompt_length} tokens, leaving no room to generate. Shorten the "
-          "messages or start the server with a larger --max_length.", "messages",
+          f"{param} or start the server with a larger --max_length.", param,
           "context_length_exceeded")
     room = max_length - prompt_length
     # top_k >= the vocabulary keeps every token, as 0 does; clamped, any integer is safe
@@ -172,19 +172,15 @@ async def on_engine(service: Service, fn):
     raise schema.APIError(400, str(e)) from e
 
 
-async def score(service: Service, tokens) -> list[float]:
-  """Teacher-forced log-probs of tokens[1:] given their prefix (for `echo`)."""
-  tokens = list(tokens)
-  values = await on_engine(service, lambda engine: engine.logprobs([tokens])[0])
-  return [float(x) for x in values]
-
-
 async def alternatives(service: Service, prompt, tokens, k: int, temperature: float):
   """For each sampled token, the k most likely tokens at its position (teacher-forced
   under the same weights and temperature) as OpenAI top_logprobs entries."""
   sequence = list(prompt) + list(tokens)
+  # One compiled top-k for every k asked (each k would compile its own program).
+  top = min(20, service.vocab_size)
   ids, values = await on_engine(
-      service, lambda engine: engine.top_logprobs(sequence, k, temperature))
+      service, lambda engine: engine.top_logprobs(sequence, top, temperature))
+  ids, values = ids[:, :k], values[:, :k]
   first = len(prompt) - 1  # the position whose next-token distribution sampled tokens[0]
   return [[{"token": service.token_text(int(i)), "logprob": float(v),
             "bytes": list(service.token_bytes(int(i)))}

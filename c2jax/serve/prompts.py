@@ -200,23 +200,26 @@ def chat_prompt(tokenizer: Tokenizer, request: schema.ChatRequest, specs: list[d
     raise schema.APIError(400, f"messages: {e}", "messages") from e
 
 
-def completion_prompt(tokenizer: Tokenizer, vocab_size: int,
-                      request: schema.CompletionRequest) -> tuple[np.ndarray, int]:
-  """(prompt ids, where the client's own prompt starts in them: 1 after an added BOS)."""
+def completion_prompts(tokenizer: Tokenizer, vocab_size: int,
+                       request: schema.CompletionRequest) -> list[tuple[np.ndarray, int]]:
+  """Per prompt of the request (a string, token ids, or a list of either): (prompt ids,
+  where the client's own prompt starts in them: 1 after an added BOS)."""
   prompt = request.prompt
   if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-    if len(prompt) != 1:
-      raise schema.APIError(400, f"prompt holds {len(prompt)} prompts; send one prompt "
-                            "per request (concurrent requests are batched together).",
-                            "prompt")
-    prompt = prompt[0]
+    return [_one_prompt(tokenizer, vocab_size, p, f"prompt.{i}")
+            for i, p in enumerate(prompt)]
+  return [_one_prompt(tokenizer, vocab_size, prompt, "prompt")]
+
+
+def _one_prompt(tokenizer: Tokenizer, vocab_size: int, prompt: str | list[int],
+                param: str) -> tuple[np.ndarray, int]:
   if isinstance(prompt, str):
     return np.concatenate([[tokenizer.bos_id], tokenizer.encode(prompt)]).astype(np.int32), 1
   if not prompt:
-    raise schema.APIError(400, "prompt is empty; send text or at least one token id.",
-                          "prompt")
+    raise schema.APIError(400, f"{param} is empty; send text or at least one token id.",
+                          param)
   bad = [t for t in prompt if not 0 <= t < vocab_size]
   if bad:
-    raise schema.APIError(400, f"prompt token id {bad[0]} is outside the model's "
-                          f"vocabulary [0, {vocab_size}).", "prompt")
+    raise schema.APIError(400, f"{param} token id {bad[0]} is outside the model's "
+                          f"vocabulary [0, {vocab_size}).", param)
   return np.asarray(prompt, np.int32), 0

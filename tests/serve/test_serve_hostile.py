@@ -95,7 +95,8 @@ def nested(depth: int) -> bytes:
     (CHAT, json.dumps(chat_body(tools=[{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "required": "a"}}}])).encode(),
      400, "tools.0.function.parameters", "invalid_value"),
-    (COMPLETIONS, json.dumps({"model": MODEL, "prompt": [[]]}).encode(), 400, "prompt", None),
+    (COMPLETIONS, json.dumps({"model": MODEL, "prompt": [[]]}).encode(), 400, "prompt.0",
+     None),
     (COMPLETIONS, json.dumps({"model": MODEL, "prompt": [-1]}).encode(), 400, "prompt", None),
     (COMPLETIONS, json.dumps({"model": MODEL, "prompt": "x" * 10**6}).encode(), 400, "prompt",
      "context_length_exceeded"),
