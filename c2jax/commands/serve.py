@@ -38,7 +38,7 @@ _POLL = flags.DEFINE_float("weight_poll_s", 2.0, "How often --follow_weights is 
 _API_KEY = flags.DEFINE_string("api_key", None, "Requests must send 'Authorization: Bearer "
                                "<key>' (the OpenAI clients' api_key); /health stays open. "
                                "Default: $C2JAX_API_KEY; neither set: no authentication.")
-_MAX_BODY_MB = flags.DEFINE_float("max_body_mb", 32.0, "Largest request body accepted, in "
+_MAX_BODY_MB = flags.DEFINE_float("max_body_mb", 8.0, "Largest request body accepted, in "
                                   "MiB; a larger one is answered 413 before it is read.")
 
 USAGE = ("usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N "

@@ -1,6 +1,6 @@
 """What `c2jax serve` checks before any work starts, so no request can stall or crash it.
 
-    limits = Limits(max_body_bytes=32 * 2**20)
+    limits = Limits(max_body_bytes=8 * 2**20)
     payload = await read_payload(http, limits)      # 413 / 400, parsed off the event loop
 
 A request body passes these gates in order, each failing with an OpenAI-style error that
@@ -39,7 +39,9 @@ from c2jax.serve.schema import APIError
 @dataclasses.dataclass(frozen=True)
 class Limits:
   """What one request may ask of the server (c2jax serve's --max_body_mb and friends)."""
-  max_body_bytes: int = 32 * 2**20
+  # A JSON body is parsed in one call that holds the interpreter (~1 s for 8 MiB of small
+  # numbers on a loaded 2-core VM): the size limit bounds that pause for other clients.
+  max_body_bytes: int = 8 * 2**20
   max_json_depth: int = 64
   # Completions (prompts x n) or chat choices (n) one request may ask for.
   max_choices: int = 128
@@ -94,30 +96,55 @@ def _too_deep(param: str, max_depth: int) -> APIError:
 
 
 def check_structure(payload, max_depth: int) -> None:
-  """Walks the parsed body without recursion: depth bound and encodable text."""
-  stack = [(payload, (), 1)]
+  """Walks the parsed body without recursion: depth bound and encodable text. Paths are
+  worked out only for a failure, so a body of millions of numbers walks in one pass of
+  type checks."""
+  if isinstance(payload, str):
+    _check_text(payload, payload)
+  stack = [(payload, 1)] if isinstance(payload, (dict, list)) else []
   while stack:
-    value, path, depth = stack.pop()
-    if isinstance(value, str):
-      if not value.isascii():
-        _check_text(value, path)
-      continue
-    if not isinstance(value, (dict, list)):
-      continue
+    value, depth = stack.pop()
     if depth > max_depth:
-      raise _too_deep(_param(path), max_depth)
-    items = value.items() if isinstance(value, dict) else enumerate(value)
-    for key, item in items:
-      if isinstance(key, str) and not key.isascii():
-        _check_text(key, path)
-      stack.append((item, path + (key,), depth + 1))
+      raise _too_deep(_param(_path_to(payload, value)), max_depth)
+    if isinstance(value, dict):
+      for key in value:
+        if not key.isascii():
+          _check_text(payload, key)
+      items = value.values()
+    else:
+      items = value
+    for item in items:
+      kind = type(item)
+      if kind is str:
+        if not item.isascii():
+          _check_text(payload, item)
+      elif kind is dict or kind is list:
+        stack.append((item, depth + 1))
 
 
-def _check_text(text: str, path: tuple) -> None:
+def _path_to(payload, target) -> tuple:
+  """The keys and indices that lead from payload to the object `target` (or to a dict
+  that has `target` as a key)."""
+  stack = [(payload, ())]
+  while stack:
+    value, path = stack.pop()
+    if value is target:
+      return path
+    if isinstance(value, dict):
+      for key, item in value.items():
+        if key is target:
+          return path
+        stack.append((item, path + (key,)))
+    elif isinstance(value, list):
+      stack.extend((item, path + (index,)) for index, item in enumerate(value))
+  return ()
+
+
+def _check_text(payload, text: str) -> None:
   try:
     text.encode("utf-8")
   except UnicodeEncodeError as e:
-    param = _param(path)
+    param = _param(_path_to(payload, text))
     raise APIError(400, f"{param or 'the request body'} holds the lone surrogate "
                    f"{text[e.start]!r} at character {e.start}, which is not a Unicode "
                    "character and cannot be encoded; send valid UTF-8 text (pair the "

@@ -100,6 +100,13 @@ def nested(depth: int) -> bytes:
     (COMPLETIONS, json.dumps({"model": MODEL, "prompt": [-1]}).encode(), 400, "prompt", None),
     (COMPLETIONS, json.dumps({"model": MODEL, "prompt": "x" * 10**6}).encode(), 400, "prompt",
      "context_length_exceeded"),
+    (COMPLETIONS, json.dumps({"model": MODEL, "prompt": [5] * 10**6}).encode(), 400, "prompt",
+     "context_length_exceeded"),
+    (COMPLETIONS, json.dumps({"model": MODEL, "prompt": ["x", "y" * 10**6]}).encode(), 400,
+     "prompt.1", "context_length_exceeded"),
+    ("/tokenize", json.dumps({"messages": [{"role": "user", "content": "x" * 10**6}]}).encode(),
+     400, "messages", "context_length_exceeded"),
+    ("/detokenize", b'{"tokens": [1, -1]}', 400, "tokens", None),
 ])
 def test_hostile_requests_get_named_4xx(served, http, path, raw, status, param, code):
   error = check(post_raw(http, path, raw))
@@ -172,7 +179,8 @@ def test_a_50mb_prompt_in_flight_never_stalls_health(served, http):
 
     half = len(body) // 2
     sock.sendall(body[:half])
-    health()  # the upload is half done
+    health()  # the upload is half done; other clients are served meanwhile
+    assert_still_serves(http)
     sock.sendall(body[half:])
     for _ in range(5):  # while the server reads and checks the whole body
       health()
@@ -230,7 +238,15 @@ _BODIES = {
                      max_size=3))},
         optional={**_SHARED, "echo": st.booleans(), "logprobs": st.integers(0, 2)}),
 }
-_FIELDS = sorted({"model", "messages", "prompt", "tools", "echo", "logprobs", "top_logprobs",
+_BODIES["/tokenize"] = st.one_of(
+    st.fixed_dictionaries({"prompt": _TEXT}, optional={
+        "model": st.just(MODEL), "add_special_tokens": st.booleans(),
+        "return_token_strs": st.booleans()}),
+    st.fixed_dictionaries({"messages": st.lists(_MESSAGE, min_size=1, max_size=3)},
+                          optional={"tools": _TOOLS, "return_token_strs": st.booleans()}))
+_BODIES["/detokenize"] = st.fixed_dictionaries(
+    {"tokens": st.lists(st.integers(0, 319), max_size=8)}, optional={"model": st.just(MODEL)})
+_FIELDS = sorted({"model", "messages", "prompt", "tokens", "add_special_tokens", "tools", "echo", "logprobs", "top_logprobs",
                   "tool_choice", *_SHARED})
 
 
@@ -239,9 +255,9 @@ def _dump(body) -> bytes:
   return json.dumps(body, ensure_ascii=True, allow_nan=True).encode()
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+@settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=list(HealthCheck))
-@given(endpoint=st.sampled_from([CHAT, COMPLETIONS]), data=st.data())
+@given(endpoint=st.sampled_from(sorted(_BODIES)), data=st.data())
 def test_fuzzed_requests_never_get_5xx(http, endpoint, data):
   body = data.draw(_BODIES[endpoint])
   for field in data.draw(st.lists(st.sampled_from(_FIELDS), max_size=3, unique=True)):
