@@ -62,8 +62,8 @@ def main(argv: list[str]) -> int:
     return 2
   # Heavy imports after the flags are checked, so a typo fails fast.
   from c2jax.rollout import JaxEngine, sharding  # pylint: disable=g-import-not-at-top
-  from c2jax.serve import app, auth, loading, server, validation  # pylint: disable=g-import-not-at-top
-
+  from c2jax.serve import (app, auth, loading, server,  # pylint: disable=g-import-not-at-top
+                           validation)
   try:
     mesh = sharding.parse_mesh(_MESH.value) if _MESH.value else None
     if mesh is not None:

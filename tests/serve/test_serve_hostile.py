@@ -246,8 +246,8 @@ _BODIES["/tokenize"] = st.one_of(
                           optional={"tools": _TOOLS, "return_token_strs": st.booleans()}))
 _BODIES["/detokenize"] = st.fixed_dictionaries(
     {"tokens": st.lists(st.integers(0, 319), max_size=8)}, optional={"model": st.just(MODEL)})
-_FIELDS = sorted({"model", "messages", "prompt", "tokens", "add_special_tokens", "tools", "echo", "logprobs", "top_logprobs",
-                  "tool_choice", *_SHARED})
+_FIELDS = sorted({"model", "messages", "prompt", "tokens", "add_special_tokens", "tools",
+                  "echo", "logprobs", "top_logprobs", "tool_choice", *_SHARED})
 
 
 def _dump(body) -> bytes:
