@@ -41,6 +41,8 @@ setup(
         "fastapi>=0.110",
         "uvicorn>=0.29",
         "openai>=1.40",
+        # c2jax serve checks the tools clients send as JSON Schemas.
+        "jsonschema>=4.18",
     ],
     extras_require={
         # torch and transformers are deliberately absent: HF reference outputs are

@@ -4,7 +4,9 @@
     c2jax serve --model runs/sft --mesh fsdp=4,tensor=2   # one engine over 8 local devices
 
 Endpoints: GET /v1/models, POST /v1/chat/completions (tools, stream, logprobs),
-POST /v1/completions. Concurrent requests share one engine (continuous batching over
+POST /v1/completions, GET /health. --api_key (or $C2JAX_API_KEY) requires
+'Authorization: Bearer <key>' on every route but /health; --max_body_mb bounds a request
+(docs/serving.md lists every limit). Concurrent requests share one engine (continuous batching over
 --slots sequence slots). --capture appends one JSONL line per finished request with the
 exact prompt / completion token ids, sampler log-probs, policy versions and expert
 indices (c2jax/serve/capture.py), so external agent harnesses' episodes can be trained on.
@@ -33,6 +35,11 @@ _MESH = flags.DEFINE_string("mesh", "", "Shard the engine over this process's de
                             "e.g. 'fsdp=8' or 'expert=4,tensor=2' (axes data, fsdp, expert, "
                             "tensor; -1 takes the remaining devices). Empty: one device.")
 _POLL = flags.DEFINE_float("weight_poll_s", 2.0, "How often --follow_weights is polled.")
+_API_KEY = flags.DEFINE_string("api_key", None, "Requests must send 'Authorization: Bearer "
+                               "<key>' (the OpenAI clients' api_key); /health stays open. "
+                               "Default: $C2JAX_API_KEY; neither set: no authentication.")
+_MAX_BODY_MB = flags.DEFINE_float("max_body_mb", 8.0, "Largest request body accepted, in "
+                                  "MiB; a larger one is answered 413 before it is read.")
 
 USAGE = ("usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N "
          "--max_length N --mesh AXIS=SIZE,...]")
@@ -45,14 +52,18 @@ def main(argv: list[str]) -> int:
   if not _MODEL.value:
     print(f"c2jax serve: --model is required.\n{USAGE}", file=sys.stderr)
     return 2
+  if not _MAX_BODY_MB.value > 0:
+    print(f"c2jax serve: --max_body_mb = {_MAX_BODY_MB.value}; use a positive size.",
+          file=sys.stderr)
+    return 2
   if _SLOTS.value < 1 or _MAX_LENGTH.value < 2:
     print(f"c2jax serve: --slots = {_SLOTS.value} and --max_length = {_MAX_LENGTH.value}; "
           "use at least 1 slot and 2 tokens.", file=sys.stderr)
     return 2
   # Heavy imports after the flags are checked, so a typo fails fast.
   from c2jax.rollout import JaxEngine, sharding  # pylint: disable=g-import-not-at-top
-  from c2jax.serve import app, loading, server  # pylint: disable=g-import-not-at-top
-
+  from c2jax.serve import (app, auth, loading, server,  # pylint: disable=g-import-not-at-top
+                           validation)
   try:
     mesh = sharding.parse_mesh(_MESH.value) if _MESH.value else None
     if mesh is not None:
@@ -73,7 +84,10 @@ def main(argv: list[str]) -> int:
     print(f"c2jax serve: engine over {mesh.devices.size} devices, mesh "
           f"{ {axis: size for axis, size in mesh.shape.items() if size > 1} }", flush=True)
   service = app.Service(engine, loaded.tokenizer, _NAME.value or loaded.name,
-                        vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value)
+                        vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value,
+                        limits=validation.Limits(
+                            max_body_bytes=int(_MAX_BODY_MB.value * 2**20)),
+                        api_key=auth.resolve_key(_API_KEY.value))
   follower = None
   if _FOLLOW.value:
     from c2jax.serve import follow  # pylint: disable=g-import-not-at-top

@@ -13,7 +13,9 @@ Pieces: engine_loop (one thread owns the engine: continuous batching), app / end
 (FastAPI routes), schema (request bodies, OpenAI error body), prompts (messages + tools ->
 token ids, as the agent renders them), output (token ids -> content, tool_calls, stream
 deltas), capture (token-exact JSONL for RL), loading (run or HF directory), server
-(uvicorn).
+(uvicorn), validation (limits checked before work starts), auth (--api_key), completions
+(several choices, legacy log-probs), tokenizer_routes (/tokenize, /detokenize). The
+limits and features are documented in docs/serving.md.
 """
 
 from c2jax.serve.app import Service

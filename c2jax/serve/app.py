@@ -21,7 +21,7 @@ from fastapi import responses
 from c2jax.data.tokenizer import Tokenizer
 from c2jax.rollout import Engine, Request, SamplingParams
 from c2jax.serve import capture as capture_lib
-from c2jax.serve import prompts, schema
+from c2jax.serve import prompts, schema, validation
 from c2jax.serve.engine_loop import EngineLoop, Stream
 
 _DISCONNECT_POLL_S = 0.25
@@ -31,9 +31,13 @@ class Service:
   """What the app serves: one engine (driven by its own thread), its tokenizer, a name."""
 
   def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, *,
-               vocab_size: int, capture_path: str | None = None):
+               vocab_size: int, capture_path: str | None = None,
+               limits: validation.Limits = validation.Limits(),
+               api_key: str | None = None):
     self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
     self.vocab_size = vocab_size
+    self.limits = limits
+    self.api_key = api_key  # None: no authentication (auth.py)
     self.loop = EngineLoop(engine)
     self.capture = capture_lib.CaptureWriter(capture_path) if capture_path else None
     self.turns = prompts.TurnMemory()
@@ -50,16 +54,19 @@ class Service:
 
   # ---- one request ---------------------------------------------------------------------
   def sampling(self, request: schema.Sampling, limit: int | None, prompt_length: int,
-               stop_ids: tuple[int, ...]) -> SamplingParams:
+               stop_ids: tuple[int, ...], param: str = "messages") -> SamplingParams:
     max_length = self.engine.max_length
     if prompt_length + 1 > max_length:
       raise schema.APIError(
           400, f"This model's maximum context length is {max_length} tokens; the prompt "
           f"has {prompt_length} tokens, leaving no room to generate. Shorten the "
-          "messages or start the server with a larger --max_length.", "messages",
+          f"{param} or start the server with a larger --max_length.", param,
           "context_length_exceeded")
     room = max_length - prompt_length
-    return SamplingParams(temperature=request.temperature, top_k=request.top_k,
+    # top_k >= the vocabulary keeps every token, as 0 does; clamped, any integer is safe
+    # to hand the engine (its batch holds int32s).
+    return SamplingParams(temperature=request.temperature,
+                          top_k=min(request.top_k, self.vocab_size),
                           top_p=request.top_p, max_tokens=min(limit or room, room),
                           stop_tokens=stop_ids, stop_strings=request.stop_strings(),
                           # The sampler keys on 32-bit seeds; clients send any integer.
@@ -165,19 +172,15 @@ async def on_engine(service: Service, fn):
     raise schema.APIError(400, str(e)) from e
 
 
-async def score(service: Service, tokens) -> list[float]:
-  """Teacher-forced log-probs of tokens[1:] given their prefix (for `echo`)."""
-  tokens = list(tokens)
-  values = await on_engine(service, lambda engine: engine.logprobs([tokens])[0])
-  return [float(x) for x in values]
-
-
 async def alternatives(service: Service, prompt, tokens, k: int, temperature: float):
   """For each sampled token, the k most likely tokens at its position (teacher-forced
   under the same weights and temperature) as OpenAI top_logprobs entries."""
   sequence = list(prompt) + list(tokens)
+  # One compiled top-k for every k asked (each k would compile its own program).
+  top = min(20, service.vocab_size)
   ids, values = await on_engine(
-      service, lambda engine: engine.top_logprobs(sequence, k, temperature))
+      service, lambda engine: engine.top_logprobs(sequence, top, temperature))
+  ids, values = ids[:, :k], values[:, :k]
   first = len(prompt) - 1  # the position whose next-token distribution sampled tokens[0]
   return [[{"token": service.token_text(int(i)), "logprob": float(v),
             "bytes": list(service.token_bytes(int(i)))}
@@ -193,13 +196,9 @@ def error_response(error: schema.APIError) -> responses.JSONResponse:
   return responses.JSONResponse(error.body(), status_code=error.status)
 
 
-async def read_json(http: fastapi.Request):
-  raw = await http.body()
-  try:
-    return json.loads(raw)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise schema.APIError(400, f"the request body is not valid JSON ({e}); send a JSON "
-                          "object with Content-Type: application/json.") from e
+async def read_json(http: fastapi.Request, limits: validation.Limits):
+  """The body, size-limited and parsed off the event loop (validation.py)."""
+  return await validation.read_payload(http, limits)
 
 
 def sse(payload: dict | str) -> bytes:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+import threading
 
 import numpy as np
 
@@ -161,20 +162,24 @@ class TurnMemory:
   def __init__(self, size: int = 4096):
     self.size = size
     self._turns: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+    # Prompts render on worker threads while replies are remembered on the event loop.
+    self._lock = threading.Lock()
 
   def remember(self, key: str | None, tokens: np.ndarray) -> None:
     if key is None:
       return
-    self._turns[key] = np.asarray(tokens, np.int32)
-    self._turns.move_to_end(key)
-    while len(self._turns) > self.size:
-      self._turns.popitem(last=False)
+    with self._lock:
+      self._turns[key] = np.asarray(tokens, np.int32)
+      self._turns.move_to_end(key)
+      while len(self._turns) > self.size:
+        self._turns.popitem(last=False)
 
   def recall(self, key: str | None) -> np.ndarray | None:
-    if key is None or key not in self._turns:
-      return None
-    self._turns.move_to_end(key)
-    return self._turns[key]
+    with self._lock:
+      if key is None or key not in self._turns:
+        return None
+      self._turns.move_to_end(key)
+      return self._turns[key]
 
 
 def chat_prompt(tokenizer: Tokenizer, request: schema.ChatRequest, specs: list[dict],
@@ -194,23 +199,26 @@ def chat_prompt(tokenizer: Tokenizer, request: schema.ChatRequest, specs: list[d
     raise schema.APIError(400, f"messages: {e}", "messages") from e
 
 
-def completion_prompt(tokenizer: Tokenizer, vocab_size: int,
-                      request: schema.CompletionRequest) -> tuple[np.ndarray, int]:
-  """(prompt ids, where the client's own prompt starts in them: 1 after an added BOS)."""
+def completion_prompts(tokenizer: Tokenizer, vocab_size: int,
+                       request: schema.CompletionRequest) -> list[tuple[np.ndarray, int]]:
+  """Per prompt of the request (a string, token ids, or a list of either): (prompt ids,
+  where the client's own prompt starts in them: 1 after an added BOS)."""
   prompt = request.prompt
   if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-    if len(prompt) != 1:
-      raise schema.APIError(400, f"prompt holds {len(prompt)} prompts; send one prompt "
-                            "per request (concurrent requests are batched together).",
-                            "prompt")
-    prompt = prompt[0]
+    return [_one_prompt(tokenizer, vocab_size, p, f"prompt.{i}")
+            for i, p in enumerate(prompt)]
+  return [_one_prompt(tokenizer, vocab_size, prompt, "prompt")]
+
+
+def _one_prompt(tokenizer: Tokenizer, vocab_size: int, prompt: str | list[int],
+                param: str) -> tuple[np.ndarray, int]:
   if isinstance(prompt, str):
     return np.concatenate([[tokenizer.bos_id], tokenizer.encode(prompt)]).astype(np.int32), 1
   if not prompt:
-    raise schema.APIError(400, "prompt is empty; send text or at least one token id.",
-                          "prompt")
+    raise schema.APIError(400, f"{param} is empty; send text or at least one token id.",
+                          param)
   bad = [t for t in prompt if not 0 <= t < vocab_size]
   if bad:
-    raise schema.APIError(400, f"prompt token id {bad[0]} is outside the model's "
-                          f"vocabulary [0, {vocab_size}).", "prompt")
+    raise schema.APIError(400, f"{param} token id {bad[0]} is outside the model's "
+                          f"vocabulary [0, {vocab_size}).", param)
   return np.asarray(prompt, np.int32), 0

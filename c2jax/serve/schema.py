@@ -31,6 +31,9 @@ class _Body(pydantic.BaseModel):
   model_config = pydantic.ConfigDict(extra="allow", strict=False)
 
 
+Body = _Body  # the base of request bodies defined beside their routes (tokenizer_routes)
+
+
 class StreamOptions(_Body):
   include_usage: bool = False
 
@@ -44,7 +47,7 @@ class Sampling(_Body):
   max_tokens: int | None = pydantic.Field(None, ge=1)
   stop: str | list[str] | None = None
   seed: int | None = None
-  n: int = 1
+  n: int = pydantic.Field(1, ge=1)
   stream: bool = False
   stream_options: StreamOptions | None = None
   user: str | None = None
@@ -55,11 +58,16 @@ class Sampling(_Body):
       raise APIError(400, "stop takes at most 4 non-empty strings.", "stop")
     return tuple(stops)
 
-  def check_n(self) -> None:
-    if self.n != 1:
-      raise APIError(400, f"n = {self.n}: this server returns one choice per request; "
-                     "send n = 1 and issue several requests (they are batched together).",
-                     "n")
+  def check_n(self, prompts: int, max_choices: int) -> None:
+    """n choices for each of `prompts` prompts: at most max_choices, and one if streamed."""
+    if self.n * prompts > max_choices:
+      raise APIError(400, f"n = {self.n} for {prompts} prompt(s) asks for {self.n * prompts} "
+                     f"choices; this server returns at most {max_choices} per request. "
+                     "Split the request (concurrent requests are batched together).", "n")
+    if self.stream and self.n * prompts > 1:
+      raise APIError(400, f"stream = true returns one choice; this request asks for "
+                     f"{self.n * prompts} (n = {self.n}, {prompts} prompt(s)). Send it "
+                     "without stream, or one streamed request per choice.", "stream")
 
 
 class FunctionCall(_Body):
@@ -123,7 +131,7 @@ class CompletionRequest(Sampling):
   prompt: str | list[int] | list[str] | list[list[int]]
   # 16 is the OpenAI default for completions; 0 only with echo (score the prompt).
   max_tokens: int | None = pydantic.Field(16, ge=0)
-  logprobs: int | None = pydantic.Field(None, ge=0, le=5)
+  logprobs: int | None = pydantic.Field(None, ge=0, le=20)
   echo: bool = False
   best_of: int | None = None
   suffix: str | None = None
@@ -148,7 +156,9 @@ def parse(model_class: type[_Body], payload: Any) -> _Body:
     if error["type"] == "missing":
       message = f"missing required parameter {param!r}."
     else:
-      message = f"invalid value for {param!r}: {error['msg']} (got {error.get('input')!r})."
+      got = repr(error.get("input"))
+      got = got if len(got) <= 200 else got[:200] + "..."  # the input may be megabytes
+      message = f"invalid value for {param!r}: {error['msg']} (got {got})."
     raise APIError(400, message, param or None,
                    "missing_required_parameter" if error["type"] == "missing"
                    else "invalid_value") from e

@@ -9,6 +9,7 @@ import time
 
 import uvicorn
 
+from c2jax.serve import auth
 from c2jax.serve.app import Service
 from c2jax.serve.endpoints import create_app
 
@@ -42,6 +43,7 @@ class Running:
 
   def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 0,
                log_level: str = "warning"):
+    auth.warn_if_exposed(host, service.api_key)
     self.service = service.start()
     self._sock = _socket(host, port)
     self.host, self.port = host, self._sock.getsockname()[1]
@@ -73,6 +75,7 @@ class Running:
 
 
 def serve_forever(service: Service, host: str, port: int, log_level: str = "info") -> None:
+  auth.warn_if_exposed(host, service.api_key)
   sock = _socket(host, port)
   service.start()
   print(f"c2jax serve: {service.model_name!r} on http://{host}:{sock.getsockname()[1]}/v1 "

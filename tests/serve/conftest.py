@@ -15,6 +15,7 @@ from c2jax.data import tokenizer as tokenizer_lib
 from c2jax.rollout import JaxEngine, Request, SamplingParams
 from c2jax.rollout.engine import Engine, SlotOutput
 from c2jax.serve import Running, Service
+from c2jax.serve.validation import Limits
 from tests.model.conftest import random_params, tiny_cfg
 
 VOCAB = 320
@@ -22,6 +23,7 @@ MAX_LENGTH = 160
 BUCKETS = (64, 128)
 MAX_TOKENS = 10
 MODEL = "tiny-test"
+BODY_LIMIT = 64 * 2**20
 USERS = [f"Question {i}: what does {w} do?" for i, w in
          enumerate(["ls", "grep", "sed", "awk", "git diff", "make", "cat -n", "pytest -x"])]
 TEXTS = ["def main():\n    return parse(args)\n", "Please fix the failing test in src/app.py.",
@@ -85,8 +87,11 @@ class Served:
     self.teacher = self.engine.logprobs(
         [np.concatenate([p, g.tokens]) for p, g in zip(self.prompts, self.reference)])
     self.capture = tmp_dir / "capture.jsonl"
+    # A body limit above 50 MB, so test_serve_hostile can send a 50 MB prompt that is
+    # read in full (and refused by its length, not its size).
     self.running = Running(Service(self.engine, self.tokenizer, MODEL,
-                                   vocab_size=VOCAB, capture_path=str(self.capture)))
+                                   vocab_size=VOCAB, capture_path=str(self.capture),
+                                   limits=Limits(max_body_bytes=BODY_LIMIT)))
 
 
 @pytest.fixture(scope="session")

@@ -146,7 +146,9 @@ def post(served, path, body: bytes):
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                  "temperature": "hot"}).encode(), "temperature"),
     (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                 "n": 2}).encode(), "n"),
+                 "n": 0}).encode(), "n"),
+    (json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                 "n": 2, "stream": True}).encode(), "stream"),
     (json.dumps({"model": MODEL, "messages": [{"role": "tool", "content": "x",
                                                 "tool_call_id": "nope"}]}).encode(),
      "messages"),
@@ -163,9 +165,13 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(served, cli
 
 
 def test_unsupported_completion_options_are_refused(client):
-  for kwargs, param in [({"logprobs": 2}, "logprobs"), ({"echo": True, "stream": True}, "echo"),
-                        ({"max_tokens": 0}, "max_tokens"),
-                        ({"prompt": ["a", "b"]}, "prompt"), ({"prompt": [VOCAB_OUT]}, "prompt")]:
+  for kwargs, param in [({"logprobs": 21}, "logprobs"), ({"echo": True, "stream": True}, "echo"),
+                        ({"max_tokens": 0}, "max_tokens"), ({"logprobs": 2, "stream": True},
+                                                            "logprobs"),
+                        ({"prompt": ["a", "b"], "stream": True}, "stream"),
+                        ({"prompt": ["a", "b"], "n": 65}, "n"),
+                        ({"prompt": [VOCAB_OUT]}, "prompt"),
+                        ({"prompt": [[1], [VOCAB_OUT]]}, "prompt.1")]:
     with pytest.raises(openai.BadRequestError) as raised:
       client.completions.create(**{"model": MODEL, "prompt": "x", **kwargs})
     assert raised.value.body["param"] == param

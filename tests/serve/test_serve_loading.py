@@ -71,7 +71,7 @@ def test_load_errors_name_the_problem(tmp_path, run_dir):
 
 def test_cli_serves_a_run(run_dir, tmp_path):
   capture = tmp_path / "served.jsonl"
-  env = {**os.environ, "PYTHONPATH": os.getcwd()}
+  env = {**os.environ, "PYTHONPATH": os.getcwd(), "C2JAX_API_KEY": "sk-cli-test"}
   process = subprocess.Popen(
       [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
        f"--model={run_dir}", "--port=0", "--slots=2", "--max_length=96",
@@ -85,7 +85,10 @@ def test_cli_serves_a_run(run_dir, tmp_path):
       assert time.time() < deadline, "c2jax serve did not start in time"
       if " on http://" in line:
         url = line.split(" on ")[1].split()[0]
-    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+    stranger = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError):  # the key came from $C2JAX_API_KEY
+      stranger.models.list()
+    client = openai.OpenAI(base_url=url, api_key="sk-cli-test", max_retries=0, timeout=60)
     assert [m.id for m in client.models.list().data] == ["tiny-run"]
     response = client.chat.completions.create(
         model="tiny-run", messages=[{"role": "user", "content": "hi"}], temperature=0,
