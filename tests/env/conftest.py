@@ -3,7 +3,9 @@
 import pytest
 
 from c2jax.env import bubblewrap
+import env_testlib
 from env_testlib import write_tree
+import fake_docker_engine
 
 
 @pytest.fixture
@@ -21,3 +23,18 @@ def repo(tmp_path):
 def box(repo):
   with bubblewrap.BubblewrapSandbox(repo, timeout_s=20) as sandbox:
     yield sandbox
+
+
+@pytest.fixture(scope='module', params=['fake', 'real'])
+def docker_engine(request):
+  """(name, make_sandbox keyword arguments, the FakeEngine or None): the docker backend's
+  tests run against the fake engine everywhere, and against the real one where it is up."""
+  if request.param == 'fake':
+    fake = fake_docker_engine.FakeEngine()
+    yield 'fake', {'base_url': fake.base_url}, fake
+    fake.close()
+  else:
+    reason = env_testlib.real_docker_engine()
+    if reason:
+      pytest.skip(reason)
+    yield 'real', {}, None

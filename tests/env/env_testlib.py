@@ -59,3 +59,24 @@ def calc_repo(root, name, deps, extra='') -> str:
       f'src/{name}/__init__.py': extra + _CALC,
       'tests/test_calc.py': _TESTS.replace('calc', name),
   })
+
+
+def real_docker_engine() -> str:
+  """'' where a real Docker engine answers and holds the sandbox image (tools/setup.sh
+  builds it), else why not (a skip reason)."""
+  import docker  # pylint: disable=g-import-not-at-top
+  from c2jax.env import docker_backend  # pylint: disable=g-import-not-at-top
+
+  image = os.environ.get('C2JAX_DOCKER_IMAGE') or docker_backend.DEFAULT_IMAGE
+  try:
+    client = docker.from_env(timeout=10)
+    client.ping()
+  except Exception as e:  # pylint: disable=broad-except
+    return f'no Docker engine is reachable ({type(e).__name__}); tools/setup.sh starts one as root'
+  try:
+    client.images.get(image)
+  except docker.errors.ImageNotFound:
+    return f'the Docker engine has no image {image}; tools/setup.sh builds it'
+  finally:
+    client.close()
+  return ''

@@ -32,7 +32,7 @@ class FakeEngine:
   def __init__(self):
     self.root = tempfile.mkdtemp(prefix='fake-engine-')
     self.containers: dict[str, dict] = {}
-    self.images: dict[str, str] = {}  # id -> folder; name 'python:3.12-slim' is empty
+    self.images: dict[str, str] = {}  # id -> folder; any other name is an empty image
     self.execs: dict[str, dict] = {}
     self.requests: list[tuple[str, str, dict]] = []
     self.ro_binds = bubblewrap.default_ro_binds()
@@ -108,7 +108,7 @@ def _make_handler(engine: FakeEngine):
     def create(self, params, config, *_):
       image = config['Image']
       source = engine.images.get(image)
-      if source is None and not image.startswith('python:'):
+      if source is None and image.startswith('sha256:'):
         return self._reply(404, {'message': f'No such image: {image}'})
       cid = uuid.uuid4().hex
       engine.containers[cid] = {'folder': engine.new_folder(source), 'config': config,
@@ -197,7 +197,10 @@ def _make_handler(engine: FakeEngine):
 
     def image_inspect(self, params, config, body, image_id):
       from urllib.parse import unquote  # pylint: disable=g-import-not-at-top
-      self._reply(200, {'Id': unquote(image_id)})
+      image = unquote(image_id)
+      if image.startswith('sha256:') and image not in engine.images:
+        return self._reply(404, {'message': f'No such image: {image}'})
+      self._reply(200, {'Id': image, 'Size': 0})
 
   ROUTES = {
       'GET': [(r'/version', Handler.version),
