@@ -12,7 +12,6 @@ import uuid
 import pytest
 
 from c2jax.env import bubblewrap, cgroups, sandbox as sandbox_lib, tools as tools_lib
-import fake_docker_engine
 
 
 def _digest(folder):
@@ -296,14 +295,15 @@ def test_host_environment_and_descriptors_are_unreadable(hostile_box, host_canar
   assert cmdline.startswith('/bin/sh -c tr'), cmdline
 
 
-def test_docker_backend_leaks_nothing_of_the_host(repo, host_canaries):
-  engine = fake_docker_engine.FakeEngine()
-  try:
-    with sandbox_lib.make_sandbox('docker', repo, base_url=engine.base_url,
-                                  timeout_s=60) as box:
-      create = [body for _, path, body in engine.requests if path == '/containers/create']
-      assert sorted(create[-1]['Env']) == sorted(
-          f'{k}={v}' for k, v in sandbox_lib.BASE_ENVIRONMENT.items())
-      _assert_nothing_of_the_host_leaks(box, host_canaries)
-  finally:
-    engine.close()
+def test_docker_backend_leaks_nothing_of_the_host(docker_engine, repo, host_canaries):
+  name, engine_args, fake = docker_engine
+  with sandbox_lib.make_sandbox('docker', repo, timeout_s=60, **engine_args) as box:
+    if name == 'fake':
+      create = [body for _, path, body in fake.requests if path == '/containers/create']
+      env = create[-1]['Env']
+    else:
+      box._container.reload()  # pylint: disable=protected-access
+      env = box._container.attrs['Config']['Env']  # pylint: disable=protected-access
+    assert {f'{k}={v}' for k, v in sandbox_lib.BASE_ENVIRONMENT.items()} <= set(env)
+    assert {item.split('=', 1)[0] for item in env} <= {'PATH', *sandbox_lib.BASE_ENVIRONMENT}
+    _assert_nothing_of_the_host_leaks(box, host_canaries)
