@@ -5,8 +5,9 @@ Each command runs in fresh namespaces (user, pid, net, ipc, uts, mount, cgroup):
     links), a few files of /etc and the Python environment the tests need, read-only;
     nothing else of the host is visible; a private /tmp;
   * no network (a new, empty network namespace);
-  * limits: wall time (killed at the deadline), memory and process count (a cgroup per
-    command when cgroups are writable, else RLIMIT_AS/RLIMIT_NPROC), file size
+  * limits: wall time (killed at the deadline), memory, process count and CPU share (a
+    cgroup per command when cgroups are writable, else RLIMIT_AS/RLIMIT_NPROC and no CPU
+    bound), file size
     (RLIMIT_FSIZE), output (killed past Limits.max_output_bytes, head and tail kept),
     disk (Limits.disk_mb: the workspace's writable layer is a file system of that size
     where the launcher may mount, i.e. root, see workspace.py; /tmp is a tmpfs of that
@@ -213,7 +214,8 @@ def run_limited(argv: list[str], limits: limits_lib.Limits, timeout_s: float, *,
   """
   group = None
   if use_cgroups:
-    group = cgroups.CgroupSet(limits.memory_mb << 20, limits.max_processes)
+    cpus = limits.cpus if cgroups.CgroupSet.cpu_available() else None
+    group = cgroups.CgroupSet(limits.memory_mb << 20, limits.max_processes, cpus)
   argv = limit_prefix(limits, group) + list(argv)
 
   start = time.monotonic()

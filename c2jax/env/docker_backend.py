@@ -3,8 +3,8 @@
 The repository is copied into /workspace of a container made from `image` (default
 DEFAULT_IMAGE, the minimal Debian image with Python and pytest that tools/setup.sh builds
 locally; any image with /bin/sh, `timeout`, `kill` and the tasks' tools works). Limits
-map to the engine's own: HostConfig Memory/MemorySwap (no swap), PidsLimit, NetworkMode
-'none', and the disk quota StorageOpt size (the image's size plus Limits.disk_mb: what
+map to the engine's own: HostConfig Memory/MemorySwap (no swap), PidsLimit, NanoCpus, NetworkMode
+'none', the fsize ulimit, and the disk quota StorageOpt size (the image's size plus Limits.disk_mb: what
 the sandbox may write). The engine enforces a size only on btrfs or zfs storage, or
 overlay2 on xfs mounted with project quotas (tools/setup.sh starts its dockerd on
 btrfs); other engines refuse the option, and the sandbox then runs without a quota, with
@@ -53,6 +53,7 @@ _WRAPPER = 'timeout -s KILL "$0" "$@"; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
 # infinity` alone would let zombies pile up until they fill the pids limit.
 _INIT = ['/bin/sh', '-c', 'while :; do sleep 3600 & wait; done']
 _ENGINES_WITHOUT_QUOTA: set[str] = set()  # base URLs of engines that refused a size
+_ENGINE_CPUS: dict[str, float] = {}  # base URL -> the engine host's CPU count
 
 
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -109,7 +110,8 @@ class DockerSandbox(sandbox_lib.Sandbox):
     options = dict(
         command=_INIT, working_dir=sandbox_lib.WORKDIR, network_mode='none',
         environment=dict(sandbox_lib.BASE_ENVIRONMENT), mem_limit=memory,
-        memswap_limit=memory, pids_limit=self.limits.max_processes, cap_drop=['ALL'],
+        memswap_limit=memory, pids_limit=self.limits.max_processes,
+        nano_cpus=round(min(self.limits.cpus, self._engine_cpus()) * 1e9), cap_drop=['ALL'],
         security_opt=['no-new-privileges'], detach=True,
         ulimits=[docker.types.Ulimit(name='fsize', soft=self.limits.max_file_mb << 20,
                                      hard=self.limits.max_file_mb << 20)])
@@ -134,6 +136,13 @@ class DockerSandbox(sandbox_lib.Sandbox):
     if repo is not None:
       container.put_archive(sandbox_lib.WORKDIR, _tar_of_folder(repo))
     return container
+
+  def _engine_cpus(self) -> float:
+    """The engine host's CPU count: the engine refuses a larger quota."""
+    url = self._client.api.base_url
+    if url not in _ENGINE_CPUS:
+      _ENGINE_CPUS[url] = float(self._client.info().get('NCPU') or 1)
+    return _ENGINE_CPUS[url]
 
   def _create(self, image, options, storage_opt):
     container = self._client.containers.create(

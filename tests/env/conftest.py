@@ -1,5 +1,6 @@
 """Shared fixtures: a small repository and sandboxes over it."""
 
+import docker
 import pytest
 
 from c2jax.env import bubblewrap
@@ -25,6 +26,23 @@ def box(repo):
     yield sandbox
 
 
+@pytest.fixture(scope='module')
+def real_docker():
+  """A client of the real Docker engine (tools/setup.sh starts it and builds the sandbox
+  image); skips where there is none. Removes the snapshot images the module's forks
+  committed (the backend keeps them for later forks; nothing else will)."""
+  reason = env_testlib.real_docker_engine()
+  if reason:
+    pytest.skip(reason)
+  client = docker.from_env()
+  before = {image.id for image in client.images.list('c2jax-snapshot')}
+  yield client
+  for image in client.images.list('c2jax-snapshot'):
+    if image.id not in before:
+      client.images.remove(image.id, force=True)
+  client.close()
+
+
 @pytest.fixture(scope='module', params=['fake', 'real'])
 def docker_engine(request):
   """(name, make_sandbox keyword arguments, the FakeEngine or None): the docker backend's
@@ -34,7 +52,5 @@ def docker_engine(request):
     yield 'fake', {'base_url': fake.base_url}, fake
     fake.close()
   else:
-    reason = env_testlib.real_docker_engine()
-    if reason:
-      pytest.skip(reason)
+    request.getfixturevalue('real_docker')
     yield 'real', {}, None

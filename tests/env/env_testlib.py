@@ -80,3 +80,33 @@ def real_docker_engine() -> str:
   finally:
     client.close()
   return ''
+
+
+# Three processes spin for two seconds of wall time; prints the CPU seconds they used.
+CPU_SPIN = '''
+import os, time
+def spin():
+  end = time.monotonic() + 2
+  while time.monotonic() < end:
+    pass
+pids = []
+for _ in range(3):
+  pid = os.fork()
+  if pid == 0:
+    spin()
+    os._exit(0)
+  pids.append(pid)
+for pid in pids:
+  os.waitpid(pid, 0)
+t = os.times()
+print('cpu', t.children_user + t.children_system)
+'''
+
+
+def spun_cpu_seconds(box, cpus) -> float:
+  """CPU seconds CPU_SPIN used in `box`, checked against a quota of `cpus` cores: at most
+  cpus * 2 s of wall time, with a period's slack."""
+  result = box.exec(['python', '-c', CPU_SPIN], timeout_s=30)
+  used = float(result.text.split('cpu ')[1].split()[0])
+  assert used <= cpus * 2 + 0.15, f'{used:.2f} CPU s under a quota of {cpus} cores in 2 s'
+  return used

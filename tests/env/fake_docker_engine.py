@@ -1,6 +1,6 @@
 """A small fake Docker Engine API server on loopback, for testing the docker backend.
 
-It speaks the subset of the Engine API the backend uses (version, containers create/
+It speaks the subset of the Engine API the backend uses (version, info, containers create/
 start/inspect/delete, exec create/start/inspect, archive get/put, commit). A container
 is a host folder standing for its /workspace; an image is a frozen copy of one; each
 exec runs inside a bubblewrap sandbox over that folder with the container's memory and
@@ -105,6 +105,9 @@ def _make_handler(engine: FakeEngine):
     def version(self, *_):
       self._reply(200, {'ApiVersion': '1.44', 'Version': 'fake'})
 
+    def info(self, *_):
+      self._reply(200, {'NCPU': os.cpu_count()})
+
     def create(self, params, config, *_):
       image = config['Image']
       source = engine.images.get(image)
@@ -140,7 +143,8 @@ def _make_handler(engine: FakeEngine):
       container = engine.containers[record['container']]
       host = container['config']['HostConfig']
       limits = limits_lib.Limits(memory_mb=host['Memory'] >> 20,
-                                 max_processes=host['PidsLimit'], timeout_s=600)
+                                 max_processes=host['PidsLimit'],
+                                 cpus=host['NanoCpus'] / 1e9, timeout_s=600)
       # Like the real engine: the image's ENV (here the sandbox's) under the container's.
       env = bubblewrap.environment(engine.ro_binds)
       env.update(item.split('=', 1) for item in container['config'].get('Env') or [])
@@ -204,6 +208,7 @@ def _make_handler(engine: FakeEngine):
 
   ROUTES = {
       'GET': [(r'/version', Handler.version),
+              (r'/info', Handler.info),
               (r'/containers/(\w+)/json', Handler.inspect),
               (r'/exec/(\w+)/json', Handler.exec_inspect),
               (r'/containers/(\w+)/archive', Handler.archive_get),

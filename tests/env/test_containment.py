@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 from c2jax.env import bubblewrap, cgroups, sandbox as sandbox_lib, tools as tools_lib
+import env_testlib
 
 
 def _digest(folder):
@@ -150,6 +151,13 @@ def test_memory_limit_counts_all_processes_together(hostile_box):
             'print([p.wait() for p in ps])\n')
   result = hostile_box.exec(['python', '-c', script])
   assert '-9' in result.text, result.text
+
+
+def test_cpu_quota_throttles_all_processes_together(repo):
+  if not cgroups.CgroupSet.cpu_available():
+    pytest.skip('no writable cpu cgroup: the CPU share is not bounded.')
+  with bubblewrap.BubblewrapSandbox(repo, cpus=0.1) as box:
+    env_testlib.spun_cpu_seconds(box, 0.1)
 
 
 def test_output_flood_is_cut_off(hostile_box):

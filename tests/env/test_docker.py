@@ -30,7 +30,7 @@ def test_limits_reach_the_engine(docker_engine, dbox):
     dbox._container.reload()  # pylint: disable=protected-access
     host = dbox._container.attrs['HostConfig']  # pylint: disable=protected-access
   assert host['Memory'] == host['MemorySwap'] == 256 << 20
-  assert host['PidsLimit'] == 32
+  assert host['PidsLimit'] == 32 and host['NanoCpus'] == 10**9
   assert host['NetworkMode'] == 'none'
   assert host['CapDrop'] == ['ALL'] and host['SecurityOpt'] == ['no-new-privileges']
   assert host['StorageOpt']['size'].endswith('m')
