@@ -22,8 +22,9 @@ in the one container, so a command sees the container's process 1 (a shell loopi
 `sleep`, which keeps the container alive between commands, reaps orphans and has the same
 environment) and any
 other command of the same sandbox still running; every sandbox has its own container.
-Snapshot images (repository `c2jax-snapshot`) stay in the engine for later forks;
-remove them with `docker image prune -a --filter reference=c2jax-snapshot`.
+The snapshot image a `fork` starts from is removed when the fork closes (unless a fork of
+the fork still builds on it); images from explicit `snapshot()` calls stay in the engine
+for later forks: remove them with `docker image prune -a --filter reference=c2jax-snapshot`.
 
 Against a real engine (Docker or Podman's Docker-compatible API):
   bash tools/setup.sh        # as root: installs and starts Docker, builds the image
@@ -87,6 +88,7 @@ class DockerSandbox(sandbox_lib.Sandbox):
     self._client = _client or (docker.DockerClient(base_url=base_url) if base_url
                                else docker.from_env())
     self._container = None
+    self._owned_image = None  # a fork's snapshot image, removed when it closes
     if isinstance(repo, str) and os.path.isdir(repo):
       # Reset starts again from the image and the repository: no commit is needed unless
       # the sandbox is forked.
@@ -134,7 +136,11 @@ class DockerSandbox(sandbox_lib.Sandbox):
             url, e, self.limits.disk_mb)
       container = self._create(image, options, None)
     if repo is not None:
-      container.put_archive(sandbox_lib.WORKDIR, _tar_of_folder(repo))
+      try:
+        container.put_archive(sandbox_lib.WORKDIR, _tar_of_folder(repo))
+      except (docker.errors.APIError, OSError) as e:
+        container.remove(force=True)
+        raise sandbox_lib.SandboxError(f'docker could not copy {repo} in: {e}') from e
     return container
 
   def _engine_cpus(self) -> float:
@@ -227,7 +233,9 @@ class DockerSandbox(sandbox_lib.Sandbox):
     return image.id
 
   def fork(self):
-    return DockerSandbox(self.snapshot(), _client=self._client, **vars(self.limits))
+    child = DockerSandbox(self.snapshot(), _client=self._client, **vars(self.limits))
+    child._owned_image = child._base[0]  # pylint: disable=protected-access
+    return child
 
   def reset(self):
     self._container.remove(force=True)
@@ -238,3 +246,9 @@ class DockerSandbox(sandbox_lib.Sandbox):
     if self._container is not None:
       self._container.remove(force=True)
       self._container = None
+    image, self._owned_image = self._owned_image, None
+    if image is not None:
+      try:  # A fork's snapshot is its own; one a later fork still builds on stays.
+        self._client.images.remove(image)
+      except docker.errors.APIError:
+        pass

@@ -1,10 +1,11 @@
 """A small fake Docker Engine API server on loopback, for testing the docker backend.
 
-It speaks the subset of the Engine API the backend uses (version, info, containers create/
-start/inspect/delete, exec create/start/inspect, archive get/put, commit). A container
-is a host folder standing for its /workspace; an image is a frozen copy of one; each
-exec runs inside a bubblewrap sandbox over that folder with the container's memory and
-pids limits, so the commands the backend sends really run, isolated.
+It speaks the subset of the Engine API the backend uses (version, info, containers
+create/start/inspect/delete, exec create/start/inspect, archive get/put, commit, image
+inspect/delete). A container is a host folder standing for its /workspace; an image is a
+frozen copy of one; each exec runs inside a bubblewrap sandbox over that folder with the
+container's memory, pids and CPU limits, so the commands the backend sends really run,
+isolated. It does not enforce the disk quota (StorageOpt); the real engine's tests do.
 """
 
 import base64
@@ -206,6 +207,14 @@ def _make_handler(engine: FakeEngine):
         return self._reply(404, {'message': f'No such image: {image}'})
       self._reply(200, {'Id': image, 'Size': 0})
 
+    def image_delete(self, params, config, body, image_id):
+      from urllib.parse import unquote  # pylint: disable=g-import-not-at-top
+      folder = engine.images.pop(unquote(image_id), None)
+      if folder is None:
+        return self._reply(404, {'message': f'No such image: {unquote(image_id)}'})
+      shutil.rmtree(folder, ignore_errors=True)
+      self._reply(200, [{'Deleted': unquote(image_id)}])
+
   ROUTES = {
       'GET': [(r'/version', Handler.version),
               (r'/info', Handler.info),
@@ -219,6 +228,7 @@ def _make_handler(engine: FakeEngine):
                (r'/exec/(\w+)/start', Handler.exec_start),
                (r'/commit', Handler.commit)],
       'PUT': [(r'/containers/(\w+)/archive', Handler.archive_put)],
-      'DELETE': [(r'/containers/(\w+)', Handler.delete)],
+      'DELETE': [(r'/containers/(\w+)', Handler.delete),
+                 (r'/images/(.+)', Handler.image_delete)],
   }
   return Handler

@@ -91,7 +91,10 @@ def test_snapshot_fork_reset(dbox):
   assert dbox.run_shell('cat pkg/text.py').exit_code == 0
   child.reset()
   assert child.read_file('state.txt') == b'one' and 'child.txt' not in child.list_files()
+  snapshot = child._base[0]  # pylint: disable=protected-access
   child.close()
+  with pytest.raises(docker.errors.ImageNotFound):  # the fork's snapshot went with it
+    dbox._client.images.get(snapshot)  # pylint: disable=protected-access
 
 
 def test_tools_work_on_the_docker_backend(dbox):
