@@ -40,6 +40,11 @@ start_engine() {
     say "no Docker engine reachable and not root: not starting one (docker sandbox tests use the fake engine)"
     return 1
   fi
+  if [ -f /var/run/docker.pid ] && kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; then
+    say "a dockerd is running (pid $(cat /var/run/docker.pid)) but does not answer" \
+        "${DOCKER_HOST:-at /var/run/docker.sock}; not starting another"
+    return 1
+  fi
   if ! command -v dockerd >/dev/null 2>&1 || ! command -v mkfs.btrfs >/dev/null 2>&1 ||
      ! command -v mmdebstrap >/dev/null 2>&1; then
     if ! command -v apt-get >/dev/null 2>&1; then
