@@ -2,29 +2,33 @@
 
 The repository is copied into /workspace of a container made from `image` (default
 DEFAULT_IMAGE, the minimal Debian image with Python and pytest that tools/setup.sh builds
-locally; any image with /bin/sh, `timeout`, `kill` and the tasks' tools works). Limits
-map to the engine's own: HostConfig Memory/MemorySwap (no swap), PidsLimit, NanoCpus, NetworkMode
-'none', the fsize ulimit, and the disk quota StorageOpt size (the image's size plus Limits.disk_mb: what
-the sandbox may write). The engine enforces a size only on btrfs or zfs storage, or
-overlay2 on xfs mounted with project quotas (tools/setup.sh starts its dockerd on
-btrfs); other engines refuse the option, and the sandbox then runs without a quota, with
-a warning, and `disk_quota_enforced` False. Past the quota, writes fail inside with EDQUOT
-("Disk quota exceeded"; ENOSPC on xfs). Commands run as the container's root with every
-capability dropped and no-new-privileges. Wall time and clean-up are enforced by wrapping
-each command in `timeout -s KILL` followed by `kill -9 -1` (every process but the
-container's init), output by reading at most Limits.max_output_bytes. `snapshot` commits
-the container, `fork` starts a new container from that image, `reset` replaces the
-container with a fresh one from the starting image and repository.
+locally; any image with /bin/sh, `timeout`, `kill` and the tasks' tools works).
+
+Limits map to the engine's own: HostConfig Memory/MemorySwap (no swap), PidsLimit,
+NanoCpus, NetworkMode 'none', the fsize ulimit, and the disk quota StorageOpt size (the
+image's size plus Limits.disk_mb: what the sandbox may write). The engine enforces a size
+only on btrfs or zfs storage, or overlay2 on xfs mounted with project quotas
+(tools/setup.sh starts its dockerd on btrfs); other engines refuse the option, and the
+sandbox then runs without a quota, with a warning, and `disk_quota_enforced` False. Past
+the quota, writes fail inside with EDQUOT ("Disk quota exceeded"; ENOSPC on xfs).
+Commands run as the container's root with every capability dropped and
+no-new-privileges. Wall time and clean-up are enforced by wrapping each command in
+`timeout -s KILL` followed by `kill -9 -1` (every process but the container's init),
+output by reading at most Limits.max_output_bytes.
+
+`snapshot` commits the container, `fork` starts a new container from that image, `reset`
+replaces the container with a fresh one from the starting image and repository. The
+snapshot image a fork starts from is removed when the fork closes (unless a fork of the
+fork still builds on it); images of explicit `snapshot()` calls stay in the engine for
+later forks: remove them with `docker image prune -a --filter reference=c2jax-snapshot`.
+
 Environment: a command sees the image's ENV overridden by `sandbox.BASE_ENVIRONMENT`
 (set on the container at creation), nothing of the launching process's: the SDK talks to
 the engine over its API and passes no variables of its own. Every exec of a sandbox runs
 in the one container, so a command sees the container's process 1 (a shell looping on
-`sleep`, which keeps the container alive between commands, reaps orphans and has the same
-environment) and any
-other command of the same sandbox still running; every sandbox has its own container.
-The snapshot image a `fork` starts from is removed when the fork closes (unless a fork of
-the fork still builds on it); images from explicit `snapshot()` calls stay in the engine
-for later forks: remove them with `docker image prune -a --filter reference=c2jax-snapshot`.
+`sleep`, which keeps the container alive between commands, reaps orphans and has the
+same environment) and any other command of the same sandbox still running; every sandbox
+has its own container.
 
 Against a real engine (Docker or Podman's Docker-compatible API):
   bash tools/setup.sh        # as root: installs and starts Docker, builds the image
