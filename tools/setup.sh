@@ -40,4 +40,7 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "setup.sh: bubblewrap (bwrap) is missing; install it (Debian: apt-get install bubblewrap) for sandboxes" >&2
   fi
 fi
+# The docker sandbox backend's engine and image (root: installs and starts Docker where it
+# is missing, builds the image once); never fails the set-up.
+bash tools/setup_docker.sh
 echo "setup.sh: ready (.venv/bin/c2jax)"

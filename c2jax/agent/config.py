@@ -72,6 +72,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Time limit of one hidden-test run (grading after the rollout).
   c.grade_timeout_s = 60.0
   c.backend = "bubblewrap"
+  # What one sandbox may write in all (MB; sandbox Limits.disk_mb): writes past it fail
+  # inside with ENOSPC/EDQUOT, the host's disk keeps its space.
+  c.sandbox_disk_mb = 1024
   # Tool execution and grading run in this many threads beside the decode loop.
   c.tool_threads = 4
   # An external agent harness (mini-swe-agent, a command) instead of this loop in RL.
@@ -85,7 +88,7 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "agent") -> None:
   wrapper = ml_collections.ConfigDict({prefix: cfg})
   key = lambda name: f"{prefix}.{name}"
   for name in ("max_turns", "max_turn_tokens", "max_total_tokens", "summary_tokens",
-               "grade_timeout_s", "tool_threads"):
+               "grade_timeout_s", "tool_threads", "sandbox_disk_mb"):
     configlib.check_positive(wrapper, key(name))
   for name in ("summary_trigger_tokens", "max_summaries", "temperature", "top_k"):
     configlib.check_positive(wrapper, key(name), allow_zero=True)

@@ -64,8 +64,9 @@ class PromptTooLongError(RolloutError):
   retrying."""
 
 
-def default_sandbox_factory(backend: str) -> Callable[[tasks_lib.Task], sandbox_lib.Sandbox]:
-  return lambda task: sandbox_lib.make_task_sandbox(backend, task)
+def default_sandbox_factory(backend: str, disk_mb: int = 1024
+                            ) -> Callable[[tasks_lib.Task], sandbox_lib.Sandbox]:
+  return lambda task: sandbox_lib.make_task_sandbox(backend, task, disk_mb=disk_mb)
 
 
 class _EpisodeScheduler:
@@ -379,7 +380,7 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
   seeds = list(seeds) if seeds is not None else [None] * len(tasks)
   if len(seeds) != len(tasks):
     raise ValueError(f"run_episodes: {len(tasks)} tasks but {len(seeds)} seeds.")
-  factory = sandbox_factory or default_sandbox_factory(cfg.backend)
+  factory = sandbox_factory or default_sandbox_factory(cfg.backend, cfg.sandbox_disk_mb)
   episodes = [Episode(cfg, tokenizer, t, s, factory) for t, s in zip(tasks, seeds)]
   with concurrent.futures.ThreadPoolExecutor(cfg.tool_threads) as pool:
     scheduler = _EpisodeScheduler(engine, cfg, episodes, pool, infra_retries=infra_retries,

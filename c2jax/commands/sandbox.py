@@ -1,8 +1,9 @@
-"""`c2jax sandbox exec --repo DIR [--timeout S] [--memory MB] -- CMD...`
+"""`c2jax sandbox exec --repo DIR [--timeout S] [--memory MB] [--cpus N] [--disk MB] -- CMD...`
 
 Runs one command in a fresh sandbox over a copy-on-write view of DIR (DIR itself is
 never changed), prints its output on stdout and its exit status on stderr, and exits
-with the command's status (124 when it timed out, like `timeout`).
+with the command's status (124 when it timed out, like `timeout`). `--disk` bounds what
+the command may write in all (sandbox Limits.disk_mb): past it, writes fail with ENOSPC.
 """
 
 import sys
@@ -14,9 +15,13 @@ from c2jax.env import sandbox as sandbox_lib
 _REPO = flags.DEFINE_string('repo', None, 'Repository folder the sandbox starts from.')
 _TIMEOUT = flags.DEFINE_float('timeout', 60.0, 'Wall-clock limit in seconds.')
 _MEMORY = flags.DEFINE_integer('memory', 1024, 'Memory limit in MB.')
+_CPUS = flags.DEFINE_float('cpus', 1.0, 'CPU limit in cores (CPU time per wall time).')
+_DISK = flags.DEFINE_integer('disk', 1024, 'Disk quota in MB: what the command may write '
+                             'in all (the workspace and /tmp).')
 _BACKEND = flags.DEFINE_string('backend', 'bubblewrap', 'Sandbox backend.')
 
-USAGE = 'usage: c2jax sandbox exec --repo DIR [--timeout S] [--memory MB] -- CMD...'
+USAGE = ('usage: c2jax sandbox exec --repo DIR [--timeout S] [--memory MB] [--cpus N] '
+         '[--disk MB] [--backend bubblewrap|docker] -- CMD...')
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +36,8 @@ def main(argv: list[str]) -> int:
     print(f'c2jax sandbox exec: --repo is required.\n{USAGE}', file=sys.stderr)
     return 2
   with sandbox_lib.make_sandbox(_BACKEND.value, _REPO.value, timeout_s=_TIMEOUT.value,
-                                memory_mb=_MEMORY.value) as sandbox:
+                                memory_mb=_MEMORY.value, cpus=_CPUS.value,
+                                disk_mb=_DISK.value) as sandbox:
     result = sandbox.exec(command)
   sys.stdout.buffer.write(result.output)
   sys.stdout.flush()

@@ -5,9 +5,13 @@ Each command runs in fresh namespaces (user, pid, net, ipc, uts, mount, cgroup):
     links), a few files of /etc and the Python environment the tests need, read-only;
     nothing else of the host is visible; a private /tmp;
   * no network (a new, empty network namespace);
-  * limits: wall time (killed at the deadline), memory and process count (a cgroup per
-    command when cgroups are writable, else RLIMIT_AS/RLIMIT_NPROC), file size
-    (RLIMIT_FSIZE), output (killed past Limits.max_output_bytes, head and tail kept);
+  * limits: wall time (killed at the deadline), memory, process count and CPU share (a
+    cgroup per command when cgroups are writable, else RLIMIT_AS/RLIMIT_NPROC and no CPU
+    bound), file size
+    (RLIMIT_FSIZE), output (killed past Limits.max_output_bytes, head and tail kept),
+    disk (Limits.disk_mb: the workspace's writable layer is a file system of that size
+    where the launcher may mount, i.e. root, see workspace.py; /tmp is a tmpfs of that
+    size, counted in the command's memory; past either, writes fail with ENOSPC);
   * when the command's first process exits, the pid namespace dies and takes every
     process it left behind with it; the cgroup is emptied as a second guard.
 Processes do not live across `exec` calls: state lives in the workspace.
@@ -25,6 +29,7 @@ command can still learn of the host is the read-only mounts it needs, at their h
 """
 
 import fcntl
+import functools
 import os
 import select
 import shlex
@@ -32,6 +37,8 @@ import shutil
 import subprocess
 import sys
 import time
+
+from absl import logging
 
 from c2jax.env import cgroups
 from c2jax.env import limits as limits_lib
@@ -42,6 +49,7 @@ _ETC_FILES = ('/etc/ld.so.cache', '/etc/ld.so.conf', '/etc/localtime', '/etc/alt
               '/etc/ssl/certs')
 _SANDBOX_UID = 1000
 _PATH = '/usr/local/bin:/usr/bin:/bin'
+_warned_no_quota = False  # the warning that disk_mb cannot be enforced, once a process
 
 
 def program(name: str, package: str) -> str:
@@ -81,9 +89,19 @@ def environment(ro_binds: tuple[str, ...]) -> dict[str, str]:
   return sandbox_lib.command_environment(':'.join(bins + [_PATH]))
 
 
+@functools.cache
+def _tmpfs_size_supported() -> bool:
+  """Whether this bubblewrap knows --size (0.5.0 and later)."""
+  usage = subprocess.run([program('bwrap', 'bubblewrap'), '--help'], capture_output=True,
+                         text=True, check=False)
+  return '--size' in usage.stdout + usage.stderr
+
+
 def bwrap_options(workspace_root: str, ro_binds: tuple[str, ...],
-                  env: dict[str, str], rw_binds: tuple[str, ...] = ()) -> list[str]:
-  """bwrap's options for a command over `workspace_root` with environment `env`."""
+                  env: dict[str, str], rw_binds: tuple[str, ...] = (),
+                  tmp_mb: int | None = None) -> list[str]:
+  """bwrap's options for a command over `workspace_root` with environment `env`; /tmp
+  holds at most tmp_mb where bubblewrap can size a tmpfs."""
   options = ['--unshare-all', '--unshare-user', '--uid', str(_SANDBOX_UID),
              '--gid', str(_SANDBOX_UID), '--die-with-parent', '--new-session',
              '--as-pid-1', '--cap-drop', 'ALL', '--hostname', 'sandbox', '--clearenv',
@@ -99,7 +117,10 @@ def bwrap_options(workspace_root: str, ro_binds: tuple[str, ...],
       options += ['--ro-bind', path, path]
   # Mounts apply in order: the fresh /tmp comes first so that read-only binds of paths
   # under /tmp (e.g. a virtualenv in a CI checkout there) stay visible on top of it.
-  options += ['--proc', '/proc', '--dev', '/dev', '--tmpfs', '/tmp']
+  options += ['--proc', '/proc', '--dev', '/dev']
+  if tmp_mb and _tmpfs_size_supported():
+    options += ['--size', str(tmp_mb << 20)]
+  options += ['--tmpfs', '/tmp']
   for path in ro_binds:
     options += ['--ro-bind', path, path]
   for path in rw_binds:
@@ -193,7 +214,8 @@ def run_limited(argv: list[str], limits: limits_lib.Limits, timeout_s: float, *,
   """
   group = None
   if use_cgroups:
-    group = cgroups.CgroupSet(limits.memory_mb << 20, limits.max_processes)
+    cpus = limits.cpus if cgroups.CgroupSet.cpu_available() else None
+    group = cgroups.CgroupSet(limits.memory_mb << 20, limits.max_processes, cpus)
   argv = limit_prefix(limits, group) + list(argv)
 
   start = time.monotonic()
@@ -275,11 +297,28 @@ class BubblewrapSandbox(sandbox_lib.Sandbox):
     snapshot = repo if isinstance(repo, workspace_lib.Snapshot) else (
         workspace_lib.Snapshot((os.path.abspath(repo),)))
     self._strategy = workspace
-    self._workspace = workspace_lib.Workspace(snapshot, workspace, _family)
+    self._workspace = workspace_lib.Workspace(snapshot, workspace, _family,
+                                              disk_mb=self.limits.disk_mb)
     self._use_cgroups = cgroups.CgroupSet.available()
     self._env = environment(self.rw_binds + self.ro_binds)
+    self._set_options()
+    global _warned_no_quota
+    if not self.disk_quota_enforced and not _warned_no_quota:
+      _warned_no_quota = True
+      logging.warning(
+          'Sandbox disk quota not enforced on the workspace (disk_mb=%d): mounting its '
+          'size-limited file system needs root (CAP_SYS_ADMIN), loop devices and '
+          'mkfs.ext4. Only /tmp (%d MB) and each file (max_file_mb=%d) are bounded.',
+          self.limits.disk_mb, self.limits.disk_mb, self.limits.max_file_mb)
+
+  @property
+  def disk_quota_enforced(self) -> bool:
+    """Whether writes to the workspace past Limits.disk_mb fail (see workspace.py)."""
+    return self._workspace.quota_enforced
+
+  def _set_options(self) -> None:
     self._options = bwrap_options(self._workspace.root, self.ro_binds, self._env,
-                                  self.rw_binds)
+                                  self.rw_binds, tmp_mb=self.limits.disk_mb)
 
   @property
   def host_root(self) -> str:
@@ -318,6 +357,7 @@ class BubblewrapSandbox(sandbox_lib.Sandbox):
 
   def reset(self):
     self._workspace.reset()
+    self._set_options()  # the reset workspace is mounted at a new host path
 
   def close(self):
     if self._workspace is not None:

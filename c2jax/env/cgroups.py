@@ -1,4 +1,4 @@
-"""Per-command control groups: a hard cap on total memory and process count.
+"""Per-command control groups: a hard cap on total memory, process count and CPU share.
 
 rlimits alone cannot bound a sandbox: RLIMIT_AS is per process and RLIMIT_NPROC is not
 enforced for root. Where the cgroup file system is writable (root, or a delegated
@@ -14,6 +14,7 @@ import uuid
 
 _ROOT = '/sys/fs/cgroup'
 _PREFIX = 'c2jax-sandbox'
+_CPU_PERIOD_US = 100_000  # the quota below is per this period (the kernel's default)
 
 
 def _write(path: str, value: str) -> None:
@@ -26,31 +27,42 @@ def _is_v2() -> bool:
 
 
 class CgroupSet:
-  """The group(s) of one command: memory and pids limits, join, kill-all, remove."""
+  """The group(s) of one command: memory, pids and CPU limits, join, kill-all, remove.
 
-  def __init__(self, memory_bytes: int, max_processes: int):
+  `cpus`: CPU time per wall time (1.5 = one and a half cores), as a CFS bandwidth quota.
+  """
+
+  def __init__(self, memory_bytes: int, max_processes: int, cpus: float | None = None):
     name = f'{_PREFIX}-{uuid.uuid4().hex[:12]}'
     self.dirs: list[str] = []
-    if _is_v2():
-      parent = os.path.join(_ROOT, _PREFIX)
-      os.makedirs(parent, exist_ok=True)
-      # Controllers must be enabled on the parent before children can use them.
-      _write(os.path.join(parent, 'cgroup.subtree_control'), '+memory +pids')
-      path = os.path.join(parent, name)
-      os.mkdir(path)
-      self.dirs.append(path)
-      _write(os.path.join(path, 'memory.max'), str(memory_bytes))
-      _write(os.path.join(path, 'memory.swap.max'), '0')
-      _write(os.path.join(path, 'pids.max'), str(max_processes))
-    else:
-      mem = os.path.join(_ROOT, 'memory', name)
-      pids = os.path.join(_ROOT, 'pids', name)
-      os.mkdir(mem)
-      self.dirs.append(mem)
-      os.mkdir(pids)
-      self.dirs.append(pids)
-      _write(os.path.join(mem, 'memory.limit_in_bytes'), str(memory_bytes))
-      _write(os.path.join(pids, 'pids.max'), str(max_processes))
+    quota = None if cpus is None else max(1000, round(cpus * _CPU_PERIOD_US))
+    try:
+      if _is_v2():
+        parent = os.path.join(_ROOT, _PREFIX)
+        os.makedirs(parent, exist_ok=True)
+        # Controllers must be enabled on the parent before children can use them.
+        _write(os.path.join(parent, 'cgroup.subtree_control'), '+memory +pids +cpu')
+        path = os.path.join(parent, name)
+        os.mkdir(path)
+        self.dirs.append(path)
+        _write(os.path.join(path, 'memory.max'), str(memory_bytes))
+        _write(os.path.join(path, 'memory.swap.max'), '0')
+        _write(os.path.join(path, 'pids.max'), str(max_processes))
+        if quota is not None:
+          _write(os.path.join(path, 'cpu.max'), f'{quota} {_CPU_PERIOD_US}')
+      else:
+        for controller in ('memory', 'pids') + (('cpu',) if quota is not None else ()):
+          os.mkdir(os.path.join(_ROOT, controller, name))
+          self.dirs.append(os.path.join(_ROOT, controller, name))
+        mem, pids = self.dirs[:2]
+        _write(os.path.join(mem, 'memory.limit_in_bytes'), str(memory_bytes))
+        _write(os.path.join(pids, 'pids.max'), str(max_processes))
+        if quota is not None:
+          _write(os.path.join(self.dirs[2], 'cpu.cfs_period_us'), str(_CPU_PERIOD_US))
+          _write(os.path.join(self.dirs[2], 'cpu.cfs_quota_us'), str(quota))
+    except OSError:
+      self.remove()  # the groups made before the failure
+      raise
 
   @staticmethod
   @functools.cache
@@ -58,6 +70,17 @@ class CgroupSet:
     """Whether this process may create groups with memory and pids limits (probed once)."""
     try:
       probe = CgroupSet(64 << 20, 8)
+    except OSError:
+      return False
+    probe.remove()
+    return True
+
+  @staticmethod
+  @functools.cache
+  def cpu_available() -> bool:
+    """Whether groups may also carry a CPU quota (the cpu controller; probed once)."""
+    try:
+      probe = CgroupSet(64 << 20, 8, cpus=1.0)
     except OSError:
       return False
     probe.remove()

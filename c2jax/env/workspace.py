@@ -6,6 +6,14 @@ writable view of a snapshot, made in one of two ways:
   copy:    a plain recursive copy (reflinks where the file system has them).
 `strategy='auto'` takes overlay when this process can mount one, else copy.
 
+Disk quota (`disk_mb`): where this process may mount (root), what a workspace can write
+lives on its own ext4 file system of that size, in a sparse image file loop-mounted in
+the family folder: overlay's upper and work folders, or (copy) the copy itself, whose
+file system is made larger by the repository's size. Writes past the quota fail with
+ENOSPC, and the host's disk gives the workspace at most the quota (the image file holds
+only what was written; it is deleted with the workspace). Without the right to mount,
+`quota_enforced` is False and nothing bounds the workspace's total size.
+
 Snapshots of a live workspace freeze only what changed (overlay: the upper layer joins
 the stack) or the whole tree (copy). Layer folders live in a `Family` folder shared by a
 workspace and its forks, removed when the last member closes.
@@ -84,6 +92,45 @@ def _clean_up_at_exit():
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _make_volume(image: str, mount_point: str, size_bytes: int) -> None:
+  """A fresh ext4 file system of size_bytes in the sparse file `image`, mounted."""
+  with open(image, 'wb') as f:
+    f.truncate(size_bytes)
+  # No journal and no blocks reserved for root: scratch space, all of it the sandbox's;
+  # a new sparse file has nothing to discard, and its inode tables start out zero.
+  subprocess.run(['mkfs.ext4', '-q', '-F', '-m', '0', '-O', '^has_journal',
+                  '-E', 'nodiscard,lazy_itable_init=1', image], check=True,
+                 capture_output=True)
+  subprocess.run(['mount', '-o', 'loop,nosuid,nodev', image, mount_point], check=True,
+                 capture_output=True)
+  _LIVE_MOUNTS.add(mount_point)
+
+
+@functools.cache
+def quota_supported() -> bool:
+  """Whether this process can loop-mount a file system (root, loop devices, mkfs.ext4)."""
+  family = Family()
+  family.acquire()
+  try:
+    volume = family.new_dir('disk-')
+    _make_volume(volume + '.img', volume, 8 << 20)
+    _umount(volume)
+    return True
+  except (subprocess.CalledProcessError, OSError):
+    return False
+  finally:
+    family.release()
+
+
+def _tree_bytes(folder: str) -> int:
+  """Bytes the files under `folder` occupy (allocated blocks, as a copy would need)."""
+  total = 0
+  for dirpath, dirnames, filenames in os.walk(folder):
+    for name in dirnames + filenames:
+      total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+  return total
+
+
 @functools.cache
 def overlay_supported() -> bool:
   family = Family()
@@ -103,7 +150,7 @@ class Workspace:
   """A writable view of a snapshot at `self.root`."""
 
   def __init__(self, snapshot: Snapshot, strategy: str = 'auto',
-               family: Family | None = None):
+               family: Family | None = None, disk_mb: int | None = None):
     if strategy == 'auto':
       # overlayfs option syntax cannot carry ':' or ',' in a layer path.
       plain = not any(c in layer for layer in snapshot.layers for c in ':,')
@@ -119,29 +166,60 @@ class Workspace:
         raise FileNotFoundError(f'Repository snapshot folder {layer!r} does not exist.')
     self.strategy = strategy
     self.base = snapshot
+    self.disk_mb = disk_mb
+    self.quota_enforced = bool(disk_mb) and quota_supported()
     self.family = family or Family()
     self.family.acquire()
     self._closed = False
-    self._materialize()
+    self._volume = None
+    try:
+      self._materialize()
+    except BaseException:
+      self._discard()
+      self.family.release()
+      raise
+
+  def _scratch_dir(self, prefix: str) -> str:
+    """A new folder for what the workspace writes: on its quota volume where it has one."""
+    if self._volume is None:
+      return self.family.new_dir(prefix)
+    return tempfile.mkdtemp(prefix=prefix, dir=self._volume)
 
   def _materialize(self) -> None:
+    if self.quota_enforced:
+      size = self.disk_mb << 20
+      if self.strategy == 'copy':  # the copy's own files are not the sandbox's writes
+        size += _tree_bytes(self.base.layers[0])
+      self._volume = self.family.new_dir('disk-')
+      _make_volume(self._volume + '.img', self._volume, size)
     if self.strategy == 'overlay':
-      self._upper = self.family.new_dir('upper-')
-      self._work = self.family.new_dir('work-')
+      self._upper = self._scratch_dir('upper-')
+      self._work = self._scratch_dir('work-')
       self.root = self.family.new_dir('merged-')
       _mount_overlay(self.base.layers, self._upper, self._work, self.root)
       _LIVE_MOUNTS.add(self.root)
     else:
-      self.root = os.path.join(self.family.new_dir('copy-'), 'ws')
+      self.root = os.path.join(self._scratch_dir('copy-'), 'ws')
       _copy_tree(self.base.layers[0], self.root)
 
   def _discard(self) -> None:
-    if self.strategy == 'overlay':
-      _umount(self.root)
-      for path in (self.root, self._upper, self._work):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-      shutil.rmtree(os.path.dirname(self.root), ignore_errors=True)
+    root = getattr(self, 'root', None)
+    if self.strategy == 'overlay' and root is not None:
+      _umount(root)
+      shutil.rmtree(root, ignore_errors=True)
+    if self._volume is not None:  # what was written goes with the volume's image file
+      _umount(self._volume)
+      shutil.rmtree(self._volume, ignore_errors=True)
+      if os.path.exists(self._volume + '.img'):
+        os.remove(self._volume + '.img')
+      self._volume = None
+    elif self.strategy == 'overlay':
+      for path in (getattr(self, '_upper', None), getattr(self, '_work', None)):
+        if path is not None:
+          shutil.rmtree(path, ignore_errors=True)
+    elif root is not None:
+      shutil.rmtree(os.path.dirname(root), ignore_errors=True)
+    self.root = self._upper = self._work = None
 
   def snapshot(self) -> Snapshot:
     frozen = os.path.join(self.family.new_dir('layer-'), 'l')

@@ -110,7 +110,7 @@ class OpenAIPolicy:
   def episode(self, job: episode_lib.Job) -> episode_lib.Outcome:
     task, cfg, started = job.task, self.agent_cfg, time.monotonic()
     try:
-      box = sandbox_lib.make_task_sandbox(cfg.backend, task)
+      box = sandbox_lib.make_task_sandbox(cfg.backend, task, disk_mb=cfg.sandbox_disk_mb)
     except Exception as e:  # pylint: disable=broad-except
       raise episode_lib.InfraError(f"sandbox did not start: {type(e).__name__}: {e}") from e
     with box:

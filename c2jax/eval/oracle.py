@@ -129,15 +129,16 @@ def plan_for(task):
 class OraclePolicy:
   """Runs jobs with the scripted plans, `concurrency` sandboxes at a time."""
 
-  def __init__(self, backend: str, concurrency: int = 1, grade_timeout_s: float = 60.0):
-    self.backend, self.concurrency = backend, concurrency
+  def __init__(self, backend: str, concurrency: int = 1, grade_timeout_s: float = 60.0,
+               disk_mb: int = 1024):
+    self.backend, self.concurrency, self.disk_mb = backend, concurrency, disk_mb
     self.grade_timeout_s = grade_timeout_s
     self.label = "oracle"
 
   def episode(self, job: episode_lib.Job) -> episode_lib.Outcome:
     task, started = job.task, time.monotonic()
     try:
-      box = sandbox_lib.make_task_sandbox(self.backend, task)
+      box = sandbox_lib.make_task_sandbox(self.backend, task, disk_mb=self.disk_mb)
     except Exception as e:  # pylint: disable=broad-except
       raise episode_lib.InfraError(f"sandbox did not start: {type(e).__name__}: {e}") from e
     with box:

@@ -71,7 +71,7 @@ def _build_oracle(cfg):
   from c2jax.eval import oracle  # pylint: disable=g-import-not-at-top
 
   return oracle.OraclePolicy(cfg.agent.backend, cfg.policy.concurrency,
-                             cfg.agent.grade_timeout_s)
+                             cfg.agent.grade_timeout_s, cfg.agent.sandbox_disk_mb)
 
 
 def _build_engine(cfg):

@@ -59,3 +59,54 @@ def calc_repo(root, name, deps, extra='') -> str:
       f'src/{name}/__init__.py': extra + _CALC,
       'tests/test_calc.py': _TESTS.replace('calc', name),
   })
+
+
+def real_docker_engine() -> str:
+  """'' where a real Docker engine answers and holds the sandbox image (tools/setup.sh
+  builds it), else why not (a skip reason)."""
+  import docker  # pylint: disable=g-import-not-at-top
+  from c2jax.env import docker_backend  # pylint: disable=g-import-not-at-top
+
+  image = os.environ.get('C2JAX_DOCKER_IMAGE') or docker_backend.DEFAULT_IMAGE
+  try:
+    client = docker.from_env(timeout=10)
+    client.ping()
+  except Exception as e:  # pylint: disable=broad-except
+    return f'no Docker engine is reachable ({type(e).__name__}); tools/setup.sh starts one as root'
+  try:
+    client.images.get(image)
+  except docker.errors.ImageNotFound:
+    return f'the Docker engine has no image {image}; tools/setup.sh builds it'
+  finally:
+    client.close()
+  return ''
+
+
+# Three processes spin for two seconds of wall time; prints the CPU seconds they used.
+CPU_SPIN = '''
+import os, time
+def spin():
+  end = time.monotonic() + 2
+  while time.monotonic() < end:
+    pass
+pids = []
+for _ in range(3):
+  pid = os.fork()
+  if pid == 0:
+    spin()
+    os._exit(0)
+  pids.append(pid)
+for pid in pids:
+  os.waitpid(pid, 0)
+t = os.times()
+print('cpu', t.children_user + t.children_system)
+'''
+
+
+def spun_cpu_seconds(box, cpus) -> float:
+  """CPU seconds CPU_SPIN used in `box`, checked against a quota of `cpus` cores: at most
+  cpus * 2 s of wall time, with a period's slack."""
+  result = box.exec(['python', '-c', CPU_SPIN], timeout_s=30)
+  used = float(result.text.split('cpu ')[1].split()[0])
+  assert used <= cpus * 2 + 0.15, f'{used:.2f} CPU s under a quota of {cpus} cores in 2 s'
+  return used

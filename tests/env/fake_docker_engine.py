@@ -1,10 +1,11 @@
 """A small fake Docker Engine API server on loopback, for testing the docker backend.
 
-It speaks the subset of the Engine API the backend uses (version, containers create/
-start/inspect/delete, exec create/start/inspect, archive get/put, commit). A container
-is a host folder standing for its /workspace; an image is a frozen copy of one; each
-exec runs inside a bubblewrap sandbox over that folder with the container's memory and
-pids limits, so the commands the backend sends really run, isolated.
+It speaks the subset of the Engine API the backend uses (version, info, containers
+create/start/inspect/delete, exec create/start/inspect, archive get/put, commit, image
+inspect/delete). A container is a host folder standing for its /workspace; an image is a
+frozen copy of one; each exec runs inside a bubblewrap sandbox over that folder with the
+container's memory, pids and CPU limits, so the commands the backend sends really run,
+isolated. It does not enforce the disk quota (StorageOpt); the real engine's tests do.
 """
 
 import base64
@@ -32,7 +33,7 @@ class FakeEngine:
   def __init__(self):
     self.root = tempfile.mkdtemp(prefix='fake-engine-')
     self.containers: dict[str, dict] = {}
-    self.images: dict[str, str] = {}  # id -> folder; name 'python:3.12-slim' is empty
+    self.images: dict[str, str] = {}  # id -> folder; any other name is an empty image
     self.execs: dict[str, dict] = {}
     self.requests: list[tuple[str, str, dict]] = []
     self.ro_binds = bubblewrap.default_ro_binds()
@@ -105,10 +106,13 @@ def _make_handler(engine: FakeEngine):
     def version(self, *_):
       self._reply(200, {'ApiVersion': '1.44', 'Version': 'fake'})
 
+    def info(self, *_):
+      self._reply(200, {'NCPU': os.cpu_count()})
+
     def create(self, params, config, *_):
       image = config['Image']
       source = engine.images.get(image)
-      if source is None and not image.startswith('python:'):
+      if source is None and image.startswith('sha256:'):
         return self._reply(404, {'message': f'No such image: {image}'})
       cid = uuid.uuid4().hex
       engine.containers[cid] = {'folder': engine.new_folder(source), 'config': config,
@@ -140,7 +144,8 @@ def _make_handler(engine: FakeEngine):
       container = engine.containers[record['container']]
       host = container['config']['HostConfig']
       limits = limits_lib.Limits(memory_mb=host['Memory'] >> 20,
-                                 max_processes=host['PidsLimit'], timeout_s=600)
+                                 max_processes=host['PidsLimit'],
+                                 cpus=host['NanoCpus'] / 1e9, timeout_s=600)
       # Like the real engine: the image's ENV (here the sandbox's) under the container's.
       env = bubblewrap.environment(engine.ro_binds)
       env.update(item.split('=', 1) for item in container['config'].get('Env') or [])
@@ -197,10 +202,22 @@ def _make_handler(engine: FakeEngine):
 
     def image_inspect(self, params, config, body, image_id):
       from urllib.parse import unquote  # pylint: disable=g-import-not-at-top
-      self._reply(200, {'Id': unquote(image_id)})
+      image = unquote(image_id)
+      if image.startswith('sha256:') and image not in engine.images:
+        return self._reply(404, {'message': f'No such image: {image}'})
+      self._reply(200, {'Id': image, 'Size': 0})
+
+    def image_delete(self, params, config, body, image_id):
+      from urllib.parse import unquote  # pylint: disable=g-import-not-at-top
+      folder = engine.images.pop(unquote(image_id), None)
+      if folder is None:
+        return self._reply(404, {'message': f'No such image: {unquote(image_id)}'})
+      shutil.rmtree(folder, ignore_errors=True)
+      self._reply(200, [{'Deleted': unquote(image_id)}])
 
   ROUTES = {
       'GET': [(r'/version', Handler.version),
+              (r'/info', Handler.info),
               (r'/containers/(\w+)/json', Handler.inspect),
               (r'/exec/(\w+)/json', Handler.exec_inspect),
               (r'/containers/(\w+)/archive', Handler.archive_get),
@@ -211,6 +228,7 @@ def _make_handler(engine: FakeEngine):
                (r'/exec/(\w+)/start', Handler.exec_start),
                (r'/commit', Handler.commit)],
       'PUT': [(r'/containers/(\w+)/archive', Handler.archive_put)],
-      'DELETE': [(r'/containers/(\w+)', Handler.delete)],
+      'DELETE': [(r'/containers/(\w+)', Handler.delete),
+                 (r'/images/(.+)', Handler.image_delete)],
   }
   return Handler

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from c2jax.env import bubblewrap, cgroups, sandbox as sandbox_lib, tools as tools_lib
-import fake_docker_engine
+import env_testlib
 
 
 def _digest(folder):
@@ -151,6 +151,13 @@ def test_memory_limit_counts_all_processes_together(hostile_box):
             'print([p.wait() for p in ps])\n')
   result = hostile_box.exec(['python', '-c', script])
   assert '-9' in result.text, result.text
+
+
+def test_cpu_quota_throttles_all_processes_together(repo):
+  if not cgroups.CgroupSet.cpu_available():
+    pytest.skip('no writable cpu cgroup: the CPU share is not bounded.')
+  with bubblewrap.BubblewrapSandbox(repo, cpus=0.1) as box:
+    env_testlib.spun_cpu_seconds(box, 0.1)
 
 
 def test_output_flood_is_cut_off(hostile_box):
@@ -296,14 +303,15 @@ def test_host_environment_and_descriptors_are_unreadable(hostile_box, host_canar
   assert cmdline.startswith('/bin/sh -c tr'), cmdline
 
 
-def test_docker_backend_leaks_nothing_of_the_host(repo, host_canaries):
-  engine = fake_docker_engine.FakeEngine()
-  try:
-    with sandbox_lib.make_sandbox('docker', repo, base_url=engine.base_url,
-                                  timeout_s=60) as box:
-      create = [body for _, path, body in engine.requests if path == '/containers/create']
-      assert sorted(create[-1]['Env']) == sorted(
-          f'{k}={v}' for k, v in sandbox_lib.BASE_ENVIRONMENT.items())
-      _assert_nothing_of_the_host_leaks(box, host_canaries)
-  finally:
-    engine.close()
+def test_docker_backend_leaks_nothing_of_the_host(docker_engine, repo, host_canaries):
+  name, engine_args, fake = docker_engine
+  with sandbox_lib.make_sandbox('docker', repo, timeout_s=60, **engine_args) as box:
+    if name == 'fake':
+      create = [body for _, path, body in fake.requests if path == '/containers/create']
+      env = create[-1]['Env']
+    else:
+      box._container.reload()  # pylint: disable=protected-access
+      env = box._container.attrs['Config']['Env']  # pylint: disable=protected-access
+    assert {f'{k}={v}' for k, v in sandbox_lib.BASE_ENVIRONMENT.items()} <= set(env)
+    assert {item.split('=', 1)[0] for item in env} <= {'PATH', *sandbox_lib.BASE_ENVIRONMENT}
+    _assert_nothing_of_the_host_leaks(box, host_canaries)

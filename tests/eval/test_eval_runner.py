@@ -126,6 +126,7 @@ def _config(arg="procgen", **overrides):
     ({"policy": {"kind": "engine"}}, "policy.run"),
     ({"policy": {"retries": -1}}, "policy.retries"),
     ({"agent": {"max_turns": 0}}, "agent.max_turns"),
+    ({"agent": {"sandbox_disk_mb": 0}}, "agent.sandbox_disk_mb"),
 ])
 def test_config_errors_name_the_key(overrides, key):
   cfg = _config()
