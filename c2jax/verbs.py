@@ -8,7 +8,7 @@ imports nothing.
 VERBS: dict[str, tuple[str, str]] = {
     "plan": ("c2jax.commands.plan",
              "parameter counts, shardings, compiled per-device memory and communication"),
-    "pipeline": ("c2jax.commands.pipeline", "every stage end to end (pretrain, longctx, traces, sft)"),
+    "pipeline": ("c2jax.commands.pipeline", "every stage end to end (pretrain, longctx, traces, sft, rl, eval)"),
     "pretrain": ("c2jax.commands.train", "continued pretraining / long-context phases"),
     "sft": ("c2jax.commands.train", "SFT phase on agent traces (chat data, loss mask)"),
     "smoke": ("c2jax.commands.smoke", "train a model config for a few steps on a synthetic task"),

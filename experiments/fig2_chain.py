@@ -1,7 +1,7 @@
 """Report Fig. 2 as a sweep: each point is one CPT -> SFT -> RL chain (`c2jax pipeline`).
 
   c2jax sweep experiments/fig2_chain.py --workdir=runs/sweeps/fig2_chain --parallel=1
-  c2jax sweep experiments/fig2_chain.py:test --workdir=/tmp/fig2_chain --dry_run
+  c2jax sweep experiments/fig2_chain.py:test --workdir=runs/fig2_chain --dry_run
 
 The base config is configs/agent_sft.py:tiny_cpt_rl: pretraining (configs/pretrain.py:tiny)
 for a swept number of steps (three log-spaced compute levels), then the agent traces, a

@@ -1,8 +1,7 @@
 """A compute ladder on `tiny` continued pretraining: model size x training steps.
 
   c2jax sweep experiments/scaling_tiny.py --workdir=runs/sweeps/scaling_tiny --parallel=2
-  SWEEP_DIR=runs/sweeps/scaling_tiny jupyter nbconvert --execute --to notebook \
-      experiments/notebooks/scaling_laws.ipynb
+  SWEEP_DIR=$PWD/runs/sweeps/scaling_tiny jupyter execute experiments/notebooks/scaling_laws.ipynb
 
 Three widths (the MLP widening with them) times three step counts: nine points spanning
 about 30x in training compute. The table carries each point's held-out eval loss and its

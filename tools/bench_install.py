@@ -1,6 +1,6 @@
 """Auto-install benchmark: success rate and time over real PyPI sdists that ship tests.
 
-  PYTHONPATH=. python tools/bench_install.py --out /tmp/bench.json six==1.16.0 ...
+  PYTHONPATH=. python tools/bench_install.py --out runs/bench_install.json six==1.16.0 ...
 
 Each sdist is downloaded with pip (cached), installed by `c2jax.env.install` with the
 default config (heuristic proposer, PyPI-only egress; --timeout_s per command) into a fresh cache, and its row
@@ -9,8 +9,10 @@ default config (heuristic proposer, PyPI-only egress; --timeout_s per command) i
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import tempfile
 
 from c2jax.env import revert_restore
 from c2jax.env.install import InstallConfig, install
@@ -19,7 +21,8 @@ from c2jax.env.install import InstallConfig, install
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('requirements', nargs='+', help='pinned sdists, e.g. six==1.16.0')
-  parser.add_argument('--cache_dir', default='/tmp/c2jax-bench-envs')
+  parser.add_argument('--cache_dir',
+                      default=os.path.join(tempfile.gettempdir(), 'c2jax-bench-envs'))
   parser.add_argument('--out', default='')
   parser.add_argument('--timeout_s', type=float, default=300.0,
                       help='limit of each install command and of the test run')

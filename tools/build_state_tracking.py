@@ -1,6 +1,6 @@
 """Writes LoCoDiff-style state-tracking cases (c2jax.eval.base.state_cases) as JSONL.
 
-  python tools/build_state_tracking.py --repo /work/main --out cases.jsonl
+  python tools/build_state_tracking.py --repo . --out cases.jsonl
   python tools/build_state_tracking.py --procedural 100 --seed 0 --out cases.jsonl
   python tools/build_state_tracking.py --repo DIR --procedural 20 --out cases.jsonl
 

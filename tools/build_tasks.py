@@ -2,10 +2,10 @@
 
   # Procedural tasks, solved by the scripted solver through the tools; writes
   # tasks.jsonl and the solver's traces (OpenAI-style message lists) for SFT:
-  python tools/build_tasks.py procgen --out /tmp/suite --count 40 --seed 0
+  python tools/build_tasks.py procgen --out runs/suite --count 40 --seed 0
 
   # Revert-and-restore tasks from a real package's sdist and tests:
-  python tools/build_tasks.py revert_restore --out /tmp/rr --package six==1.16.0
+  python tools/build_tasks.py revert_restore --out runs/rr --package six==1.16.0
 
 Every procedural task is checked: its hidden tests fail before and pass after the
 solver's edits; a task the solver cannot solve is an error (the generator is broken).

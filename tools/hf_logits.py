@@ -1,6 +1,6 @@
 """Logits of an HF model directory computed by transformers itself (float32, eager).
 
-  /work/venv311/bin/python tools/hf_logits.py HF_DIR TOKENS.npy OUT.npy
+  $C2JAX_TORCH_PYTHON tools/hf_logits.py HF_DIR TOKENS.npy OUT.npy
 
 For checking a `c2jax export` against the reference implementation: TOKENS.npy holds int
 token ids [B, L]; OUT.npy receives float32 logits [B, L, V]. Prints the tensors

@@ -1,10 +1,10 @@
 """Builds the HF parity fixtures under tests/fixtures/hf/<case>/ with HF's own code.
 
-Run with a Python that has `torch` and `transformers` (the py311 venv; not the project's
-3.12 venv):
+Run with a Python that has `torch` and `transformers` ($C2JAX_TORCH_PYTHON, README's "HF
+reference fixtures"; not the project's 3.12 venv):
 
-  /work/venvs/py311/bin/python tools/make_hf_fixtures.py            # (re)build all cases
-  /work/venvs/py311/bin/python tools/make_hf_fixtures.py --verify   # reload + re-run them
+  $C2JAX_TORCH_PYTHON tools/make_hf_fixtures.py            # (re)build all cases
+  $C2JAX_TORCH_PYTHON tools/make_hf_fixtures.py --verify   # reload + re-run them
 
 Each case is a tiny random float32 model whose config exercises some of the options c2jax
 must match exactly (group-limited routing, YaRN with mscale/mscale_all_dim, first-k dense,

@@ -1,7 +1,7 @@
 """Builds tests/fixtures/hf_saved/<case>/: a tiny model directory written by transformers'
 own `save_pretrained`, exactly as a user's fine-tune or a hub upload looks.
 
-  /work/venv311/bin/python tools/make_hf_saved_fixture.py
+  $C2JAX_TORCH_PYTHON tools/make_hf_saved_fixture.py
 
 Unlike tools/make_hf_fixtures.py (which rewrites the weights itself), nothing here is
 post-processed, so the directory carries what c2jax must load as it is: config.json keeps

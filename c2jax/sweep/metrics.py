@@ -7,7 +7,7 @@ point's own config: `config_value`, `tokens`, `active_params`, and training comp
 per token, attention included: c2jax.plan.roofline.train_flops_per_token, x tokens).
 `mean_tail` averages the last part of a series (e.g. RL reward over the last quarter).
 
-A point of a `pipeline` sweep is a chain of stages (c2jax/commands/pipeline.py), each in
+A point of a `pipeline` sweep is a chain of stages (c2jax/pipeline.py), each in
 RUN_DIR/<stage> with its own config section: every metric takes `stage=` to read that
 stage's run and config, e.g. `last("eval_loss", stage="sft")`, `compute_6nd(stage="pretrain")`
 or `last("eval/pass_rate", stage="rl")`; without it, the pipeline root (its summary.json).

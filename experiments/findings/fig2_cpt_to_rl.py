@@ -226,7 +226,7 @@ def main(argv=None):
     if getattr(args, name) < 1:
       raise SystemExit(f"--{name.replace('_', '-')} must be >= 1.")
   common.start_jax()
-  from c2jax.commands import pipeline  # pylint: disable=g-import-not-at-top
+  from c2jax import pipeline  # pylint: disable=g-import-not-at-top
   from c2jax.model import counting  # pylint: disable=g-import-not-at-top
 
   rows = []

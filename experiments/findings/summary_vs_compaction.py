@@ -22,7 +22,7 @@ configs/rl.py:summary against --config.agent.context_management=compaction for t
 
   PYTHONPATH=. python experiments/findings/summary_vs_compaction.py \
       --init-from runs/tiny/sft --seeds 2 --tasks 16 --out docs/figures
-  PYTHONPATH=. python experiments/findings/summary_vs_compaction.py --smoke --out /tmp/s
+  PYTHONPATH=. python experiments/findings/summary_vs_compaction.py --smoke --out runs/findings_smoke
 
 The defaults fit the tiny tokenizer with the full tool list (a ~470-token prompt): a
 rollout summarises after its first turn or two, and without management a five-turn

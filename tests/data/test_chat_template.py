@@ -10,6 +10,7 @@ import pytest
 
 from c2jax.data import chat_template, model_tokenizer
 from c2jax.data import tokenizer as tokenizer_lib
+from tests import torch_reference
 
 FIXTURES = pathlib.Path(__file__).resolve().parent.parent / "fixtures" / "templates"
 CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
@@ -65,14 +66,11 @@ def test_plain_encoding_equals_transformers(tokenizers, case):
 def test_live_against_transformers(tmp_path):
   """Regenerates the fixtures with transformers ($C2JAX_TORCH_PYTHON) and checks every case
   live, so a transformers upgrade that changes apply_chat_template shows up here."""
-  import os
   import subprocess
-  python = os.environ.get("C2JAX_TORCH_PYTHON")
-  if not python or not os.path.exists(python):
-    pytest.skip("set C2JAX_TORCH_PYTHON to a Python with transformers and tiktoken")
+  python = torch_reference.torch_python("transformers", "tiktoken")
   tool = FIXTURES.parent.parent.parent / "tools" / "make_template_fixtures.py"
   subprocess.run([python, str(tool), "--out", str(tmp_path)], check=True,
-                 capture_output=True, timeout=300)
+                 capture_output=True, timeout=300, env=torch_reference.clean_env())
   cases = json.loads((tmp_path / "cases.json").read_text())["cases"]
   live = {name: model_tokenizer.load_model_tokenizer(tmp_path / name)
           for name in ("qwen3", "kimi")}

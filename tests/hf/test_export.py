@@ -1,7 +1,7 @@
 """The loop end to end: an HF directory written by transformers -> `c2jax pretrain
 --config.init_from=DIR` (2 steps) -> `c2jax export` -> the exported directory's logits
 equal c2jax's within 1e-4 (float32): live against transformers where an interpreter with
-torch is at hand (C2JAX_TORCH_PYTHON, default /work/venv311/bin/python), and always
+torch is at hand ($C2JAX_TORCH_PYTHON, tests/torch_reference.py), and always
 through c2jax's own HF loader, whose parity with transformers the committed fixture's
 logits pin down."""
 
@@ -18,6 +18,7 @@ import pytest
 from c2jax import hf, model
 from c2jax.hf import sources
 from c2jax.train import checkpoint as checkpoint_lib
+from tests import torch_reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SAVED = ROOT / "tests" / "fixtures" / "hf_saved" / "deepseek_v3_mtp_declared"
@@ -89,15 +90,12 @@ def test_pretrain_from_transformers_dir_then_export_matches(run):
   theirs = np.asarray(model.forward(loaded_cfg, loaded, tokens))
   assert np.abs(ours - theirs).max() <= TOLERANCE
 
-  python = os.environ.get("C2JAX_TORCH_PYTHON", "/work/venv311/bin/python")
-  if not pathlib.Path(python).exists():
-    pytest.skip(f"no torch interpreter at {python}; set C2JAX_TORCH_PYTHON for the live "
-                "transformers comparison (the c2jax-side checks above passed)")
+  python = torch_reference.torch_python()  # the c2jax-side checks above have passed
   np.save(root / "tokens.npy", tokens)
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   done = subprocess.run([python, str(ROOT / "tools" / "hf_logits.py"), str(out),
                          str(root / "tokens.npy"), str(root / "hf_logits.npy")],
-                        capture_output=True, text=True, timeout=300, env=env, check=False)
+                        capture_output=True, text=True, timeout=300,
+                        env=torch_reference.clean_env(), check=False)
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   live = np.load(root / "hf_logits.npy")
   diff = np.abs(live - ours).max()

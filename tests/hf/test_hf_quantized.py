@@ -5,7 +5,6 @@ exact on-disk layout, bad checkpoints and configs, and the load/export hooks end
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ import pytest
 from c2jax import hf
 from c2jax.hf import quant_formats as qf
 from c2jax.hf import names, quant_schemes, quantized, safetensors_io
+from tests import torch_reference
 from tests.hf.conftest import FIXTURES as HF_FIXTURES
 
 QUANT = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "quant"
@@ -275,19 +275,10 @@ def test_cli_dequantises_in_and_quantises_out(tmp_path, loaded):
 def test_reference_libraries_still_write_the_fixtures(tmp_path):
   """Live: the installed torch / transformers / compressed-tensors regenerate every
   committed fixture byte for byte (so an upstream format change cannot go unnoticed)."""
-  python = os.environ.get("C2JAX_TORCH_PYTHON")
-  if not python:
-    pytest.skip("set C2JAX_TORCH_PYTHON to a Python with torch, transformers and "
-                "compressed-tensors (e.g. /work/venv311/bin/python) to run live.")
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  # Not from the repo root: its top-level `kernels` would shadow the one transformers probes.
-  probe = subprocess.run([python, "-c", "import compressed_tensors, transformers, torch"],
-                         capture_output=True, env=env, timeout=120, cwd=tmp_path)
-  if probe.returncode:
-    pytest.skip(f"{python} lacks torch, transformers or compressed-tensors.")
+  python = torch_reference.torch_python("torch", "transformers", "compressed_tensors")
   result = subprocess.run([python, str(QUANT.parents[2] / "tools" / "make_quant_fixtures.py"),
                            "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, env=env)
+                          timeout=300, env=torch_reference.clean_env())
   assert result.returncode == 0, result.stdout + result.stderr
   committed = sorted(p.relative_to(QUANT) for p in QUANT.rglob("*") if p.is_file())
   assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == (

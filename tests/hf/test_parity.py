@@ -6,16 +6,14 @@ and, when an interpreter with torch + transformers is at hand, the live transfor
 from __future__ import annotations
 
 import functools
-import importlib.util
-import os
 import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 from c2jax import model
+from tests import torch_reference
 from tests.hf.conftest import CASES, FIXTURES
 
 TOLERANCE = 1e-4  # float32, batch 2 x 32 (the issue's bound)
@@ -72,25 +70,13 @@ def test_fixture_is_sensitive_to_the_correction_bias(loaded):
   assert np.abs(ours - np.load(FIXTURES / case / "logits.npy")).max() > 100 * TOLERANCE
 
 
-def _torch_python() -> str | None:
-  """An interpreter with torch + transformers: this one, or $C2JAX_TORCH_PYTHON."""
-  if all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
-    return sys.executable
-  return os.environ.get("C2JAX_TORCH_PYTHON")
-
-
 def test_logits_match_live_transformers(loaded, tmp_path):
-  python = _torch_python()
-  if python is None:
-    pytest.skip("torch/transformers are not importable here; set C2JAX_TORCH_PYTHON to a "
-                "Python that has them (e.g. /work/venvs/py311/bin/python) to run live.")
+  python = torch_reference.torch_python()
   for case in CASES:
     np.save(tmp_path / f"{case}.npy", _logits(case, loaded))
-  # Without our PYTHONPATH: the repo's top-level `kernels` package would shadow the hub
-  # `kernels` library that transformers probes for.
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   result = subprocess.run(
       [python, str(_ROOT / "tools" / "make_hf_fixtures.py"), "--verify",
-       "--jax_logits", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+       "--jax_logits", str(tmp_path)], capture_output=True, text=True, timeout=300,
+      env=torch_reference.clean_env())
   assert result.returncode == 0, result.stdout + result.stderr
   assert result.stdout.count("c2jax vs live HF") == len(CASES), result.stdout

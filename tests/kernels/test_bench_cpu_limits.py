@@ -1,5 +1,5 @@
 """tools/bench/bench_cpu_limits.py --smoke prints its three tables (docs/benchmarks.md,
-"2026-11-26, second session"), every row timed, and lax.ragged_dot agrees with the tile
+"What limits `small` on XLA:CPU"), every row timed, and lax.ragged_dot agrees with the tile
 loop it is compared against."""
 
 import importlib

@@ -3,8 +3,6 @@ router replay, correction bias, aux loss, and HF's own modules when torch is ava
 
 import functools
 import json
-import os
-import pathlib
 import subprocess
 
 import flax.linen as nn
@@ -14,6 +12,7 @@ import numpy as np
 import pytest
 
 from c2jax.model import moe, moe_routing, variants
+from tests import torch_reference
 
 B, L, D = 2, 8, 16
 
@@ -255,8 +254,6 @@ def test_bfloat16_compute_keeps_router_and_bias_in_float32():
 # ---------------------------------------------------------------------------------------
 # Live comparison with HF's DeepseekV3MoE / Qwen3MoeSparseMoeBlock in a torch interpreter.
 
-TORCH_PYTHON = os.environ.get("C2JAX_TORCH_PYTHON", "/work/venvs/py311/bin/python")
-
 HF_SCRIPT = r"""
 import json, sys
 import numpy as np, torch
@@ -303,9 +300,7 @@ def _hf_state(params):
 
 
 def test_matches_hf_modules(tmp_path):
-  if not pathlib.Path(TORCH_PYTHON).exists():
-    pytest.skip(f"no torch interpreter at {TORCH_PYTHON}; set C2JAX_TORCH_PYTHON to one "
-                "with torch and transformers")
+  python = torch_reference.torch_python()
   renorm = dict(SOFTMAX, norm_topk_prob=True)
   cases = {"sigmoid": build_case("sigmoid"), "softmax": build_case("softmax"),
            "softmax_renorm": dict(cfg=make_cfg(renorm), params=build_case("softmax")["params"],
@@ -320,13 +315,10 @@ def test_matches_hf_modules(tmp_path):
                 shared=m.num_shared_experts, scaling=m.routed_scaling_factor)
     (tmp_path / f"{name}.json").write_text(json.dumps(spec))
     np.savez(tmp_path / f"{name}.npz", x=np.asarray(X), **_hf_state(case["params"]))
-  # Run outside the checkout: its top-level `kernels` package would shadow HF's optional
-  # `kernels` dependency.
-  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  run = subprocess.run([TORCH_PYTHON, "-c", HF_SCRIPT, *(str(tmp_path / n) for n in cases)],
-                       capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
-  if "No module named 'torch'" in run.stderr or "No module named 'transformers'" in run.stderr:
-    pytest.skip(f"{TORCH_PYTHON} lacks torch or transformers; set C2JAX_TORCH_PYTHON")
+  # Run outside the checkout (see torch_reference.clean_env).
+  run = subprocess.run([python, "-c", HF_SCRIPT, *(str(tmp_path / n) for n in cases)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env=torch_reference.clean_env())
   assert run.returncode == 0, run.stderr
   for name in cases:
     theirs = np.load(tmp_path / f"{name}.out.npy")

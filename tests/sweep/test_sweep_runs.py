@@ -151,8 +151,12 @@ def test_scaling_notebook_recovers_a_known_law(tmp_path):
   rows = [{"point": f"p{i}", "status": "done", "eval_loss": 1.5 + 40 * c ** -0.3,
            "compute_6nd": c} for i, c in enumerate(compute)]
   (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  execute(NOTEBOOKS / "scaling_laws.ipynb", SWEEP_DIR=tmp_path, COMPUTE_COLUMN="compute_6nd",
-          BOOTSTRAP=20)
+  # The README's command as a user types it: nbclient's `jupyter execute` from the venv.
+  jupyter = pathlib.Path(sys.executable).parent / "jupyter"
+  env = dict(os.environ, SWEEP_DIR=str(tmp_path), COMPUTE_COLUMN="compute_6nd", BOOTSTRAP="20")
+  done = subprocess.run([str(jupyter), "execute", "experiments/notebooks/scaling_laws.ipynb"],
+                        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   fit = json.loads((tmp_path / "scaling_fit.json").read_text())["params"]
   assert fit["E"]["value"] == pytest.approx(1.5, rel=1e-3)
   assert fit["alpha"]["value"] == pytest.approx(0.3, rel=1e-3)

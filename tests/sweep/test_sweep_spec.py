@@ -55,8 +55,8 @@ def test_names_hash_unsafe_characters_and_disambiguate_keys():
   shown = spec._short_names(["model.intermediate_size", "model.moe.intermediate_size", "seed"])
   assert shown == {"model.intermediate_size": "model.intermediate_size",
                    "model.moe.intermediate_size": "moe.intermediate_size", "seed": "seed"}
-  a = spec.point_name({"data.cache_dir": "/tmp/a b"}, {"data.cache_dir": "cache_dir"})
-  b = spec.point_name({"data.cache_dir": "/tmp/a_b"}, {"data.cache_dir": "cache_dir"})
+  a = spec.point_name({"data.cache_dir": "cache/a b"}, {"data.cache_dir": "cache_dir"})
+  b = spec.point_name({"data.cache_dir": "cache/a_b"}, {"data.cache_dir": "cache_dir"})
   assert a != b and "/" not in a and " " not in a
 
 

@@ -13,7 +13,7 @@ def test_pipeline_runs_every_stage_and_resumes(tmp_path, data_cache):
   root = tmp_path / "pipe"
   result = run_pipeline(root, data_cache)
   summary = json.loads((root / "summary.json").read_text())
-  assert list(summary) == ["pretrain", "longctx", "traces", "sft"]
+  assert list(summary) == ["pretrain", "longctx", "traces", "sft", "eval"]
   assert summary["traces"] == {"train_traces": 2, "heldout_traces": 1,
                                "seconds": summary["traces"]["seconds"]}
   for stage in ("pretrain", "longctx", "sft"):
@@ -23,8 +23,21 @@ def test_pipeline_runs_every_stage_and_resumes(tmp_path, data_cache):
   # Every stage used the one shared tokenizer: SFT started from the long-context weights.
   config = json.loads((root / "sft" / "config.json").read_text())
   assert config["data"]["vocab_size"] == 1024 and config["init_from"] == str(root / "longctx")
+  # The eval stage scored the SFT run on the engine, as `c2jax eval` would in WORKDIR/eval.
+  scored = summary["eval"]
+  assert scored["suite"] == "procgen" and scored["run"] == str(root / "sft")
+  assert scored["eval"]["tasks"] == 2 and scored["eval"]["episodes"] == 2
+  assert 0.0 <= scored["eval"]["accuracy"] <= 1.0 and scored["eval"]["infra_errors"] == 0
+  records = (root / "eval" / "results.jsonl").read_text().splitlines()
+  assert len(records) == 2 and all(json.loads(r)["policy"] == "sft" for r in records)
+  assert "eval sft" in result.stderr  # the runner's progress bar
   rerun = run_pipeline(root, data_cache)
-  assert rerun.stdout.count("resume: step 2") == 3  # finished stages are not trained again
+  # Finished stages are not run again, and the rerun reports what each of them recorded.
+  assert "resume:" not in rerun.stdout and "eval sft" not in rerun.stderr
+  for stage in ("pretrain", "longctx", "sft"):
+    assert f"{stage}: finished (step 2); recorded result" in rerun.stdout
+  assert "eval: finished (sft at step 2); recorded result" in rerun.stdout
+  assert json.loads((root / "summary.json").read_text()) == summary
 
 
 def test_pipeline_ends_in_rl_from_the_sft_checkpoint(tmp_path, data_cache):
@@ -41,5 +54,6 @@ def test_pipeline_ends_in_rl_from_the_sft_checkpoint(tmp_path, data_cache):
   assert [r["eval/pass_rate"] for r in rows if "eval/pass_rate" in r] == [rl["eval"]["pass_rate"]]
   assert (root / "rl" / "evals" / "step_000001").is_dir()
   rerun = run_rl_pipeline(root, data_cache)
-  assert "rl: finished at step 1" in rerun.stdout and "resume: step 2" in rerun.stdout
-  assert json.loads((root / "summary.json").read_text())["rl"]["eval"] == rl["eval"]
+  assert "rl: finished (step 1); recorded result" in rerun.stdout
+  assert "sft: finished (step 2); recorded result" in rerun.stdout
+  assert json.loads((root / "summary.json").read_text()) == summary

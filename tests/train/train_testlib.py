@@ -41,8 +41,14 @@ def losses(workdir):
   return {row["step"]: row["loss"] for row in rows if "loss" in row}
 
 
+# The eval stage at its smallest: two held-out tasks, one sample each, two short turns.
+EVAL_STAGE = ["--config.eval.suite.args.count=2", "--config.eval.policy.slots=2",
+              "--config.eval.agent.max_turns=2", "--config.eval.agent.max_turn_tokens=24"]
+
+
 def run_pipeline(root, data_cache):
-  """`c2jax pipeline` on tiny with every stage cut to two steps and three tasks."""
+  """`c2jax pipeline` on tiny with every stage cut to two steps and three tasks, and an
+  eval stage of two tasks."""
   stages = []
   # SFT rows hold a whole trace (system message with the tool list, ~1k tokens).
   for stage, seq_len, batch in (("pretrain", 32, 8), ("longctx", 256, 1), ("sft", 1024, 1)):
@@ -50,7 +56,7 @@ def run_pipeline(root, data_cache):
                f"--config.{stage}.train.batch_size={batch}",
                f"--config.{stage}.train.eval_every=2", f"--config.{stage}.train.eval_batches=1",
                f"--config.{stage}.train.checkpoint_every=2"]
-  return _pipeline("configs/pipeline.py:tiny", root, data_cache, stages)
+  return _pipeline("configs/pipeline.py:tiny", root, data_cache, stages + EVAL_STAGE)
 
 
 # The RL stage at the size of configs/rl.py:test: one step of one group of two rollouts.

@@ -1,6 +1,6 @@
 """What XLA:CPU gives the shapes of `small`'s decode step and train step: the measurements
-behind docs/benchmarks.md's "2026-11-26, second session" subsections (issue 20, items 1
-and 2). Three tables, each row against a baseline measured in the same run:
+behind docs/benchmarks.md's "What limits `small` on XLA:CPU" (issue 20, items 1 and 2).
+Three tables, each row against a baseline measured in the same run:
 
   rows      one [M, D] x [D, F] dot per expert weight, 112 distinct weights in a chain
             (7 MoE layers x 16 experts: too many to stay in cache, as in a decode step),

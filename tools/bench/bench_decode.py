@@ -2,7 +2,7 @@
 HF `transformers` generate on the same weights.
 
     PYTHONPATH=. python tools/bench/bench_decode.py --variants tiny,small --batches 1,8,32
-    PYTHONPATH=. python tools/bench/bench_decode.py --hf_python /work/venvs/py311/bin/python
+    PYTHONPATH=. python tools/bench/bench_decode.py --hf_python "$C2JAX_TORCH_PYTHON"
 
 Decode tokens/s counts the tokens sampled after every request's prefill (steady-state
 decode; compile and prefill excluded: a one-token generate's time is subtracted, for the

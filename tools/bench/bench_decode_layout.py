@@ -1,8 +1,8 @@
 """One compiled decode chunk with model.init's stacked weights against the engines' decode
 layout (model.unstack_layers: per-layer arrays, per-expert ones with --split), in one
 process, interleaved, best of --rounds: the in-process ratio behind docs/benchmarks.md
-"2026-11-26: small decode". Greedy, 8 steps a chunk (decode_loop.decode_steps), 16-token
-positions into a cache of 88 slots; checks that both layouts sample the same tokens.
+"Decoding" (its decode layout row). Greedy, 8 steps a chunk (decode_loop.decode_steps),
+16-token positions into a cache of 88 slots; checks that both layouts sample the same tokens.
 
     PYTHONPATH=. python tools/bench/bench_decode_layout.py --variant small --batches 1,8,32
 """

@@ -1,7 +1,7 @@
 """Load and export of a generated ~2 GB HF checkpoint: wall time, GB/s, peak RSS.
 
-  PYTHONPATH=. python tools/bench/bench_hf_io.py --workdir /tmp/hfio_bench     # ~2 GB bf16
-  PYTHONPATH=. python tools/bench/bench_hf_io.py --workdir /tmp/x --smoke      # a few MB
+  PYTHONPATH=. python tools/bench/bench_hf_io.py --workdir runs/hfio_bench    # ~2 GB bf16
+  PYTHONPATH=. python tools/bench/bench_hf_io.py --workdir runs/hfio_smoke --smoke    # a few MB
 
 Steps, each timed in its own process so its peak RSS (ru_maxrss) is its own:
   generate  a DeepSeek-V3-layout checkpoint (bf16, per-expert tensors, several shards,

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU measurement of issue 20 in one go, on one GPU machine; each table goes to
 # $OUT/<name>.txt (stdout and stderr), and $OUT/summary.txt lists what ran and its status.
-#   OUT=/tmp/gpu_out bash tools/bench/gpu_all.sh          # from the repo root
-#   SMOKE=1 OUT=/tmp/smoke bash tools/bench/gpu_all.sh    # every script's --smoke (CPU)
+#   OUT=runs/gpu_out bash tools/bench/gpu_all.sh          # from the repo root
+#   SMOKE=1 OUT=runs/gpu_smoke bash tools/bench/gpu_all.sh    # every script's --smoke (CPU)
 # A failing benchmark is recorded and the rest still run. The MTP row trains a tiny
 # drafter first (configs/pretrain.py:tiny then configs/mtp.py:tiny, into $OUT/runs).
 set -uo pipefail

@@ -8,7 +8,7 @@ the mean train loss over the last `--tail` steps, their gap relative to the firs
 which ignores the compile and eval/checkpoint pauses) relative to the baseline.
 
   PYTHONPATH=. python tools/bench/quant_training.py --steps 300 --moe_impl ragged \
-      --quants none,mxfp8 --cache_dir /tmp/c2jax_cache --root /tmp/quant_training
+      --quants none,mxfp8 --root runs/quant_training
 """
 
 import argparse
@@ -96,7 +96,7 @@ def main():
   parser.add_argument('--quants', default='none,mxfp8',
                       help='comma-separated recipes; the first is the baseline')
   parser.add_argument('--cache_dir', default=None, help='data.cache_dir (corpus cache)')
-  parser.add_argument('--root', default='/tmp/quant_training', help='workdirs go here')
+  parser.add_argument('--root', default='runs/quant_training', help='workdirs go here')
   parser.add_argument('--tail', type=int, default=20, help='train steps averaged at the end')
   args = parser.parse_args()
   summaries = {}

@@ -7,9 +7,9 @@ rollouts and the draws; tasks and held-out set are the same for every run), then
 held-out pass rate per evaluation, training pass rate and the fraction of zero-advantage
 groups per step, and prints a markdown table.
 
-  PYTHONPATH=. python tools/bench/rl_curriculum.py --root /tmp/rl_curriculum \
+  PYTHONPATH=. python tools/bench/rl_curriculum.py --root runs/rl_curriculum \
       --seeds 0,1 --figure docs/figures/rl_curriculum.png -- \
-      --config=configs/rl.py:tiny --config.init_from=/work/runs/tiny/sft ...
+      --config=configs/rl.py:tiny --config.init_from=runs/tiny/sft ...
 Everything after `--` goes to every `c2jax rl` command. `--plot_only` re-reads finished
 runs under --root.
 """
