@@ -59,7 +59,7 @@ def test_bubblewrap_writes_past_the_quota_fail_and_the_host_keeps_its_space(repo
     assert _allocated_bytes(scratch) <= (QUOTA_MB + 4) << 20
     assert free_before - _free_bytes(scratch) < HOST_TOLERANCE
     # /tmp is bounded the same way; the workspace still reads and, once freed, writes.
-    result = box.run_shell('head -c 100M /dev/zero > /tmp/big; echo $?; rm fill*; '
+    result = box.run_shell('(cd /tmp && head -c 100M /dev/zero > big); echo $?; rm fill*; '
                            'python -c "open(\'ok\', \'w\').write(\'x\')" && cat ok')
     assert 'No space left on device' in result.text and result.text.endswith('1\nx'), result.text
     box.reset()
@@ -73,7 +73,7 @@ def test_without_the_right_to_mount_only_tmp_is_bounded(repo, monkeypatch, caplo
   with bubblewrap.BubblewrapSandbox(repo, disk_mb=QUOTA_MB) as box:
     assert not box.disk_quota_enforced
     assert 'disk quota not enforced' in caplog.text and 'needs root' in caplog.text
-    result = box.run_shell('head -c 40M /dev/zero > /tmp/big; echo $?; '
+    result = box.run_shell('(cd /tmp && head -c 40M /dev/zero > big); echo $?; '
                            'head -c 40M /dev/zero > big; echo $?')
     assert 'No space left on device' in result.text and result.text.endswith('1\n0\n')
 
@@ -99,4 +99,4 @@ def test_docker_writes_past_the_quota_fail_and_the_host_keeps_its_space(real_doc
     assert 'wrote half' in result.text, result.text
     assert any(m in result.text for m in FULL_MESSAGES) and 'FAIL9' in result.text, result.text
     assert free_before - _free_bytes('/var/lib') < HOST_TOLERANCE
-    assert box.run_shell('head -c 100M /dev/zero > /tmp/big').exit_code != 0
+    assert box.run_shell('cd /tmp && head -c 100M /dev/zero > big').exit_code != 0

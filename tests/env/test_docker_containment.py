@@ -42,7 +42,7 @@ def test_network_is_off_even_the_hosts_loopback(real_box):
 
 def test_host_files_are_invisible_and_the_command_has_no_capabilities(real_box):
   result = real_box.run_shell(
-      f'ls {os.path.dirname(os.path.abspath(__file__))} /work /root/.ssh 2>&1; '
+      f'ls {os.path.dirname(os.path.abspath(__file__))} /work /root 2>&1; '
       'grep CapEff /proc/self/status; python -c "import ctypes; libc = ctypes.CDLL(None, '
       'use_errno=True); print(\'mount\', libc.mount(b\'none\', b\'/mnt\', b\'tmpfs\', 0, '
       'None), ctypes.get_errno())"; echo done')
