@@ -310,8 +310,10 @@ def train(cfg, workdir) -> dict:
   # The policy's model is the one its init_from checkpoint trained (declared changes aside).
   cfg = model_source.resolve(cfg)
   job.validate(cfg, jax.device_count())
-  run = _Run(cfg, workdir) if distributed.is_leader() else None
   dirs = rollouts.RunDirs(pathlib.Path(workdir).absolute())
+  # A changed policy model on resume is named before anything is built or compiled.
+  model_source.check_resume(cfg, rollouts.checkpoint_location(cfg, dirs))
+  run = _Run(cfg, workdir) if distributed.is_leader() else None
   rt = learner_runtime.build(cfg)
   checkpointer = checkpoint_lib.Checkpointer(rollouts.checkpoint_location(cfg, dirs),
                                              keep=cfg.learner.keep_checkpoints,

@@ -95,6 +95,8 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
   distributed.initialize(cfg.parallel.distributed)
   # The model the checkpoint in init_from trained, with this phase's declared changes.
   cfg = model_source.resolve(cfg)
+  # A changed model on resume is named here, before anything compiles or is restored.
+  model_source.check_resume(cfg, workdir / "checkpoints")
   rt = build_runtime(cfg)
   t = cfg.train
   datasets = jobs.datasets(cfg)
