@@ -99,8 +99,8 @@ class StopRequest:
     first = self._requested is None
     self._requested = name
     if first:
-      print(f"preemption: {name} received; stopping after the step in flight and "
-            "writing a checkpoint (send it again to stop at once)", flush=True)
+      print(f"preemption: {name} received; finishing the work in flight, saving it, "
+            "then exiting (send it again to stop at once)", flush=True)
     if self._jax_sync and signum == signal.SIGINT:
       os.kill(os.getpid(), signal.SIGTERM)  # JAX's notifier tells the other processes
 
