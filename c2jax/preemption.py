@@ -13,7 +13,13 @@ A preemptible VM, SLURM (`scancel`, the end of `--time`) and Kubernetes send SIG
 time before they kill; a user sends SIGINT (Ctrl-C). Inside the context the first such
 signal only records the request; the run finishes the step in flight, writes a checkpoint
 and returns. A second signal of the same kind acts as it would without c2jax (SIGINT
-raises KeyboardInterrupt, SIGTERM kills the process), for a run that must die now.
+raises KeyboardInterrupt, SIGTERM kills the process), for a run that must die now; a
+repeat within REPEAT_WINDOW_S of the first counts as the same notice (a launcher that
+signals every process and a parent that forwards the signal deliver it twice).
+
+A job stopped this way writes MARKER (`preempted.json`) in its run directory and removes
+it when it starts again, so a caller that sees exit status 0 (`c2jax sweep`) can tell a
+stopped run from a finished one (`was_preempted`).
 
 With several jax.distributed processes every process must stop at the same step, or the
 ones still stepping wait for ever in a collective. `reached(step)` is then JAX's
@@ -31,11 +37,31 @@ imports nothing but the standard library, and `requested` is the local flag.
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 import signal
 import threading
+import time
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+REPEAT_WINDOW_S = 2.0
+MARKER = "preempted.json"
+
+
+def mark(workdir, **info) -> None:
+  """Records in `workdir` that its job stopped on a signal before finishing."""
+  path = pathlib.Path(workdir) / MARKER
+  path.write_text(json.dumps({**info, "time": round(time.time(), 3)}) + "\n")
+
+
+def clear(workdir) -> None:
+  """A job (re)starting in `workdir` is no longer a stopped one."""
+  (pathlib.Path(workdir) / MARKER).unlink(missing_ok=True)
+
+
+def was_preempted(workdir) -> bool:
+  return (pathlib.Path(workdir) / MARKER).exists()
 
 
 class StopRequest:
@@ -44,6 +70,7 @@ class StopRequest:
   def __init__(self, *, jax_processes: bool = False):
     self._jax_processes = jax_processes
     self._requested: str | None = None
+    self._first_at = 0.0
     self._previous: dict[int, object] = {}
     self._jax_sync = False  # JAX's preemption sync manager agrees on the step
     self._gather = False  # several processes without it: all-gather the flags per step
@@ -90,6 +117,8 @@ class StopRequest:
   def _handle(self, signum, frame) -> None:
     del frame
     name = signal.Signals(signum).name
+    if self._requested == name and time.monotonic() - self._first_at < REPEAT_WINDOW_S:
+      return  # the same notice delivered twice
     if self._requested == name:  # the second of a kind: behave as without c2jax
       signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
       if signum == signal.SIGINT:
@@ -99,6 +128,7 @@ class StopRequest:
     first = self._requested is None
     self._requested = name
     if first:
+      self._first_at = time.monotonic()
       print(f"preemption: {name} received; finishing the work in flight, saving it, "
             "then exiting (send it again to stop at once)", flush=True)
     if self._jax_sync and signum == signal.SIGINT:

@@ -205,23 +205,28 @@ def run(cfg, workdir: str) -> dict:
   results.pin_config(workdir, _jsonify(_pinned(cfg)))
   suite = suites.get_suite(cfg.suite.name)
   policy = policies.build(cfg)
+  preemption.clear(workdir)
   stop = preemption.StopRequest().install()
   try:
     if suite.kind == "scored":
-      return run_scored(cfg, suite, policy, workdir, stop)
-    tasks = suites.build_tasks(suite, cfg.suite.args, str(workdir / "tasks"))
-    for task in tasks:
-      checks_lib.validate_checks(task.id, task.metadata.get("checks", []))
-    return evaluate_tasks(policy, tasks, workdir, samples=cfg.eval.samples,
-                          ks=tuple(cfg.eval.ks), seed=cfg.eval.seed, reward=cfg.eval.reward,
-                          retries=cfg.policy.retries,
-                          retry_backoff_s=cfg.policy.retry_backoff_s,
-                          suite_name=suite.name, progress=cfg.eval.progress, stop=stop,
-                          in_flight=(cfg.policy.slots if cfg.policy.kind == "engine"
-                                     else cfg.policy.concurrency))
+      summary = run_scored(cfg, suite, policy, workdir, stop)
+    else:
+      tasks = suites.build_tasks(suite, cfg.suite.args, str(workdir / "tasks"))
+      for task in tasks:
+        checks_lib.validate_checks(task.id, task.metadata.get("checks", []))
+      summary = evaluate_tasks(
+          policy, tasks, workdir, samples=cfg.eval.samples, ks=tuple(cfg.eval.ks),
+          seed=cfg.eval.seed, reward=cfg.eval.reward, retries=cfg.policy.retries,
+          retry_backoff_s=cfg.policy.retry_backoff_s, suite_name=suite.name,
+          progress=cfg.eval.progress, stop=stop,
+          in_flight=(cfg.policy.slots if cfg.policy.kind == "engine"
+                     else cfg.policy.concurrency))
   finally:
     stop.uninstall()
     policy.close()
+  if summary["preempted"]:
+    preemption.mark(workdir)
+  return summary
 
 
 def run_scored(cfg, suite, policy, workdir, stop=None) -> dict:

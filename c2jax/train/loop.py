@@ -125,6 +125,7 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
                     "then rerun."))
 
   preempted = None
+  preemption.clear(workdir)
   stop = preemption.StopRequest(jax_processes=True).install()
   try:
     if t.eval_every and start == 0:
@@ -154,6 +155,8 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
         print("eval " + json.dumps({"step": step, **row}), flush=True)
       if stopping and step < t.steps:
         preempted = step
+        if distributed.is_leader():
+          preemption.mark(workdir, step=step)
         print(f"preemption: stopped after step {step} with a checkpoint in "
               f"{ckpt.directory}; rerun the same command to resume", flush=True)
         break
