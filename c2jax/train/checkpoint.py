@@ -127,7 +127,7 @@ class Checkpointer:
   def _own_data_state(self, step: int, data_state: dict) -> dict:
     """This process's entry of a multi-process checkpoint's data states."""
     if _PER_PROCESS not in data_state:
-      if jax.process_count() > 1:
+      if jax.process_count() > 1 and data_state:  # an empty state splits trivially
         raise CheckpointRestoreError(
             f"checkpoint step {step} in {self.directory} was written by one process; its "
             f"data-iterator state cannot be split over {jax.process_count()} processes. "
