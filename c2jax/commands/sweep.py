@@ -43,5 +43,7 @@ def main(argv) -> int:
   except KeyboardInterrupt:
     print("c2jax sweep: interrupted; rerun the same command to resume.", file=sys.stderr)
     return 130
-  print(json.dumps({k: summary[k] for k in ("points", "done", "failed", "table")}))
+  print(json.dumps({k: summary[k] for k in ("points", "done", "failed", "table", "preempted")}))
+  if summary["preempted"]:
+    return 0  # stopped on a signal: the rerun resumes
   return 1 if summary["failed"] or summary["done"] < summary["points"] else 0

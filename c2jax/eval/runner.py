@@ -10,6 +10,12 @@ pairs in DIR/results.jsonl are skipped. A job whose episode hits an infrastructu
 failure is retried up to policy.retries times (with backoff), then recorded with
 `infra_error`; such records are excluded from accuracy and retried by the next rerun.
 
+SIGTERM or SIGINT to `c2jax eval` (c2jax.preemption) stops it cleanly: no new episode
+starts, the ones in flight (at most policy.concurrency, or policy.slots for an engine)
+finish and are recorded, the summary of what is done is written with `preempted: true`,
+and the command exits 0; rerunning it runs only what is missing. For that the jobs go
+to the policy in waves of that many episodes, checked between waves.
+
 Score of an episode: the task's reward over its hidden tests (eval.reward: 'binary' =
 all pass, 'fraction'), times 1 if every transcript check passed, else 0.
 """
@@ -26,6 +32,7 @@ import zlib
 import ml_collections
 
 from c2jax import config as configlib
+from c2jax import preemption
 from c2jax.env import reward as reward_lib
 from c2jax.eval import checks as checks_lib
 from c2jax.eval import episode as episode_lib
@@ -114,9 +121,12 @@ def _progress(total: int, initial: int, enabled: bool, label: str):
 
 def evaluate_tasks(policy, tasks, workdir, *, samples: int = 1, ks=(1,), seed: int = 0,
                    reward: str = "binary", retries: int = 2, retry_backoff_s: float = 1.0,
-                   suite_name: str = "tasks", progress: bool = True) -> dict:
+                   suite_name: str = "tasks", progress: bool = True,
+                   stop: preemption.StopRequest | None = None, in_flight: int = 1) -> dict:
   """Runs `samples` episodes per task (skipping those done in workdir), writes
-  results.jsonl, transcripts.jsonl and summary.json; returns the summary."""
+  results.jsonl, transcripts.jsonl and summary.json; returns the summary. With `stop`,
+  the jobs run in waves of `in_flight` and none starts once a stop is requested (the
+  summary then says `preempted`)."""
   workdir = pathlib.Path(workdir)
   with results.ResultsStore(workdir) as store:
     done = store.done()
@@ -150,13 +160,18 @@ def evaluate_tasks(policy, tasks, workdir, *, samples: int = 1, ks=(1,), seed: i
         bar.set_postfix(acc=f"{solved[0] / max(solved[1], 1):.3f}", infra=solved[2],
                         refresh=False)
 
+    stopped = lambda: stop is not None and stop.requested
+    wave = max(1, in_flight) if stop is not None else max(1, len(jobs))
     try:
       pending, round_number = jobs, 0
-      while pending:
+      while pending and not stopped():
         if round_number:
           time.sleep(retry_backoff_s * round_number)
         retry.clear()
-        policy.run(pending, on_done)
+        for start in range(0, len(pending), wave):
+          if stopped():
+            break  # unfinished and retried jobs are run by the next rerun
+          policy.run(pending[start:start + wave], on_done)
         pending, round_number = list(retry), round_number + 1
     finally:
       bar.close()
@@ -165,6 +180,7 @@ def evaluate_tasks(policy, tasks, workdir, *, samples: int = 1, ks=(1,), seed: i
   summary = metrics.summarize(records, ks)
   summary["policy"], summary["suite"] = policy.label, suite_name
   summary["torn_lines_redone"] = store.torn_lines
+  summary["preempted"] = stopped()
   results.write_summary(workdir, summary)
   return summary
 
@@ -189,23 +205,33 @@ def run(cfg, workdir: str) -> dict:
   results.pin_config(workdir, _jsonify(_pinned(cfg)))
   suite = suites.get_suite(cfg.suite.name)
   policy = policies.build(cfg)
+  preemption.clear(workdir)
+  stop = preemption.StopRequest().install()
   try:
     if suite.kind == "scored":
-      return run_scored(cfg, suite, policy, workdir)
-    tasks = suites.build_tasks(suite, cfg.suite.args, str(workdir / "tasks"))
-    for task in tasks:
-      checks_lib.validate_checks(task.id, task.metadata.get("checks", []))
-    return evaluate_tasks(policy, tasks, workdir, samples=cfg.eval.samples,
-                          ks=tuple(cfg.eval.ks), seed=cfg.eval.seed, reward=cfg.eval.reward,
-                          retries=cfg.policy.retries,
-                          retry_backoff_s=cfg.policy.retry_backoff_s,
-                          suite_name=suite.name, progress=cfg.eval.progress)
+      summary = run_scored(cfg, suite, policy, workdir, stop)
+    else:
+      tasks = suites.build_tasks(suite, cfg.suite.args, str(workdir / "tasks"))
+      for task in tasks:
+        checks_lib.validate_checks(task.id, task.metadata.get("checks", []))
+      summary = evaluate_tasks(
+          policy, tasks, workdir, samples=cfg.eval.samples, ks=tuple(cfg.eval.ks),
+          seed=cfg.eval.seed, reward=cfg.eval.reward, retries=cfg.policy.retries,
+          retry_backoff_s=cfg.policy.retry_backoff_s, suite_name=suite.name,
+          progress=cfg.eval.progress, stop=stop,
+          in_flight=(cfg.policy.slots if cfg.policy.kind == "engine"
+                     else cfg.policy.concurrency))
   finally:
+    stop.uninstall()
     policy.close()
+  if summary["preempted"]:
+    preemption.mark(workdir)
+  return summary
 
 
-def run_scored(cfg, suite, policy, workdir) -> dict:
-  """A scored suite yields its own records; they are stored like agent episodes."""
+def run_scored(cfg, suite, policy, workdir, stop=None) -> dict:
+  """A scored suite yields its own records; they are stored like agent episodes. With
+  `stop`, no record is asked for once a stop is requested."""
   with results.ResultsStore(workdir) as store:
     done = {task_id for task_id, _ in store.done()}
     bar = _progress(None, len(done), cfg.eval.progress, policy.label)
@@ -218,9 +244,12 @@ def run_scored(cfg, suite, policy, workdir) -> dict:
       store.append(dict({"sample": 0, "suite": suite.name, "policy": policy.label,
                          "infra_error": None}, **record))
       bar.update(1)
+      if stop is not None and stop.requested:
+        break
     bar.close()
     records = store.records()
   summary = metrics.summarize(records, (1,))
+  summary["preempted"] = stop is not None and stop.requested
   summary["policy"], summary["suite"] = policy.label, suite.name
   if suite.metrics is not None:
     summary["metrics"] = suite.metrics(records)

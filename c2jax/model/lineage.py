@@ -125,6 +125,14 @@ def overrides(phase: ml_collections.ConfigDict) -> list[str]:
   return [key for key in architecture_keys() if not _same(_get(phase, key), _get(table, key))]
 
 
+def differences(saved: ml_collections.ConfigDict, current: ml_collections.ConfigDict
+                ) -> list[tuple[str, object, object]]:
+  """(key, saved value, current value) for every architecture/numerics key on which two
+  model configs disagree; implementation keys (FREE_KEYS) are ignored."""
+  return [(key, _get(saved, key), _get(current, key)) for key in architecture_keys()
+          if not _same(_get(saved, key), _get(current, key))]
+
+
 def inherit(source: ml_collections.ConfigDict, phase: ml_collections.ConfigDict,
             declared: Iterable[str] = (), *, where: str = "the checkpoint"
             ) -> tuple[ml_collections.ConfigDict, list[str]]:

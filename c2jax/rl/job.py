@@ -55,6 +55,9 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.actors = ml_collections.ConfigDict(dict(
       count=2, backend="process", slots=8, max_length=1024, weight_poll_s=0.5,
       full_every=16, restarts=3,
+      # Seconds between the learner's checks on its actors, whatever the queue holds: a
+      # dead actor is restarted (its leased prompts back in the pool) within this time.
+      check_every_s=2.0,
       # > 0: actors decode speculatively, the policy's first MTP module drafting this many
       # tokens per verify step (c2jax.rollout.speculative); needs model.num_mtp_layers > 0.
       # The sampled distribution and the recorded log-probs are the policy's either way.
@@ -91,7 +94,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
               "learner.checkpoint_every", "learner.keep_checkpoints", "learner.log_every",
               "learner.clip_norm", "learner.wait_s", "actors.count", "actors.slots",
               "actors.max_length", "actors.weight_poll_s", "actors.full_every",
-              "tasks.train_count", "tasks.heldout_count", "eval.every", "eval.samples",
+              "actors.check_every_s", "tasks.train_count", "tasks.heldout_count", "eval.every", "eval.samples",
               "eval.slots"):
     configlib.check_positive(cfg, key)
   for key in ("learner.warmup_steps", "actors.restarts", "eval.temperature"):

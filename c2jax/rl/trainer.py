@@ -25,6 +25,14 @@ Rerunning the same command resumes: the newest readable checkpoint gives the ste
 state; groups trained after it go back to the queue (`GroupQueue.recover`), prompts
 leased to actors of the previous run go back to the pool, and weights are republished
 to a fresh directory, so no finished group is lost or trained twice.
+
+SIGTERM or SIGINT (c2jax.preemption) stops the learner after the step in flight (or, on
+a single process, at once while it waits for groups): it checkpoints that step, stops
+the actors (their leased prompts go back to the pool; the queue is on disk) and returns
+with `preempted` set, so the command exits 0 and rerunning resumes exactly. Several
+learner processes agree on the step through JAX's preemption sync point. The actors are
+checked every `actors.check_every_s` seconds whatever the queue holds
+(c2jax.rl.actors.backends).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import jax
 import numpy as np
 
 from c2jax import data
+from c2jax import preemption
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
 from c2jax.parallel import distributed
@@ -153,14 +162,18 @@ def _recover(run, step: int, restored) -> None:
           f"back in the pool ({reopened} refused as ahead of step {step})", flush=True)
 
 
-def _take_groups(cfg, run, actors, step: int, feed) -> list:
+def _take_groups(cfg, run, actors, step: int, feed, stop) -> list | None:
   """The step's groups, waiting (and checking on the actors, and keeping a running
-  curriculum's draws coming) while the queue is short."""
+  curriculum's draws coming) while the queue is short; None if a stop signal arrives
+  meanwhile (groups already taken stay claimed: the resumed run's queue recovery puts
+  them back in order)."""
   groups = []
   while len(groups) < cfg.learner.groups_per_step:
     try:
       groups.append(run.queue.get(step, timeout=cfg.learner.wait_s))
     except queue_lib.Empty:
+      if stop.requested:
+        return None
       actors.check(run.pool, run.queue)
       if feed is not None:
         feed.top_up()
@@ -205,16 +218,20 @@ class _Lead:
 
   def start(self) -> None:
     self.actors.start()
+    self.actors.watch(self.run.pool, self.run.queue, self.cfg.actors.check_every_s)
     self.timing["started"] = time.monotonic()
 
   def _elapsed(self) -> float:
     return time.monotonic() - self.timing["started"] - self.timing["eval_s"]
 
-  def take_batch(self, step: int, batch_ways: int) -> dict:
-    """The packed batch of the step's groups (waiting for them is idle time)."""
+  def take_batch(self, step: int, batch_ways: int, stop) -> dict | None:
+    """The packed batch of the step's groups (waiting for them is idle time); None if
+    stopped while waiting."""
     waited = time.monotonic()
-    self._groups = _take_groups(self.cfg, self.run, self.actors, step, self.feed)
+    self._groups = _take_groups(self.cfg, self.run, self.actors, step, self.feed, stop)
     self.timing["idle_s"] += time.monotonic() - waited
+    if self._groups is None:
+      return None
     batch, self._batch_metrics = learner_runtime.build_batch(self.cfg, self._groups,
                                                              batch_ways)
     return batch
@@ -285,16 +302,22 @@ def _on_leader(work):
     raise
 
 
-def _next_batch(lead, step: int, batch_ways: int):
+_PREEMPTED = "__preempted__"  # the batch the leader sends when stopped while waiting
+
+
+def _next_batch(lead, step: int, batch_ways: int, stop):
   """The step's batch on every process: process 0 takes the groups and packs them, the
-  others receive them."""
+  others receive them; None on every process when the leader was stopped by a signal
+  while it waited for groups."""
   batch = None
   if lead is not None:
-    batch = _on_leader(lambda: lead.take_batch(step, batch_ways))
+    batch = _on_leader(lambda: lead.take_batch(step, batch_ways, stop))
+    if batch is None:
+      batch = {_PREEMPTED: np.ones((), np.int32)}
   batch = distributed.broadcast_arrays(batch)
   if batch is None:
     raise LeaderStoppedError(f"rl: process 0 stopped at step {step}; its output says why.")
-  return batch
+  return None if _PREEMPTED in batch else batch
 
 
 def train(cfg, workdir) -> dict:
@@ -310,8 +333,10 @@ def train(cfg, workdir) -> dict:
   # The policy's model is the one its init_from checkpoint trained (declared changes aside).
   cfg = model_source.resolve(cfg)
   job.validate(cfg, jax.device_count())
-  run = _Run(cfg, workdir) if distributed.is_leader() else None
   dirs = rollouts.RunDirs(pathlib.Path(workdir).absolute())
+  # A changed policy model on resume is named before anything is built or compiled.
+  model_source.check_resume(cfg, rollouts.checkpoint_location(cfg, dirs))
+  run = _Run(cfg, workdir) if distributed.is_leader() else None
   rt = learner_runtime.build(cfg)
   checkpointer = checkpoint_lib.Checkpointer(rollouts.checkpoint_location(cfg, dirs),
                                              keep=cfg.learner.keep_checkpoints,
@@ -323,7 +348,10 @@ def train(cfg, workdir) -> dict:
             + (f" ({jax.process_count()} learner processes)" if jax.process_count() > 1
                else ""), flush=True)
     _recover(run, step, restored)
-  lead = None
+  lead, preempted = None, None
+  if run is not None:
+    preemption.clear(dirs.root)
+  stop = preemption.StopRequest(jax_processes=True).install()
   try:
     host = distributed.gather_for_leader(state.params)
     if run is not None:
@@ -338,8 +366,23 @@ def train(cfg, workdir) -> dict:
             "rewards and advantages, then rerun."))
     if lead is not None:
       _on_leader(lead.start)
+    saved = step if restored is not None else None
+
+    def save():
+      nonlocal saved
+      late.flush()  # a non-finite loss stops the run before this step is saved
+      # Only process 0 writes the JSON data slot (orbax), so the others pass {}.
+      checkpointer.save(step, state, lead.data_state() if lead is not None else {},
+                        {"config": json.loads(cfg.to_json())}, force=True)
+      saved = step
+
     while step < cfg.learner.steps:
-      batch = _next_batch(lead, step, rt.batch_ways())
+      batch = _next_batch(lead, step, rt.batch_ways(), stop)
+      if batch is None:  # stopped while waiting for groups: nothing new to train
+        if saved != step:
+          save()
+        preempted = step
+        break
       with rt.scope():
         state, step_metrics = step_fn(state, ref_params, rt.place(batch))
       step += 1
@@ -347,20 +390,27 @@ def train(cfg, workdir) -> dict:
       late.push(step, step_metrics, lead.trained(step) if lead is not None else {})
       if lead is not None:
         lead.publisher.publish(host, step)
-      if step % cfg.learner.checkpoint_every == 0 or step == cfg.learner.steps:
-        late.flush()  # a non-finite loss stops the run before this step is saved
-        # Only process 0 writes the JSON data slot (orbax), so the others pass {}.
-        checkpointer.save(step, state, lead.data_state() if lead is not None else {},
-                          {"config": json.loads(cfg.to_json())}, force=True)
+      stopping = stop.reached(step)  # every process calls it once per step
+      if (step % cfg.learner.checkpoint_every == 0 or step == cfg.learner.steps
+          or stopping):
+        save()
       if step % cfg.eval.every == 0 or step == cfg.learner.steps:
         late.flush()
         if lead is not None:
           lead.evaluate(host, step)
+      if stopping and step < cfg.learner.steps:
+        preempted = step
+        break
     late.flush()
+    if preempted is not None and lead is not None:
+      preemption.mark(dirs.root, step=step)
+      print(f"preemption: the learner stopped after step {step} with a checkpoint in "
+            f"{checkpointer.directory}; rerun the same command to resume", flush=True)
   finally:
+    stop.uninstall()
     if lead is not None:
       lead.close()
     checkpointer.close()
   if lead is None:
-    return {"step": step, "process": jax.process_index()}
-  return lead.summary(step)
+    return {"step": step, "process": jax.process_index(), "preempted": preempted}
+  return {**lead.summary(step), "preempted": preempted}

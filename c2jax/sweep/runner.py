@@ -14,6 +14,15 @@ A rerun of the sweep skips finished points and relaunches the others, which resu
 their own checkpoints. Children die with the runner (PR_SET_PDEATHSIG on Linux), so killing
 the runner never leaves a point running unseen; the lock catches any that survive.
 DIR/launches.jsonl records every launch.
+
+SIGTERM or SIGINT to the runner (c2jax.preemption) stops the sweep cleanly: no point
+starts any more, the running points get SIGTERM (each checkpoints and exits 0, leaving
+`preempted.json` in its directory, so it is not marked done), the runner waits up to
+STOP_GRACE_S for them, writes the table of what is finished and returns with
+`preempted` set (exit status 0); rerunning the sweep resumes the stopped points. Points
+run in their own sessions, so a Ctrl-C in the terminal reaches only the runner. On the
+Ray backend running points are cancelled instead and resume from their last periodic
+checkpoint.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from c2jax import preemption
 from c2jax.sweep import table
 from c2jax.sweep.spec import Plan, Point, SweepError
 
@@ -42,6 +52,7 @@ LOCK_FILE = ".sweep.lock"
 LAUNCHES_FILE = "launches.jsonl"
 BACKENDS = ("local", "ray")
 HEARTBEAT_S = 30.0
+STOP_GRACE_S = 300.0  # how long a stopping sweep waits for its points' checkpoints
 
 
 def run_dir(workdir: pathlib.Path, point: Point) -> pathlib.Path:
@@ -112,7 +123,8 @@ class Started:
     # this process dies first.
     self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, pass_fds=(self.lock.fileno(),),
-                                    preexec_fn=_die_with_parent if _PRCTL else None)
+                                    preexec_fn=_die_with_parent if _PRCTL else None,
+                                    start_new_session=True)
     self.lock.seek(0)
     self.lock.truncate()
     self.lock.write(str(self.process.pid))
@@ -125,8 +137,11 @@ class Started:
     record = {"returncode": returncode, "seconds": seconds,
               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname(),
               "launcher_pid": os.getpid()}
-    marker = DONE_FILE if returncode == 0 else FAILED_FILE
-    (self.directory / marker).write_text(json.dumps(record) + "\n")
+    if returncode == 0 and preemption.was_preempted(self.directory):
+      pass  # stopped on a signal with a checkpoint: neither done nor failed
+    else:
+      marker = DONE_FILE if returncode == 0 else FAILED_FILE
+      (self.directory / marker).write_text(json.dumps(record) + "\n")
     self.log.close()
     self.lock.close()
     return seconds
@@ -173,6 +188,12 @@ class LocalBackend:
         return [(name, rc, self.running.pop(name).finish(rc)) for name, rc in finished]
       time.sleep(0.2)
 
+  def interrupt(self) -> None:
+    """Asks every running point to checkpoint and exit (SIGTERM)."""
+    for started in self.running.values():
+      if started.process.poll() is None:
+        started.process.send_signal(signal.SIGTERM)
+
   def stop(self) -> None:
     for started in self.running.values():
       started.stop()
@@ -218,6 +239,9 @@ class RayBackend:
           log.write(f"\n=== sweep: the Ray task running this point failed: {err}\n")
       results.append((name, returncode, seconds))
     return results
+
+  def interrupt(self) -> None:
+    self.stop()  # cancelled points resume from their last periodic checkpoint
 
   def stop(self) -> None:
     for ref in self.running:
@@ -284,9 +308,20 @@ def run(plan: Plan, workdir: pathlib.Path, *, parallel: int = 1, backend: str = 
   failed: dict[str, int] = {}
   launched: list[str] = []
   runner = LocalBackend() if backend == "local" else RayBackend()
-  previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+  stop, stopping_since = preemption.StopRequest().install(), None
   try:
     while todo or progress.running:
+      if stop.requested and stopping_since is None:
+        stopping_since = time.time()
+        say(f"sweep: stopping: {len(todo)} point(s) not started, {progress.running} asked "
+            "to checkpoint and exit; rerun the same command to resume")
+        todo = []
+        runner.interrupt()
+        if backend != "local":
+          progress.running = 0
+          break
+      if stopping_since is not None and time.time() - stopping_since > STOP_GRACE_S:
+        break  # the points still running are killed below; they resume from checkpoints
       while todo and progress.running < parallel:
         point = todo.pop(0)
         directory = run_dir(workdir, point)
@@ -304,7 +339,9 @@ def run(plan: Plan, workdir: pathlib.Path, *, parallel: int = 1, backend: str = 
         progress.running -= 1
         progress.finished_here += 1
         log = run_dir(workdir, by_name[name]) / LOG_FILE
-        if returncode == 0:
+        if returncode == 0 and preemption.was_preempted(log.parent):
+          say(f"sweep: stopped {name} after {seconds:.0f}s (it resumes on the next run)")
+        elif returncode == 0:
           progress.done += 1
           say(f"sweep: done {name} in {seconds:.0f}s")
         else:
@@ -316,20 +353,17 @@ def run(plan: Plan, workdir: pathlib.Path, *, parallel: int = 1, backend: str = 
         progress.show()
   finally:
     runner.stop()
-    signal.signal(signal.SIGTERM, previous)
+    stop.uninstall()
   statuses = {p.name: status(run_dir(workdir, p)) for p in plan.points}
   outputs = table.write(plan, workdir, statuses, run_dir=lambda p: run_dir(workdir, p), say=say)
   summary = {"points": len(plan.points), "done": sum(s == "done" for s in statuses.values()),
-             "failed": sorted(failed), "launched": launched, **outputs}
+             "failed": sorted(failed), "launched": launched,
+             "preempted": stopping_since is not None, **outputs}
   if failed:
     say("sweep: failed points (rerun the same command to retry them):\n" + "\n".join(
         f"  {name}: exit {rc}, log {run_dir(workdir, by_name[name]) / LOG_FILE}"
         for name, rc in failed.items()))
   return summary
-
-
-def _raise_interrupt(signum, frame):
-  raise KeyboardInterrupt(f"signal {signum}")
 
 
 def describe(plan: Plan) -> dict:

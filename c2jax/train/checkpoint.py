@@ -10,6 +10,10 @@ Restore never destroys a run. When the newest step fails to restore, the cause d
       shapes or parameter tree), a missing dependency (ImportError), an I/O error
       (permission, a storage service that is down), or any cause not recognised as
       damage: `CheckpointRestoreError` naming the cause, with every step left in place.
+
+With several jax.distributed processes each process has its own data-iterator state (its
+shard of the data); `save` gathers them, the checkpoint keeps one per process, and each
+process restores its own.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import logging
 import pathlib
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from c2jax import storage
 
@@ -83,6 +89,8 @@ class Checkpointer:
 
   def save(self, step: int, state, data_state: dict, config: dict, *,
            force: bool = False) -> bool:
+    if jax.process_count() > 1:  # a collective: every process saves the same step
+      data_state = {_PER_PROCESS: _gather_json(data_state)}
     return self._manager.save(
         step,
         args=ocp.args.Composite(state=ocp.args.StandardSave(state),
@@ -113,8 +121,27 @@ class Checkpointer:
         print(f"checkpoint: step {step} is corrupt or partial ({damage}); moved to "
               f"{kept.name} and using the previous checkpoint", flush=True)
         continue
-      return step, restored["state"], restored["data"]
+      return step, restored["state"], self._own_data_state(step, restored["data"])
     return None
+
+  def _own_data_state(self, step: int, data_state: dict) -> dict:
+    """This process's entry of a multi-process checkpoint's data states."""
+    if _PER_PROCESS not in data_state:
+      if jax.process_count() > 1 and data_state:  # an empty state splits trivially
+        raise CheckpointRestoreError(
+            f"checkpoint step {step} in {self.directory} was written by one process; its "
+            f"data-iterator state cannot be split over {jax.process_count()} processes. "
+            "Resume with one process, or start a new workdir. Every checkpoint was left "
+            "in place.")
+      return data_state
+    states = data_state[_PER_PROCESS]
+    if len(states) != jax.process_count():
+      raise CheckpointRestoreError(
+          f"checkpoint step {step} in {self.directory} was written by {len(states)} "
+          f"processes and this run has {jax.process_count()}; each process resumes its own "
+          "shard of the data, so resume with the same number of processes (or start a new "
+          "workdir). Every checkpoint was left in place.")
+    return states[jax.process_index()]
 
   def _stored_shapes(self, step: int) -> dict[str, tuple]:
     """The shapes step's state was saved with, from its metadata alone (no arrays read)."""
@@ -191,6 +218,19 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+_PER_PROCESS = "per_process"  # the data slot of a multi-process checkpoint
+
+
+def _gather_json(value) -> list:
+  """Every process's JSON-serialisable `value`, in process order, on every process."""
+  encoded = np.frombuffer(json.dumps(value).encode(), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.int32(encoded.size))).reshape(-1)
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[:encoded.size] = encoded
+  gathered = np.asarray(multihost_utils.process_allgather(padded))
+  return [json.loads(row[:size].tobytes()) for row, size in zip(gathered, sizes)]
 
 
 def _mismatch(stored: dict[str, tuple], wanted: dict[str, tuple], limit: int = 4) -> str:

@@ -8,6 +8,11 @@ that step and continues the identical loss curve. Metrics are read one step late
 host never stalls device dispatch, except at checkpoint steps, where the step's loss is
 checked before anything is saved: a NaN/inf loss stops the run with the last good
 checkpoint intact.
+
+SIGTERM or SIGINT (a preemption notice, Ctrl-C) stops the run after the step in flight:
+it writes a checkpoint of that step and returns with `preempted` set in the summary; with
+several processes they agree on the step first (c2jax.preemption). Rerunning resumes it
+exactly, as after any checkpoint.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 import jax
 import numpy as np
 
+from c2jax import preemption
 from c2jax.parallel import context as context_lib
 from c2jax.parallel import distributed
 from c2jax.train import checkpoint as checkpoint_lib
@@ -89,6 +95,8 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
   distributed.initialize(cfg.parallel.distributed)
   # The model the checkpoint in init_from trained, with this phase's declared changes.
   cfg = model_source.resolve(cfg)
+  # A changed model on resume is named here, before anything compiles or is restored.
+  model_source.check_resume(cfg, workdir / "checkpoints")
   rt = build_runtime(cfg)
   t = cfg.train
   datasets = jobs.datasets(cfg)
@@ -104,7 +112,9 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
     start, state, data_state = restored
     iterator.set_state(data_state)
     print(f"resume: step {start} from {ckpt.directory}", flush=True)
-  writer = MetricsWriter(workdir, resume_step=start)
+  # The leader's metrics are the run's; other processes keep theirs apart (same losses).
+  writer = MetricsWriter(workdir if distributed.is_leader()
+                         else workdir / f"process_{jax.process_index()}", resume_step=start)
   step_fn, eval_step = make_train_step(rt), make_eval_step(rt)
   tokens_per_step = t.batch_size * t.seq_len
   begun, eval_rows = time.time(), []
@@ -114,6 +124,9 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
                     f"{ckpt.directory}. Lower config.train.learning_rate or check the data, "
                     "then rerun."))
 
+  preempted = None
+  preemption.clear(workdir)
+  stop = preemption.StopRequest(jax_processes=True).install()
   try:
     if t.eval_every and start == 0:
       # The starting point of every curve: held-out loss before the first update.
@@ -124,7 +137,8 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
       with rt.scope():
         state, metrics = step_fn(state, device_batch(rt, next(iterator)))
       late.push(step, metrics)
-      if step % t.checkpoint_every == 0 or step == t.steps:
+      stopping = stop.reached(step)  # every process calls it once per step
+      if step % t.checkpoint_every == 0 or step == t.steps or stopping:
         late.flush()  # a non-finite loss stops the run before this step is saved
         ckpt.save(step, state, iterator.get_state(), cfg.to_dict(), force=True)
       if step % t.log_every == 0 or step == t.steps:
@@ -139,12 +153,20 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
         row = run_evals(rt, eval_step, state.params, datasets, step)
         eval_rows.append(writer.write(step, row))
         print("eval " + json.dumps({"step": step, **row}), flush=True)
+      if stopping and step < t.steps:
+        preempted = step
+        if distributed.is_leader():
+          preemption.mark(workdir, step=step)
+        print(f"preemption: stopped after step {step} with a checkpoint in "
+              f"{ckpt.directory}; rerun the same command to resume", flush=True)
+        break
     late.flush()
   finally:
+    stop.uninstall()
     ckpt.close()
     writer.close()
   return {"steps": t.steps, "final_loss": late.last.get("loss"), "evals": eval_rows,
-          "workdir": str(workdir)}
+          "workdir": str(workdir), "preempted": preempted}
 
 
 def run_evals(rt: Runtime, eval_step, params, datasets, step: int) -> dict:

@@ -1,7 +1,9 @@
 """Metrics sinks: WORKDIR/metrics.jsonl (one object per logged row) and TensorBoard events.
 
 On resume the JSONL file is truncated to the restored step, so it always holds exactly one
-loss curve, the one the checkpoints continue.
+loss curve, the one the checkpoints continue. The rows cut off (steps after the restored
+checkpoint, which the resumed run discards) are appended to metrics.discarded.jsonl, each
+with `discarded_on_resume_from`: what those steps did stays on disk.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class MetricsWriter:
   def _truncate_after(self, step: int) -> None:
     if not self.path.exists():
       return
-    kept = []
+    kept, discarded = [], []
     for line in self.path.read_text().splitlines():
       try:
         row = json.loads(line)
@@ -33,6 +35,11 @@ class MetricsWriter:
         continue  # a line cut short by a kill
       if row.get("step", 0) <= step:
         kept.append(line)
+      else:
+        discarded.append(json.dumps({**row, "discarded_on_resume_from": int(step)}))
+    if discarded:  # first, so a kill in between loses nothing
+      with open(self.path.with_name("metrics.discarded.jsonl"), "a") as record:
+        record.write("".join(line + "\n" for line in discarded))
     self.path.write_text("".join(line + "\n" for line in kept))
 
   def write(self, step: int, scalars: dict) -> dict:

@@ -9,6 +9,11 @@ the source's by c2jax.model.lineage: implementation keys are the phase's, declar
 (`config.model_changes`) apply, any other disagreement is an error naming the key and both
 values. A checkpoint that records no model config (written by code older than this) leaves
 the phase's model as given; the parameter shapes are still checked on restore.
+
+Resuming a workdir (`check_resume`) compares the same way, against the model its newest
+checkpoint trained: a changed architecture or numerics key is an error naming the key and
+both values, raised before anything is built, compiled or restored; a changed
+implementation key (remat, moe_impl, attention_impl, ...) resumes.
 """
 
 from __future__ import annotations
@@ -38,6 +43,36 @@ def _run_model(directory) -> dict | None:
   if "model" not in job and isinstance(job.get("config"), dict):
     job = job["config"]  # the RL learner nests its job config one level down
   return job.get("model") or None
+
+
+def check_resume(cfg, checkpoints) -> None:
+  """Raises ConfigError if `cfg.model` differs from the model the newest checkpoint under
+  `checkpoints` (a run's checkpoint directory) was trained with in an architecture or
+  numerics key; reads only that step's saved config. Nothing to resume, a checkpoint
+  without a saved model config, or one whose config cannot be read (restore decides what
+  to do with a damaged step) passes."""
+  path = storage.orbax_path(checkpoints)
+  if not path.is_dir() or not any(child.name.isdigit() for child in path.iterdir()):
+    return
+  try:
+    values = _run_model(path)
+  except Exception:  # pylint: disable=broad-except  (damage is the restore's to judge)
+    return
+  if not values:
+    return
+  where = f"the checkpoint this run resumes ({path})"
+  changed = lineage.differences(_from_dict(values, where), cfg.model)
+  if not changed:
+    return
+  key, saved, mine = changed[0]
+  others = "".join(f"; model.{k} is {m!r} here, {s!r} there" for k, s, m in changed[1:])
+  raise configlib.ConfigError(
+      f"model.{key}",
+      f"is {mine!r} in this config but {saved!r} in {where}{others}. A resumed run keeps "
+      "the model it was trained with, and this key changes the architecture or numerics. "
+      "Drop the override to resume; to train a changed model from these weights, use a "
+      "new workdir with --config.init_from=<this workdir> and list the key in "
+      "config.model_changes. No checkpoint was read or changed.")
 
 
 def _from_dict(values: dict, where: str) -> ml_collections.ConfigDict:

@@ -56,6 +56,37 @@ def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
   assert len(transcripts) >= 36
 
 
+def test_sigterm_stops_cleanly_keeps_results_and_the_rerun_finishes(tmp_path):
+  workdir = tmp_path / "run"
+  command = [sys.executable, "-c", "from c2jax.cli import run; run()", "eval",
+             f"--config={ROOT}/configs/eval.py:procgen", f"--workdir={workdir}",
+             "--config.suite.args.count=8", "--config.eval.samples=2",
+             "--config.eval.ks=(1,2)", "--config.policy.concurrency=2", "--config.eval.progress=false"]
+  env = dict(os.environ, PYTHONPATH=ROOT, C2JAX_XLA_CACHE="off")
+  proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  path = workdir / results.RESULTS
+  deadline = time.monotonic() + 240
+  while not (path.exists() and path.read_text().count("\n") >= 1):
+    assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  before = _lines(workdir)
+  # The episodes in flight finished and were recorded; nothing else started.
+  assert 1 <= len(before) < 16 and len(before) % 2 == 0, (len(before), out[-2000:])
+  assert json.loads((workdir / results.SUMMARY).read_text())["preempted"] is True
+  done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  after = _lines(workdir)
+  keys = [(r["task_id"], r["sample"]) for r in after]
+  assert len(keys) == len(set(keys)) == 16
+  assert after[:len(before)] == before
+  summary = json.loads((workdir / results.SUMMARY).read_text())
+  assert summary["preempted"] is False and summary["overall"]["accuracy"] == 1.0
+
+
 class FlakyPolicy:
   """Wraps the oracle; each job raises InfraError on its first `failures` attempts."""
 

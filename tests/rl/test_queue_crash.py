@@ -50,6 +50,7 @@ def test_kill_actor_then_learner_and_restart(tmp_path):
     processes.append(actor_b)
     _wait_for(lambda: len(q.trained_steps()) >= 5)
     _kill(learner_1)
+    killed_at = max(q.trained_steps())
     ckpt_step = json.loads((tmp_path / "ckpt.json").read_text())["step"]
     learner_2 = _start("learner", tmp_path, TOTAL, 0.0)
     processes.append(learner_2)
@@ -69,3 +70,9 @@ def test_kill_actor_then_learner_and_restart(tmp_path):
   assert q.counts() == {"ready": 0, "claimed": 0, "trained": TOTAL, "stale": 0, "ahead": 0}
   assert pool.counts() == {"pending": 0, "leased": 0, "done": TOTAL}
   assert ckpt_step >= 4  # the learner really was restarted from a checkpoint
+  # The append-only record keeps the steps the restart discarded, marked as such.
+  record = q.history()
+  discarded = [row["step"] for row in record if row["discarded"] is not None]
+  assert discarded == list(range(ckpt_step + 1, killed_at + 1))
+  assert all(row["discarded"] == ckpt_step for row in record if row["discarded"] is not None)
+  assert {row["step"]: row["groups"] for row in record if row["discarded"] is None} == steps

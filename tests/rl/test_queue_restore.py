@@ -1,12 +1,14 @@
 """After any restore: no group is trained twice, and groups sampled by a policy version
 ahead of the learner are refused and their prompts rolled out again."""
 
+import json
 import queue
 
 import pytest
 
 from c2jax.rl.queue.group_queue import GroupQueue
 from c2jax.rl.tasks.task_pool import TaskPool
+from c2jax.train.metrics import MetricsWriter
 
 from test_group_queue import make_group
 
@@ -44,6 +46,11 @@ def test_no_group_is_trained_twice_across_restores(tmp_path):
   assert q.refused_ids() == ["e"]
   assert _drain(q, 1) == ["c", "d"]
   assert sorted(sum(q.trained_steps().values(), [])) == ["a", "b"]
+  # What every step trained stays in the append-only record, discarded steps marked with
+  # the checkpoint step of the resume that discarded them.
+  assert [(row["step"], row["groups"], row["discarded"]) for row in q.history()] == [
+      (1, ["a", "b"], None), (2, ["c", "d"], 1), (3, ["e"], 2), (3, ["e"], 1)]
+  assert len(list((tmp_path / "discarded").glob("*.json"))) == 3
 
 
 def test_groups_ahead_of_the_learner_are_refused(tmp_path):
@@ -78,3 +85,17 @@ def test_refused_prompts_are_reopened_in_the_pool(tmp_path):
     pool.release("actor", "t3")
   pool.release("actor", "t2")
   assert pool.lease("other")[0] == "t2"
+
+
+def test_metrics_rows_of_discarded_steps_are_kept_apart(tmp_path):
+  writer = MetricsWriter(tmp_path)
+  for step in range(1, 5):
+    writer.write(step, {"loss": float(step)})
+  writer.close()
+  MetricsWriter(tmp_path, resume_step=2).close()  # resumed from the step-2 checkpoint
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [row["step"] for row in rows] == [1, 2]
+  kept = [json.loads(line) for line in
+          (tmp_path / "metrics.discarded.jsonl").read_text().splitlines()]
+  assert [(row["step"], row["loss"], row["discarded_on_resume_from"]) for row in kept] == [
+      (3, 3.0, 2), (4, 4.0, 2)]

@@ -3,13 +3,14 @@ NaN stops, phase chaining, and multi-device equivalence."""
 
 import json
 import os
+import random
 import signal
 import subprocess
 import time
 
 import pytest
 
-from train_testlib import REPO, job_command, losses, run_job
+from train_testlib import REPO, job_command, losses, run_job, signal_at_step, summary
 
 pytestmark = pytest.mark.slow
 PRETRAIN = "configs/pretrain.py:tiny"
@@ -57,6 +58,28 @@ def test_sigkill_then_resume_gives_identical_losses(tmp_path, data_cache, refere
                    "--config.train.checkpoint_every=4", "--config.train.eval_every=6")
   resumed_at = int(result.stdout.split("resume: step ")[1].split()[0])
   assert 4 <= resumed_at < 12
+  assert losses(workdir) == losses(reference_run)
+
+
+def test_sigterm_checkpoints_the_step_exits_0_and_resumes_exactly(
+    tmp_path, data_cache, reference_run):
+  workdir = tmp_path / "preempted"
+  args = ("--config.train.steps=12", "--config.train.checkpoint_every=4",
+          "--config.train.eval_every=6")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen(job_command("pretrain", PRETRAIN, workdir, data_cache, *args),
+                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  at_step = random.randint(1, 9)
+  [(code, out, err)] = signal_at_step([proc], workdir, at_step, signal.SIGTERM)
+  assert code == 0, f"signalled at step {at_step}:\n{err[-3000:]}"
+  stopped = summary(out)["preempted"]
+  assert stopped is not None and at_step < stopped < 12, (at_step, out[-2000:])
+  # The step it stopped after is checkpointed (data iterator included) and logged.
+  assert (workdir / "checkpoints" / str(stopped)).is_dir()
+  assert max(losses(workdir)) == stopped
+  result = run_job("pretrain", PRETRAIN, workdir, data_cache, *args)
+  assert f"resume: step {stopped}" in result.stdout
   assert losses(workdir) == losses(reference_run)
 
 

@@ -139,3 +139,51 @@ def test_the_pipeline_chain_is_checked_before_any_stage_runs(tmp_path):
     model_source.check_chain([(stage, cfg[stage]) for stage in stages])
   assert err.value.key == "sft.model.moe.routed_scaling_factor"
   assert "is 2.5 in this config but 1.0 in the previous stage" in str(err.value)
+
+
+def _files(root: pathlib.Path) -> dict:
+  return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+          for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("key, value, saved", [
+    ("num_layers", 3, 2), ("rope.factor", 4.0, 8.0), ("dtype", "bfloat16", "float32")])
+def test_resuming_with_a_changed_architecture_key_names_it_and_touches_nothing(
+    yarn_run, key, value, saved):
+  workdir, _ = yarn_run
+  cfg = _longctx_job()
+  assert configlib.get(cfg.model, key) == saved
+  *parents, last = key.split(".")
+  node = cfg.model
+  for part in parents:
+    node = node[part]
+  node[last] = value
+  before = _files(workdir)
+  compiles = []
+  listener = lambda event, duration, **kwargs: compiles.append(event)
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    with pytest.raises(configlib.ConfigError) as err:
+      loop.train(cfg, workdir)  # the same workdir: a resume
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert err.value.key == f"model.{key}"
+  assert f"is {value!r} in this config but {saved!r} in the checkpoint" in str(err.value)
+  assert not [event for event in compiles if "compile" in event], compiles
+  assert _files(workdir) == before  # no checkpoint (nor config.json) read or changed
+
+
+def test_resuming_with_changed_implementation_keys_restores(yarn_run):
+  workdir, saved = yarn_run
+  cfg = _longctx_job()
+  cfg.model.remat, cfg.model.moe_impl, cfg.model.scan_unroll = "full", "ragged", 2
+  model_source.check_resume(cfg, workdir / "checkpoints")
+  rt = loop.build_runtime(cfg)
+  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", async_save=False)
+  try:
+    step, state, _ = ckpt.restore_latest(loop.abstract_state(rt))
+  finally:
+    ckpt.close()
+  assert step == 3
+  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(saved)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

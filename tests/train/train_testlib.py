@@ -3,8 +3,10 @@
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -44,6 +46,37 @@ def losses(workdir):
 # The eval stage at its smallest: two held-out tasks, one sample each, two short turns.
 EVAL_STAGE = ["--config.eval.suite.args.count=2", "--config.eval.policy.slots=2",
               "--config.eval.agent.max_turns=2", "--config.eval.agent.max_turn_tokens=24"]
+
+
+def signal_at_step(procs, workdir, step, signum=signal.SIGTERM, *, to=None,
+                   timeout_s=300):
+  """Sends `signum` to `to` (default: every process of `procs`) once metrics.jsonl of
+  `workdir` holds a loss at `step` or later; returns each process's (returncode, stdout,
+  stderr). Fails if the job ended before it could be signalled."""
+  deadline = time.time() + timeout_s
+  while time.time() < deadline and all(p.poll() is None for p in procs):
+    done = losses(workdir) if (pathlib.Path(workdir) / "metrics.jsonl").exists() else {}
+    if max(done, default=0) >= step:
+      break
+    time.sleep(0.05)
+  assert all(p.poll() is None for p in procs), "the job ended before it was signalled"
+  for p in procs if to is None else to:
+    p.send_signal(signum)
+  results = []
+  for p in procs:
+    try:
+      out, err = p.communicate(timeout=max(deadline - time.time(), 60))
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise AssertionError(f"no exit within {timeout_s}s of {signum!r}") from None
+    results.append((p.returncode, out, err))
+  return results
+
+
+def summary(stdout: str) -> dict:
+  """The JSON summary a job prints last."""
+  return json.loads(stdout.strip().splitlines()[-1])
 
 
 def run_pipeline(root, data_cache):

@@ -2,10 +2,13 @@
 
 Both backends run the same actor loop (`c2jax.rl.actors.actor.serve`): local processes read
 the run directory; Ray tasks reach it only through Ray (c2jax.rl.actors.ray_link), so they
-may run on machines without a shared file system. `check()` is called by the learner while it waits for
-groups: a dead actor's leased prompts go back to the pool (except those whose group
-already reached the queue), and the actor is restarted up to `config.actors.restarts`
-times before the run fails with the actor's last output.
+may run on machines without a shared file system. `check()` finds dead actors: their
+leased prompts go back to the pool (except those whose group already reached the queue),
+and each is restarted up to `config.actors.restarts` times before the run fails with the
+actor's last output. The learner runs it every `config.actors.check_every_s` seconds on
+a watcher thread (`watch`), whatever the queue holds, so a dead actor is noticed within
+that time even while the learner trains on a full queue; an actor that kept dying
+surfaces as ActorFailure at the learner's next `check()`.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import abc
 import os
 import subprocess
 import sys
+import threading
 
 from c2jax.rl.actors import rollouts
 
@@ -39,6 +43,10 @@ class Actors(abc.ABC):
     self.restarts = {actor_id: 0 for actor_id in self.ids}
     self.finished: set[str] = set()
     dirs.actors.mkdir(parents=True, exist_ok=True)
+    self._lock = threading.RLock()  # the watcher thread and the learner both check
+    self._watcher: threading.Thread | None = None
+    self._watching = threading.Event()
+    self._failure: ActorFailure | None = None
 
   @abc.abstractmethod
   def _spawn(self, actor_id: str) -> None:
@@ -49,8 +57,14 @@ class Actors(abc.ABC):
     """{actor_id: exit status} of actors that stopped since the last call."""
 
   @abc.abstractmethod
-  def stop(self) -> None:
+  def _stop(self) -> None:
     """Stops every actor (idempotent)."""
+
+  def stop(self) -> None:
+    """Stops the watcher, then every actor (idempotent)."""
+    self._stop_watching()
+    with self._lock:
+      self._stop()
 
   def start(self) -> None:
     for actor_id in self.ids:
@@ -60,8 +74,34 @@ class Actors(abc.ABC):
     path = self.dirs.actors / f"{actor_id}.log"
     return path.read_text(errors="replace")[-chars:] if path.exists() else "(no output)"
 
+  def watch(self, pool, queue, every_s: float) -> None:
+    """Checks on the actors every `every_s` seconds on a daemon thread until `stop`."""
+    def loop():
+      while not self._watching.wait(every_s):
+        try:
+          self.check(pool, queue)
+        except ActorFailure as failure:
+          self._failure = failure  # raised on the learner's thread by its next check()
+          return
+
+    self._watching.clear()
+    self._watcher = threading.Thread(target=loop, name="actor-watcher", daemon=True)
+    self._watcher.start()
+
+  def _stop_watching(self) -> None:
+    self._watching.set()
+    if self._watcher is not None and self._watcher is not threading.current_thread():
+      self._watcher.join()
+    self._watcher = None
+
   def check(self, pool, queue) -> None:
     """Requeues dead actors' prompts and restarts them (see the module docstring)."""
+    if self._failure is not None:
+      raise self._failure
+    with self._lock:
+      self._check(pool, queue)
+
+  def _check(self, pool, queue) -> None:
     for actor_id, status in self._exited().items():
       returned = pool.requeue(actor_id, finished=queue.contains)
       if status == 0:
@@ -105,8 +145,10 @@ class ProcessActors(Actors):
     command = [sys.executable, "-m", "c2jax.rl.actors.actor", f"--workdir={self.dirs.root}",
                f"--actor_id={actor_id}", f"--weights={self.weights_dir}",
                f"--parent_pid={os.getpid()}"]
+    # Its own session: a Ctrl-C meant for the learner (which then stops the actors
+    # itself, c2jax.preemption) does not kill the actors' rollouts first.
     self.processes[actor_id] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                                env=env)
+                                                env=env, start_new_session=True)
     log.close()
 
   def pid(self, actor_id: str) -> int:
@@ -121,7 +163,7 @@ class ProcessActors(Actors):
         del self.processes[actor_id]
     return exited
 
-  def stop(self) -> None:
+  def _stop(self) -> None:
     for process in self.processes.values():
       process.terminate()
     for process in self.processes.values():
@@ -198,7 +240,7 @@ class RayActors(Actors):
         del self.tasks[actor_id]
     return exited
 
-  def stop(self) -> None:
+  def _stop(self) -> None:
     for ref in self.tasks.values():
       self._ray.cancel(ref, force=True)
     self.tasks.clear()

@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import functools
 
+import jax
+
+from c2jax import model as model_lib
 from c2jax.model import mtp as mtp_lib
 from c2jax.rl.learner import step as learner
 from c2jax.rl.learner import packing
@@ -91,15 +94,32 @@ def batch_shardings(rt: runtime.Runtime) -> dict:
 def start(rt: runtime.Runtime, checkpointer: checkpoint_lib.Checkpointer):
   """(step, state, ref_params, restored): the newest checkpoint if any (placed in the
   runtime's shardings), else the parameters of config.init_from (random when it is '');
-  ref_params is a frozen copy of the starting policy for the KL term (None without KL)."""
+  ref_params is a frozen copy of the starting policy for the KL term (None without KL):
+  on a resume past step 0 it is read again from init_from, not taken from the restored
+  step, so a resumed run keeps the KL anchor of the uninterrupted one."""
   with rt.scope():
     restored = checkpointer.restore_latest(runtime.abstract_state(rt))
   if restored is None:
     step, state = 0, init_params.initial_params(rt, runtime.init_state(rt))
   else:
     step, state, _ = restored
-  ref_params = runtime.copy_params(rt, state.params) if rt.cfg.rl.kl.coef > 0 else None
+  ref_params = None
+  if rt.cfg.rl.kl.coef > 0:
+    ref_params = (_starting_params(rt) if step > 0
+                  else runtime.copy_params(rt, state.params))
   return step, state, ref_params, restored
+
+
+def _starting_params(rt: runtime.Runtime):
+  """The policy at step 0: config.init_from's parameters (or the seeded random init, as
+  runtime.init_state draws it), placed in the runtime's shardings; no optimizer state."""
+  shardings = rt.state_shardings.params
+  with rt.scope():
+    fresh = jax.jit(lambda rng: model_lib.init(rt.model_cfg, rng),
+                    out_shardings=shardings)(jax.random.key(rt.seed))
+    if rt.cfg.init_from:
+      fresh = init_params.restore_init_params(rt.cfg, fresh, shardings)
+  return fresh
 
 
 def build_batch(cfg, groups, num_ranks: int = 1):

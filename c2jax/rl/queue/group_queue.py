@@ -15,6 +15,9 @@ one file that moves between folders by atomic rename:
                 Such a group no longer counts as queued (`contains` is False), so its
                 prompt goes back to the pool and is rolled out again by a live policy
   steps/<step>.json                manifest: the group ids trained at that step
+  discarded/<step>.<ns>.json       the manifest of a step a resumed learner discarded
+  record.jsonl                     append-only: one row per trained step, and one per
+                                   step discarded on resume (`history` reads it)
 
 Exactly-once training across crashes: the learner calls `mark_trained(ids, step)` after
 each step and `recover(checkpoint_step)` when it starts. Groups trained at steps after
@@ -22,7 +25,8 @@ the checkpoint it resumes from did not survive into its parameters, so they go b
 ready (in their original order); groups claimed but never trained go back too; groups in
 manifests up to the checkpoint stay trained and are never handed out again; groups whose
 version is ahead of the checkpoint are refused (ahead/), as `get` refuses any group ahead
-of the learner.
+of the learner. What a discarded step trained is never erased: its manifest moves to
+discarded/ and record.jsonl says which steps were discarded by which resume.
 Back-pressure: `put` blocks (or raises queue.Full after `timeout`) while `capacity`
 groups are waiting, so actors never run more than a queue's worth ahead.
 """
@@ -39,6 +43,7 @@ from c2jax.rl.queue.group_store import Group, atomic_write, check_id, locked
 
 _STATES = ("ready", "claimed", "trained", "stale")  # a group in one of these was queued
 _REFUSED = "ahead"
+RECORD = "record.jsonl"
 
 
 def _group_id(name: str) -> str:
@@ -153,8 +158,39 @@ class GroupQueue:
                          "only claimed groups can be marked trained.")
       atomic_write(self.root / "steps" / f"{step:012d}.json",
                    json.dumps(sorted(group_ids)).encode())
+      self._append_record({"event": "trained", "step": int(step),
+                           "groups": sorted(group_ids)})
       for group_id in group_ids:
         self._move(claimed[group_id], "claimed", "trained")
+
+  def _append_record(self, row: dict) -> None:
+    """One line of record.jsonl (under the lock; never rewritten)."""
+    with open(self.root / RECORD, "a", encoding="utf-8") as record:
+      record.write(json.dumps({**row, "time": round(time.time(), 3)}) + "\n")
+      record.flush()
+      os.fsync(record.fileno())
+
+  def history(self) -> list[dict]:
+    """Every step ever trained, in order: {step, groups, time, discarded}; `discarded` is
+    the checkpoint step of the resume that dropped it, or None if it stands."""
+    with locked(self._lock):
+      path = self.root / RECORD
+      lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+    trained: list[dict] = []
+    for line in lines:
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError:
+        continue  # a line cut short by a kill
+      if row["event"] == "trained":
+        trained.append({**{k: row[k] for k in ("step", "groups", "time")},
+                        "discarded": None})
+      elif row["event"] == "discarded":
+        for entry in reversed(trained):
+          if entry["step"] == row["step"] and entry["discarded"] is None:
+            entry["discarded"] = row["resumed_from"]
+            break
+    return trained
 
   def _manifests(self) -> dict[int, list[str]]:
     return {int(p.stem): json.loads(p.read_text())
@@ -174,9 +210,13 @@ class GroupQueue:
     be handed out at all: those are refused (see `refused_ids`)."""
     with locked(self._lock):
       kept: set[str] = set()
-      for step, ids in self._manifests().items():
+      for step, ids in sorted(self._manifests().items()):
         if step > checkpoint_step:
-          (self.root / "steps" / f"{step:012d}.json").unlink()
+          self._append_record({"event": "discarded", "step": step, "groups": ids,
+                               "resumed_from": int(checkpoint_step)})
+          (self.root / "discarded").mkdir(exist_ok=True)
+          os.replace(self.root / "steps" / f"{step:012d}.json",
+                     self.root / "discarded" / f"{step:012d}.{time.time_ns()}.json")
         else:
           kept.update(ids)
       requeued = 0
