@@ -58,7 +58,8 @@ def device_batch(rt: Runtime, batch: dict) -> dict:
 
 def make_train_step(rt: Runtime):
   return rt.jit_step(functools.partial(train_step, rt.cfg.model, rt.optimizer,
-                                       mtp=MTPWeights.from_train_config(rt.cfg.train)))
+                                       mtp=MTPWeights.from_train_config(rt.cfg.train),
+                                       microbatches=rt.cfg.train.microbatches))
 
 
 def make_eval_step(rt: Runtime):
