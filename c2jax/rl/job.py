@@ -33,6 +33,7 @@ from c2jax.parallel import context
 from c2jax.rl import config as rl_config
 from c2jax.rollout import sharding as engine_sharding
 from c2jax.train import accumulate
+from c2jax.train import metrics as train_metrics
 
 def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -76,6 +77,7 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(every=10, samples=4, temperature=1.0, slots=16,
                                           at_start=True))
   c.parallel = parallel.default_parallel_config()
+  c.metrics = train_metrics.default_config()
   # The learner reads token t's log-prob at t - 1, a shift along the sequence: context
   # shards stay contiguous (c2jax.rl.learner.runtime).
   c.parallel.context_load_balance = False
@@ -90,6 +92,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
   lineage.check_declared(cfg.model_changes)
   rl_config.validate(cfg.rl)
   agent_config.validate(cfg.agent)
+  train_metrics.validate(cfg.metrics)
   agent_config.check_tokenizer(cfg.agent, cfg.data, cfg.model.vocab_size)
   for key in ("learner.steps", "learner.learning_rate", "learner.groups_per_step",
               "learner.microbatches",

@@ -105,7 +105,8 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
     start, state, data_state = restored
     iterator.set_state(data_state)
     print(f"resume: step {start} from {ckpt.directory}", flush=True)
-  writer = MetricsWriter(workdir, resume_step=start)
+  writer = MetricsWriter(workdir, resume_step=start, metrics_cfg=cfg.metrics,
+                         config=cfg.to_dict())
   step_fn, eval_step = make_train_step(rt), make_eval_step(rt)
   tokens_per_step = t.batch_size * t.seq_len
   begun, eval_rows = time.time(), []
