@@ -4,6 +4,7 @@ own transaction log, and a restarted job continues the same run id."""
 import json
 import pathlib
 import struct
+import time
 
 import pytest
 from wandb.proto import wandb_internal_pb2
@@ -67,6 +68,9 @@ def test_wandb_logs_config_and_rows_and_resumes_the_same_run(tmp_path, monkeypat
     writer.write(step, {"loss": 1.0 / step, "note": "text rows stay out of W&B"})
   writer.close()
   run_id = (tmp_path / metrics.RUN_ID_FILE).read_text().strip()
+  # Offline runs go to wandb/offline-run-<start second>-<id>: a restart in the same second
+  # as the first start (only a test is that quick) would reuse the first one's directory.
+  time.sleep(1.1)
   # The job restarts from the checkpoint of step 2: step 3 is logged again, then 4.
   writer = metrics.MetricsWriter(tmp_path, resume_step=2, metrics_cfg=cfg, config=job_config)
   for step in (3, 4):
