@@ -54,8 +54,10 @@ def two_nodes(monkeypatch):
 
 
 def _busy_cpus(node_id: str) -> float:
-  free = ray_state.available_resources_per_node().get(node_id, {}).get("CPU", 0.0)
-  return 2.0 - free
+  """CPUs in use on the second node (one per point); 0 until its resources are reported
+  (its 'node2' resource, which nothing uses, is always listed; a used-up CPU is not)."""
+  available = ray_state.available_resources_per_node().get(node_id, {})
+  return 2.0 - available.get("CPU", 0.0) if "node2" in available else 0.0
 
 
 def test_points_use_both_nodes_and_survive_losing_one(two_nodes, tmp_path):
@@ -66,15 +68,19 @@ def test_points_use_both_nodes_and_survive_losing_one(two_nodes, tmp_path):
   path.write_text(SWEEP.format(repo=REPO))
   plan, workdir, said = sweep.load(str(path)), tmp_path / "out", []
 
+  def launched() -> int:
+    return sum(log.read_text().count("=== sweep launch")
+               for log in workdir.glob("**/sweep.log"))
+
   lost = []
   def lose_node2_once_it_runs_points():
-    deadline = time.time() + 600
+    deadline = time.time() + 900
     while time.time() < deadline:
-      running = _busy_cpus(node2.node_id)  # one CPU per point
-      if running:
-        time.sleep(3)  # let the points get going on it
+      # Two points launched at once: the head has one CPU, so one runs on the second node.
+      if _busy_cpus(node2.node_id) and launched() >= 2:
+        time.sleep(2)
         cluster.remove_node(node2, allow_graceful=False)
-        lost.append(running)
+        lost.append(launched())
         return
       time.sleep(0.5)
   killer = threading.Thread(target=lose_node2_once_it_runs_points)
@@ -87,7 +93,7 @@ def test_points_use_both_nodes_and_survive_losing_one(two_nodes, tmp_path):
   rows = sweep.read(workdir)
   assert all(r["status"] == "done" and r["loss"] > 0 for r in rows)
   launches = [pathlib.Path(r["log"]).read_text().count("=== sweep launch") for r in rows]
-  assert sum(count - 1 for count in launches) >= lost[0], launches
+  assert sum(count - 1 for count in launches) >= 1, launches  # rerun on the head
   assert len([n for n in ray.nodes() if n["Alive"]]) == 1
   markers = [json.loads((pathlib.Path(r["run_dir"]) / "sweep_done.json").read_text())
              for r in rows]
