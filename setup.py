@@ -53,14 +53,17 @@ setup(
         # mini-swe-agent: the external harness tests/agent/external/test_external_harness.py drives.
         # scipy, nbclient, ipykernel, nbformat: tests/sweep/test_sweep_runs.py
         # executes the notebooks in experiments/notebooks/.
+        # wandb: tests/train/test_metrics_wandb.py logs an offline run and reads it back.
         "test": ["pytest>=8", "pytest-xdist>=3.6", "hypothesis>=6.100", "setuptools>=70",
                  "ray>=2.9", "mini-swe-agent>=2.4", "scipy>=1.11", "nbclient>=0.10",
-                 "ipykernel>=6.29", "nbformat>=5.9"],
+                 "ipykernel>=6.29", "nbformat>=5.9", "wandb>=0.18"],
         # experiments/notebooks/ (scaling-law fits): pip install -e .[notebooks]
         "notebooks": ["scipy>=1.11", "ipykernel>=6.29", "nbclient>=0.10", "nbformat>=5.9"],
         # Rollout actors and sweep points as Ray tasks across machines:
         # --config.actors.backend=ray, c2jax sweep --backend=ray.
         "ray": ["ray>=2.9"],
+        # Weights & Biases tracking: --config.metrics.loggers="('jsonl','tensorboard','wandb')".
+        "wandb": ["wandb>=0.18"],
     },
     entry_points={"console_scripts": ["c2jax=c2jax.cli:run"]},
 )

@@ -184,7 +184,8 @@ def apply_layer(cfg, params, depth: int, hidden_BxLxD, next_tokens_BxL, position
 
 def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_BxL=None,
          positions_BxL=None, segment_ids_BxL=None, loss_mask_BxL=None,
-         kl_weight: float = 1.0, ce_weight: float = 0.0, frozen_trunk: bool = False):
+         kl_weight: float = 1.0, ce_weight: float = 0.0, frozen_trunk: bool = False,
+         counts_Dm=None):
   """(weighted MTP loss, metrics, moe_aux): the loss is the mean over depths of
   kl_weight * KL(main || mtp) + ce_weight * CE, each averaged over valid positions;
   moe_aux is `apply`'s routing stats of the MTP blocks, whose aux_loss is not in the loss
@@ -194,6 +195,8 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_Bx
   0 = padding) and loss_mask (of the main target at i+k+1) is set. targets_BxL (t_{i+1} at
   i) is needed only for ce_weight > 0. Metrics per depth: kl, ce (if used) and `agree`,
   the fraction where the MTP argmax equals the main argmax (greedy acceptance rate).
+  counts_Dm: the valid positions per depth to average over instead of this batch's own
+  (gradient accumulation passes the whole batch's, so microbatch losses add up to it).
   """
   _check(cfg)
   if ce_weight and targets_BxL is None:
@@ -214,7 +217,7 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_Bx
   for k in range(cfg.num_mtp_layers):
     shift = k + 1
     weight_BxL = depth_weights(segments_BxL, mask_BxL, shift)
-    count = jnp.maximum(weight_BxL.sum(), 1.0)
+    count = jnp.maximum(weight_BxL.sum() if counts_Dm is None else counts_Dm[k], 1.0)
     teacher_BxLxV = jnp.pad(teacher_logp_BxLxV[:, shift:], ((0, 0), (0, shift), (0, 0)))
     student_BxLxV = jax.nn.log_softmax(logits_DmxBxLxV[k], axis=-1)
     kl_BxL = jnp.sum(jnp.exp(teacher_BxLxV) * (teacher_BxLxV - student_BxLxV), axis=-1)

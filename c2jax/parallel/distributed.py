@@ -9,8 +9,14 @@ at its default is read from the standard environment variables instead, so a lau
   coordinator_address  JAX_COORDINATOR_ADDRESS  host:port of process 0's coordinator
   num_processes        JAX_NUM_PROCESSES        processes in the job
   process_id           JAX_PROCESS_ID           this process's rank in [0, num_processes)
-With no coordinator anywhere the job is single-process and nothing is initialised.
-`auto = True` defers everything to JAX's cluster auto-detection (SLURM, Open MPI, GKE TPU).
+With no coordinator in either, JAX's own cluster detection (jax._src.clusters) is asked
+next: a SLURM step (srun sets SLURM_JOB_ID, SLURM_NTASKS, SLURM_PROCID, ...), a Cloud TPU
+VM pod slice or GKE TPU JobSet, Open MPI (mpirun) or a Kubernetes indexed Job; JAX then
+initialises from what it detects (the coordinator is the first node; its port
+$JAX_COORDINATOR_PORT or one derived from the job id). A cluster of one process, or no
+cluster, is a single-process job and nothing is initialised. `auto = True` skips c2jax's
+reading and calls jax.distributed.initialize() bare (e.g. for mpi4py, which JAX only uses
+when asked). docs/cluster.md has a launch recipe for each.
 CPU processes exchange collectives through gloo (jax_cpu_collectives_implementation).
 After initialisation, `c2jax.parallel.make_mesh` builds a hybrid mesh whose data-like
 axes span the processes.
@@ -69,10 +75,33 @@ class Settings:
   num_processes: int
   process_id: int
   initialization_timeout_s: int
+  cluster: str = ""  # the cluster JAX detected ('slurm', 'gketpu', ...); '' = config / env
+
+
+def detect_cluster(environ=None):
+  """The cluster environment JAX's own detection finds (a jax._src.clusters.ClusterEnv
+  subclass), or None. JAX's detectors read os.environ, so a custom `environ` (tests of
+  the JAX_* path) detects nothing."""
+  if environ is not None and environ is not os.environ:
+    return None
+  from jax._src import clusters  # pylint: disable=g-import-not-at-top  # JAX's detectors
+  return next((env for env in clusters.ClusterEnv._cluster_types  # pylint: disable=protected-access
+               if not env.opt_in_only_method and env.is_env_present()), None)
+
+
+def _cluster_settings(timeout_s: int, environ) -> Settings | None:
+  env = detect_cluster(environ)
+  if env is None or env.get_process_count() <= 1:
+    return None
+  address = env.get_coordinator_address(
+      timeout_secs=timeout_s, override_coordinator_port=os.environ.get("JAX_COORDINATOR_PORT"))
+  return Settings(address, env.get_process_count(), env.get_process_id(), timeout_s,
+                  cluster=env.name or env.__name__)
 
 
 def resolve(dist_cfg, environ=None) -> Settings | None:
-  """The initialize() arguments from config, then environment; None = single process."""
+  """The initialize() arguments from config, then the JAX_* environment, then the cluster
+  JAX detects; None = single process."""
   environ = os.environ if environ is None else environ
 
   def field(name, unset):
@@ -85,7 +114,7 @@ def resolve(dist_cfg, environ=None) -> Settings | None:
 
   address, _ = field("coordinator_address", "")
   if address is None:
-    return None
+    return _cluster_settings(int(dist_cfg.initialization_timeout_s), environ)
   values = {}
   for name, unset in (("num_processes", 0), ("process_id", -1)):
     value, source = field(name, unset)
@@ -119,6 +148,12 @@ def initialize(dist_cfg, environ=None) -> bool:
   settings = resolve(dist_cfg, environ)
   if settings is None:
     return False
+  print(f"distributed: process {settings.process_id} of {settings.num_processes}, "
+        f"coordinator {settings.coordinator_address}"
+        + (f" ({settings.cluster} detected)" if settings.cluster else ""), flush=True)
+  if settings.cluster:  # JAX initialises from its own detection (local devices included)
+    jax.distributed.initialize(initialization_timeout=settings.initialization_timeout_s)
+    return True
   jax.distributed.initialize(
       coordinator_address=settings.coordinator_address,
       num_processes=settings.num_processes, process_id=settings.process_id,

@@ -107,10 +107,10 @@ def job_runtime(cfg):
 
 
 def rl_batch_rows(cfg, rt) -> int:
-  """Rows of the RL learner's packed batch when every rollout fits one row: the step's
-  rollouts rounded up to the batch ways (c2jax.rl.learner.runtime.build_batch)."""
-  ways = rt.batch_ways()
-  return -(-learner_runtime.rollouts_per_step(cfg) // ways) * ways
+  """Rows of the RL learner's packed batch when every rollout fits one row
+  (c2jax.rl.learner.runtime.build_batch)."""
+  return learner_runtime.batch_rows(cfg, learner_runtime.rollouts_per_step(cfg),
+                                    rt.batch_ways())
 
 
 def abstract_rl_batch(cfg, rt, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -135,10 +135,12 @@ def compile_rl_step(cfg, rows: int | None = None) -> tuple[jax.stages.Compiled, 
   state = runtime.abstract_state(rt)
   ref = state.params if cfg.rl.kl.coef > 0 else None
   rows = rl_batch_rows(cfg, rt) if rows is None else int(rows)
-  if rows <= 0 or rows % rt.batch_ways():
+  ways = rt.batch_ways() * cfg.learner.microbatches
+  if rows <= 0 or rows % ways:
     raise ValueError(f"--rl_rows = {rows}: the packed batch's rows split over the "
-                     f"{rt.batch_ways()} devices of the 'batch' rule; use a positive "
-                     "multiple of that.")
+                     f"{rt.batch_ways()} devices of the 'batch' rule, each share into "
+                     f"learner.microbatches = {cfg.learner.microbatches}; use a positive "
+                     f"multiple of {ways}.")
   batch = abstract_rl_batch(cfg, rt, rows)
   begun = time.perf_counter()
   with rt.scope():

@@ -32,6 +32,8 @@ from c2jax.model import lineage, variants
 from c2jax.parallel import context
 from c2jax.rl import config as rl_config
 from c2jax.rollout import sharding as engine_sharding
+from c2jax.train import accumulate
+from c2jax.train import metrics as train_metrics
 
 def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -47,6 +49,9 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.learner = ml_collections.ConfigDict(dict(
       seed=0, steps=20, learning_rate=1e-5, warmup_steps=0, b1=0.9, b2=0.999, clip_norm=1.0,
       groups_per_step=2, checkpoint_every=5, keep_checkpoints=3, log_every=1,
+      # Gradient accumulation: the packed batch runs as this many sequential microbatches
+      # (one update, the whole batch's loss; c2jax.train.accumulate).
+      microbatches=1,
       # Seconds to wait for a group before checking on the actors again.
       wait_s=1.0,
       # Where checkpoints go: '' = <workdir>/checkpoints, or a path or orbax URL
@@ -75,6 +80,7 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(every=10, samples=4, temperature=1.0, slots=16,
                                           at_start=True))
   c.parallel = parallel.default_parallel_config()
+  c.metrics = train_metrics.default_config()
   # The learner reads token t's log-prob at t - 1, a shift along the sequence: context
   # shards stay contiguous (c2jax.rl.learner.runtime).
   c.parallel.context_load_balance = False
@@ -89,8 +95,10 @@ def validate(cfg, num_devices: int | None = None) -> None:
   lineage.check_declared(cfg.model_changes)
   rl_config.validate(cfg.rl)
   agent_config.validate(cfg.agent)
+  train_metrics.validate(cfg.metrics)
   agent_config.check_tokenizer(cfg.agent, cfg.data, cfg.model.vocab_size)
   for key in ("learner.steps", "learner.learning_rate", "learner.groups_per_step",
+              "learner.microbatches",
               "learner.checkpoint_every", "learner.keep_checkpoints", "learner.log_every",
               "learner.clip_norm", "learner.wait_s", "actors.count", "actors.slots",
               "actors.max_length", "actors.weight_poll_s", "actors.full_every",
@@ -135,6 +143,10 @@ def validate(cfg, num_devices: int | None = None) -> None:
         f"{cfg.actors.max_length}: a segment at the trigger has no room left for its summary, "
         "so none would ever be written; lower the trigger or raise actors.max_length.")
   _check_sampling_is_scorable(cfg.agent)
+  # Microbatches of whole rollouts' rows: padding rows alone would be wasted passes.
+  accumulate.check_divisible(cfg.learner.groups_per_step * cfg.rl.group_size,
+                             cfg.learner.microbatches, 1, "learner.microbatches",
+                             "learner.groups_per_step * rl.group_size")
   _validate_parallel(cfg, num_devices)
   steps_needed = cfg.learner.steps * cfg.learner.groups_per_step
   if cfg.rl.curriculum.sampling == "running":

@@ -196,7 +196,8 @@ class _Lead:
     weights_dir = rollouts.fresh_weights_dir(cfg, run.dirs, step)
     self.publisher = weights_lib.WeightPublisher(weights_dir, full_every=cfg.actors.full_every)
     self.publisher.publish(params, step, full=True)
-    self.writer = metrics_lib.MetricsWriter(run.dirs.root, resume_step=step)
+    self.writer = metrics_lib.MetricsWriter(run.dirs.root, resume_step=step,
+                                            metrics_cfg=cfg.metrics, config=cfg.to_dict())
     self.heldout = heldout_lib.HeldoutEval(cfg, run, self.writer, params, step)
     if cfg.eval.at_start and step == 0 and not (run.dirs.root / "eval0.done").exists():
       self.heldout(params, 0)

@@ -200,6 +200,9 @@ class LocalBackend:
     self.running.clear()
 
 
+NODE_LOSS_RETRIES = 3
+
+
 class RayBackend:
   """Points as Ray tasks (one CPU each unless told): on a cluster, every node must see
   the sweep's work directory (shared storage) and have c2jax installed."""
@@ -213,7 +216,9 @@ class RayBackend:
     self.ray = ray
     if not ray.is_initialized():
       ray.init(address=os.environ.get("RAY_ADDRESS"))
-    self.task = ray.remote(num_cpus=cpus_per_point, max_retries=0)(run_point)
+    # Ray retries a task only when its worker or node dies, never when the point itself
+    # fails: a point on a lost node reruns on another (and resumes from its checkpoints).
+    self.task = ray.remote(num_cpus=cpus_per_point, max_retries=NODE_LOSS_RETRIES)(run_point)
     self.running: dict = {}  # object ref -> (point name, run directory)
 
   def submit(self, name: str, command: list[str], directory: pathlib.Path) -> None:

@@ -20,6 +20,7 @@ from c2jax import data, parallel
 from c2jax.model import config as model_config
 from c2jax.model import lineage, variants
 from c2jax.parallel import context
+from c2jax.train import accumulate, metrics
 from c2jax.train.optimizer import SCHEDULES
 
 BATCH_KEYS = ("inputs", "targets", "positions", "segment_ids", "loss_mask")
@@ -31,6 +32,9 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.seed = 0
   t.steps = 200
   t.batch_size = 8
+  # Gradient accumulation: each step's batch runs as this many sequential microbatches of
+  # batch_size / microbatches rows (one optimizer update; same loss as the whole batch).
+  t.microbatches = 1
   t.seq_len = 128
   t.learning_rate = 3e-3
   t.warmup_steps = 20
@@ -62,6 +66,7 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.data.vocab_size = c.model.vocab_size
   c.train = train_defaults()
   c.parallel = parallel.default_parallel_config()
+  c.metrics = metrics.default_config()
   c.init_from = ""
   # Model keys this phase changes on purpose when it starts from init_from (dotted, e.g.
   # 'rope.factor'); every other architecture key is inherited (c2jax/model/lineage.py).
@@ -85,7 +90,8 @@ def validate(cfg, num_devices: int | None = None) -> None:
   configlib.check_keys(cfg.train, reference.train, "train.")
   configlib.check_keys(cfg.data, reference.data, "data.")
   configlib.check_choice(cfg, "train.schedule", SCHEDULES)
-  for key in ("train.steps", "train.batch_size", "train.seq_len", "train.learning_rate",
+  metrics.validate(cfg.metrics)
+  for key in ("train.steps", "train.batch_size", "train.microbatches", "train.seq_len", "train.learning_rate",
               "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
               "train.eval_batches", "data.vocab_size"):
     configlib.check_positive(cfg, key)
@@ -105,6 +111,8 @@ def validate(cfg, num_devices: int | None = None) -> None:
     configlib.check_choice(cfg, "sft.tool_format", formats.format_names())
   if cfg.task == "sft" and not cfg.sft.train_path:
     raise configlib.ConfigError("sft.train_path", "is empty; give a JSONL of conversations.")
+  accumulate.check_divisible(cfg.train.batch_size, cfg.train.microbatches, 1,
+                             "train.microbatches", "train.batch_size")
   if num_devices is None:
     return
   batch_ways = 1
@@ -118,6 +126,8 @@ def validate(cfg, num_devices: int | None = None) -> None:
     raise configlib.ConfigError(
         "train.batch_size", f"= {cfg.train.batch_size} must be divisible by the {batch_ways} "
         "devices the 'batch' rule shards it over.")
+  accumulate.check_divisible(cfg.train.batch_size, cfg.train.microbatches, batch_ways,
+                             "train.microbatches", "train.batch_size")
   _validate_context(cfg, sizes)
 
 

@@ -64,7 +64,8 @@ def device_batch(rt: Runtime, batch: dict) -> dict:
 
 def make_train_step(rt: Runtime):
   return rt.jit_step(functools.partial(train_step, rt.cfg.model, rt.optimizer,
-                                       mtp=MTPWeights.from_train_config(rt.cfg.train)))
+                                       mtp=MTPWeights.from_train_config(rt.cfg.train),
+                                       microbatches=rt.cfg.train.microbatches))
 
 
 def make_eval_step(rt: Runtime):
@@ -114,7 +115,8 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
     print(f"resume: step {start} from {ckpt.directory}", flush=True)
   # The leader's metrics are the run's; other processes keep theirs apart (same losses).
   writer = MetricsWriter(workdir if distributed.is_leader()
-                         else workdir / f"process_{jax.process_index()}", resume_step=start)
+                         else workdir / f"process_{jax.process_index()}", resume_step=start,
+                         metrics_cfg=cfg.metrics, config=cfg.to_dict())
   step_fn, eval_step = make_train_step(rt), make_eval_step(rt)
   tokens_per_step = t.batch_size * t.seq_len
   begun, eval_rows = time.time(), []

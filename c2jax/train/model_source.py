@@ -22,6 +22,7 @@ import ml_collections
 import orbax.checkpoint as ocp
 
 from c2jax import config as configlib
+from c2jax import storage
 from c2jax.hf import sources
 from c2jax.model import config as model_config
 from c2jax.model import lineage

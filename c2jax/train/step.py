@@ -8,6 +8,11 @@ With cfg.num_mtp_layers > 0 the loss adds the MTP self-distillation loss
 (c2jax.model.mtp.loss) weighted by `MTPWeights` (config.train.mtp_*). MoE MTP blocks are
 balanced like the trunk's MoE layers: their balance loss joins `aux_loss` and their
 expert loads nudge their own correction biases.
+
+With `microbatches` = N > 1 the step accumulates the gradients of N microbatches
+(c2jax.train.accumulate) before its one optimizer update; every loss term divides by the
+whole batch's count (`batch_totals`), so the loss, its gradient, the summed expert loads
+that drive the bias update and the metrics are those of the batch taken at once.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import optax
 
 from c2jax import model
 from c2jax.model import moe, mtp as mtp_lib
+from c2jax.train import accumulate
 
 Batch = dict[str, jax.Array]
 
@@ -59,9 +65,33 @@ def create_train_state(cfg, optimizer, rng) -> TrainState:
                     opt_state=optimizer.init(params))
 
 
-def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None):
+def batch_totals(cfg, batch: Batch) -> dict:
+  """The counts loss_fn's terms average over, taken over a whole batch: trained tokens
+  (cross entropy), rows with a valid token (the sequence-wise MoE balance loss) and, with
+  MTP, valid positions per depth. Microbatches divide by these to sum to the batch's loss."""
+  segments_BxL = batch["segment_ids"]
+  mask_BxL = batch["loss_mask"].astype(jnp.float32)
+  totals = {"tokens": mask_BxL.sum(), "rows": _valid_rows(segments_BxL)}
+  if cfg.num_mtp_layers:
+    totals["mtp_positions"] = jnp.stack([
+        mtp_lib.depth_weights(segments_BxL, mask_BxL, k + 1).sum()
+        for k in range(cfg.num_mtp_layers)])
+  return totals
+
+
+def _valid_rows(segment_ids_BxL) -> jax.Array:
+  return (segment_ids_BxL != 0).any(-1).sum().astype(jnp.float32)
+
+
+def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None,
+            totals: dict | None = None):
   """Mean next-token cross entropy over loss_mask tokens, plus the MoE auxiliary loss,
-  plus (cfg.num_mtp_layers > 0) the weighted MTP loss, reported as `mtp_loss`."""
+  plus (cfg.num_mtp_layers > 0) the weighted MTP loss, reported as `mtp_loss`.
+
+  totals: batch_totals of the whole batch when `batch` is one microbatch of it (the terms
+  are then this microbatch's share of the whole batch's); None: `batch` is the batch.
+  """
+  totals = batch_totals(cfg, batch) if totals is None else totals
   kwargs = dict(positions_BxL=batch["positions"], segment_ids_BxL=batch["segment_ids"])
   if cfg.num_mtp_layers:
     logits_BxLxV, aux, _, hidden_BxLxD = mtp_lib.forward_with_hidden(
@@ -70,10 +100,12 @@ def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None):
     logits_BxLxV, aux, _ = model.apply(cfg, params, batch["inputs"], **kwargs)
   nll_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, batch["targets"])
   mask_BxL = batch["loss_mask"].astype(jnp.float32)
-  tokens = jnp.maximum(mask_BxL.sum(), 1.0)
-  ce = (nll_BxL * mask_BxL).sum() / tokens
-  loss = ce + aux["aux_loss"]
-  stats = {"ce_loss": ce, "aux_loss": aux["aux_loss"], "tokens": mask_BxL.sum(),
+  ce = (nll_BxL * mask_BxL).sum() / jnp.maximum(totals["tokens"], 1.0)
+  # The balance loss is a mean over this batch's valid rows: weighted by their share.
+  row_share = _valid_rows(batch["segment_ids"]) / jnp.maximum(totals["rows"], 1.0)
+  aux_loss = aux["aux_loss"] * row_share
+  loss = ce + aux_loss
+  stats = {"ce_loss": ce, "aux_loss": aux_loss, "tokens": mask_BxL.sum(),
            "expert_loads": aux["expert_loads"],
            # Expert-parallel capacity drops, all MoE layers (0 without EP or with no cap).
            "dropped_copies": aux["dropped_copies"].sum()}
@@ -83,32 +115,39 @@ def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None):
         cfg, params, batch["inputs"], hidden_BxLxD, logits_BxLxV,
         targets_BxL=batch["targets"], loss_mask_BxL=batch["loss_mask"],
         kl_weight=mtp.kl_weight, ce_weight=mtp.ce_weight, frozen_trunk=mtp.frozen_trunk,
-        **kwargs)
-    loss = loss + mtp_loss + mtp_moe["aux_loss"]
+        counts_Dm=totals["mtp_positions"], **kwargs)
+    mtp_aux_loss = mtp_moe["aux_loss"] * row_share
+    loss = loss + mtp_loss + mtp_aux_loss
     stats.update(mtp_metrics, mtp_loss=mtp_loss, mtp_expert_loads=mtp_moe["expert_loads"],
-                 aux_loss=stats["aux_loss"] + mtp_moe["aux_loss"])
+                 aux_loss=aux_loss + mtp_aux_loss)
   return loss, stats
 
 
-def _grads(cfg, params, batch: Batch, mtp: MTPWeights):
+def _grads(cfg, params, batch: Batch, mtp: MTPWeights, totals: dict):
   """(loss, stats), grads of loss_fn; a frozen trunk is differentiated only through the
   MTP subtree (so no backward pass runs through the trunk) and gets zero gradients."""
   if not (cfg.num_mtp_layers and mtp.frozen_trunk):
-    return jax.value_and_grad(lambda p: loss_fn(cfg, p, batch, mtp), has_aux=True)(params)
+    return jax.value_and_grad(lambda p: loss_fn(cfg, p, batch, mtp, totals),
+                              has_aux=True)(params)
   def of_mtp(mtp_params):
-    return loss_fn(cfg, {**params, mtp_lib.PARAMS_KEY: mtp_params}, batch, mtp)
+    return loss_fn(cfg, {**params, mtp_lib.PARAMS_KEY: mtp_params}, batch, mtp, totals)
   value, mtp_grads = jax.value_and_grad(of_mtp, has_aux=True)(params[mtp_lib.PARAMS_KEY])
   grads = {**jax.tree.map(jnp.zeros_like, params), mtp_lib.PARAMS_KEY: mtp_grads}
   return value, grads
 
 
-def train_step(cfg, optimizer, state: TrainState, batch: Batch, mtp: MTPWeights | None = None):
+def train_step(cfg, optimizer, state: TrainState, batch: Batch, mtp: MTPWeights | None = None,
+               microbatches: int = 1):
   """One optimizer step, then the aux-loss-free correction-bias update (outside Adam).
 
-  `mtp` (default MTPWeights()) matters only when cfg.num_mtp_layers > 0.
+  `mtp` (default MTPWeights()) matters only when cfg.num_mtp_layers > 0. `microbatches`:
+  gradients accumulated over that many slices of the batch (its rows must divide by it).
   """
   mtp = mtp or MTPWeights()
-  (loss, stats), grads = _grads(cfg, state.params, batch, mtp)
+  totals = batch_totals(cfg, batch)
+  (loss, stats), grads = accumulate.value_and_grad(
+      lambda micro: _grads(cfg, state.params, micro, mtp, totals), state.params, batch,
+      microbatches)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   frozen = bool(cfg.num_mtp_layers) and mtp.frozen_trunk
   if frozen:  # zero gradients alone would still let weight decay move the trunk

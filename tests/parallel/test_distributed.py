@@ -1,5 +1,7 @@
 """Multi-process JAX on loopback: 2 CPU processes x 2 fake devices form one 4-device mesh
-and take one train step of the tiny model; it must match a 1-process, 4-device run.
+and take one train step of the tiny model; it must match a 1-process, 4-device run; so
+must 4 processes x 2 devices a 1-process, 8-device run. A SLURM step's environment is
+detected by JAX's own cluster detection.
 
 This file is also the worker: `python test_distributed.py` prints one JSON line.
 """
@@ -36,17 +38,37 @@ def _result(process: subprocess.Popen) -> dict:
   return json_result(process, TIMEOUT_S)
 
 
-@pytest.fixture(scope="module")
-def runs():
+def _launch(processes: int, devices_each: int):
+  """`processes` workers of `devices_each` devices, and one worker with all the devices."""
   worker = [sys.executable, __file__]
   port = _free_port()
-  pair = [subprocess.Popen(worker, env=_env(2, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                                            JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=rank),
-                           cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True) for rank in range(2)]
-  single = subprocess.Popen(worker, env=_env(4), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-  return [_result(p) for p in pair], _result(single)
+  group = [subprocess.Popen(worker, env=_env(devices_each,
+                                             JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                                             JAX_NUM_PROCESSES=processes, JAX_PROCESS_ID=rank),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for rank in range(processes)]
+  single = subprocess.Popen(worker, env=_env(processes * devices_each), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return [_result(p) for p in group], _result(single)
+
+
+@pytest.fixture(scope="module")
+def runs():
+  return _launch(2, 2)
+
+
+@pytest.mark.slow  # five JAX processes each compile the tiny train step
+def test_four_processes_of_two_devices_match_one_process_of_eight():
+  group, single = _launch(4, 2)
+  assert single["devices"] == [8, 8]
+  for rank, result in enumerate(group):
+    assert result["process"] == [rank, 4]
+    assert result["devices"] == [2, 8]
+    assert result["fsdp_processes"] == [0, 0, 1, 1, 2, 2, 3, 3]
+    for key in ("loss", "grad_norm", "param_sum"):
+      np.testing.assert_allclose(result[key], single[key], rtol=2e-5, err_msg=key)
+  assert group[3]["gathered_sum"] is None
+  np.testing.assert_allclose(group[0]["gathered_sum"], single["param_sum"], rtol=2e-5)
 
 
 @pytest.mark.slow  # three JAX processes each compile the tiny train step
@@ -85,6 +107,37 @@ def test_resolve_reads_config_then_environment():
     distributed.resolve(cfg, {**env, "JAX_NUM_PROCESSES": "1"})
 
 
+SLURM_STEP = {"SLURM_JOB_ID": "81234", "SLURM_STEP_NODELIST": "gpu[017-020],gpu031",
+              "SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
+              "SLURM_STEP_NUM_NODES": "5"}
+
+
+def test_a_slurm_step_is_detected(monkeypatch):
+  for name in distributed.ENV.values():
+    monkeypatch.delenv(name, raising=False)
+  monkeypatch.delenv("JAX_COORDINATOR_PORT", raising=False)
+  for name, value in SLURM_STEP.items():
+    monkeypatch.setenv(name, value)
+  cfg = distributed.distributed_defaults()
+  # The first node of the step; the port derived from the job id (81234 % 4096 + 61440).
+  assert distributed.resolve(cfg) == distributed.Settings(
+      "gpu017:64850", 8, 5, 300, cluster="slurm")
+  monkeypatch.setenv("JAX_COORDINATOR_PORT", "7777")
+  assert distributed.resolve(cfg).coordinator_address == "gpu017:7777"
+  # Explicit JAX_* variables (or config) still win over what SLURM says.
+  monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.1.1.1:1234")
+  monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("JAX_PROCESS_ID", "1")
+  assert distributed.resolve(cfg) == distributed.Settings("10.1.1.1:1234", 2, 1, 300)
+  for name in distributed.ENV.values():
+    monkeypatch.delenv(name)
+  monkeypatch.setenv("SLURM_NTASKS", "1")  # a one-task step is a single-process job
+  assert distributed.resolve(cfg) is None
+  for name in SLURM_STEP:
+    monkeypatch.delenv(name)
+  assert distributed.detect_cluster() is None
+
+
 def test_dcn_shape_spreads_granules_over_data_then_fsdp():
   sizes = {"data": 2, "fsdp": 8, "expert": 8, "context": 2, "tensor": 1}
   assert mesh.dcn_shape(sizes, 4) == {"data": 2, "fsdp": 2, "expert": 1, "context": 1,
@@ -101,8 +154,8 @@ def _worker() -> None:
   from c2jax.train import loop
 
   cfg = configlib.load_config_file(REPO / "configs/pretrain.py", "tiny")
-  cfg.train.batch_size, cfg.train.seq_len = 4, 16
   distributed.initialize(cfg.parallel.distributed)
+  cfg.train.batch_size, cfg.train.seq_len = max(4, jax.device_count()), 16
   rt = loop.build_runtime(cfg)
   state = loop.init_state(rt)
   rng = np.random.default_rng(0)

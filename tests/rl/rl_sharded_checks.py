@@ -132,8 +132,8 @@ def run_meshes():
 
 
 def run_distributed():
-  """One step sequence on a data=2, fsdp=2 mesh over whatever processes joined."""
-  cfg = config({"data": 2, "fsdp": 2})
+  """One step sequence on a data=2, fsdp=devices/2 mesh over whatever processes joined."""
+  cfg = config({"data": 2, "fsdp": -1})
   distributed.initialize(cfg.parallel.distributed)
   job.validate(cfg, jax.device_count())
   rt = learner_runtime.build(cfg)

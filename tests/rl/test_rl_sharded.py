@@ -1,7 +1,7 @@
 """The RL learner on the shared training runtime, sharded as pretraining is: three RL
 steps of the tiny MLA + MoE policy on 8 fake CPU devices with FSDP, data + FSDP + expert
 and expert + context parallelism match one device; two jax.distributed processes on
-loopback match one process. The checks run in subprocesses (rl_sharded_checks.py)."""
+loopback match one process, and so do four. The checks run in subprocesses (rl_sharded_checks.py)."""
 
 import pathlib
 import socket
@@ -72,18 +72,21 @@ def _free_port() -> int:
     return sock.getsockname()[1]
 
 
-@pytest.mark.slow  # three JAX processes each compile the tiny RL step
-def test_two_learner_processes_match_one():
+@pytest.mark.slow  # 3 (5) JAX processes each compile the tiny RL step
+@pytest.mark.parametrize("processes", [2, 4])
+def test_learner_processes_of_two_devices_match_one_process(processes):
   port = _free_port()
+  devices = 2 * processes
   pair = [_start("distributed", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                 JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=rank, C2JAX_XLA_CACHE="off",
-                 XLA_FLAGS="--xla_force_host_platform_device_count=2") for rank in range(2)]
+                 JAX_NUM_PROCESSES=processes, JAX_PROCESS_ID=rank, C2JAX_XLA_CACHE="off",
+                 XLA_FLAGS="--xla_force_host_platform_device_count=2")
+          for rank in range(processes)]
   single = _start("distributed", C2JAX_XLA_CACHE="off",
-                  XLA_FLAGS="--xla_force_host_platform_device_count=4")
+                  XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
   pair, single = [_result(p) for p in pair], _result(single)
   for rank, result in enumerate(pair):
-    assert result["process"] == [rank, 2] and result["devices"] == [2, 4]
-  assert single["process"] == [0, 1] and single["devices"] == [4, 4]
+    assert result["process"] == [rank, processes] and result["devices"] == [2, devices]
+  assert single["process"] == [0, 1] and single["devices"] == [devices, devices]
   for result in pair:
     np.testing.assert_allclose(result["losses"], single["losses"], rtol=2e-5)
     np.testing.assert_allclose(result["param_sum"], single["param_sum"], rtol=2e-5)

@@ -19,6 +19,10 @@ Aggregations (config.rl.loss.aggregation), from token losses l_BxL and mask m_Bx
   token_mean     sum(l m) / sum(m): weights depend on the batch's total length
   sequence_mean  mean over sequences of sum_t(l m) / sum_t(m): GRPO's original, which
                  favours long wrong answers over short ones
+
+Under gradient accumulation a batch arrives in microbatches: `totals` (batch_totals of
+the whole batch) then gives the counts to divide by, so the microbatches' losses and
+metrics add up to the whole batch's (`constant` needs none: its divisor is a constant).
 """
 
 from __future__ import annotations
@@ -32,23 +36,34 @@ import jax.numpy as jnp
 from c2jax.rl.learner import kl as kl_lib
 
 
-def constant(loss_BxL, mask_BxL, normalizer_tokens: float, num_rollouts: int) -> jax.Array:
+def batch_totals(mask_BxL) -> dict:
+  """Trained tokens and rows with a trained token of a whole batch (see the docstring)."""
+  mask_BxL = mask_BxL.astype(jnp.float32)
+  return {"tokens": mask_BxL.sum(), "rows": (mask_BxL.sum(-1) > 0).sum().astype(jnp.float32)}
+
+
+def constant(loss_BxL, mask_BxL, normalizer_tokens: float, num_rollouts: int,
+             totals: dict | None = None) -> jax.Array:
+  del totals  # linear in the rows already
   # Not the row count: rows grow with segments (self-summaries) and padding.
   return (loss_BxL * mask_BxL).sum() / (num_rollouts * normalizer_tokens)
 
 
-def token_mean(loss_BxL, mask_BxL, normalizer_tokens: float, num_rollouts: int) -> jax.Array:
+def token_mean(loss_BxL, mask_BxL, normalizer_tokens: float, num_rollouts: int,
+               totals: dict | None = None) -> jax.Array:
   del normalizer_tokens, num_rollouts  # normalised by the batch's own token count
-  return (loss_BxL * mask_BxL).sum() / jnp.maximum(mask_BxL.sum(), 1.0)
+  totals = batch_totals(mask_BxL) if totals is None else totals
+  return (loss_BxL * mask_BxL).sum() / jnp.maximum(totals["tokens"], 1.0)
 
 
 def sequence_mean(loss_BxL, mask_BxL, normalizer_tokens: float,
-                  num_rollouts: int) -> jax.Array:
+                  num_rollouts: int, totals: dict | None = None) -> jax.Array:
   del normalizer_tokens, num_rollouts  # normalised by each row's own length
+  totals = batch_totals(mask_BxL) if totals is None else totals
   tokens_B = mask_BxL.sum(-1)
   per_sequence_B = (loss_BxL * mask_BxL).sum(-1) / jnp.maximum(tokens_B, 1.0)
   has_tokens_B = (tokens_B > 0).astype(per_sequence_B.dtype)
-  return (per_sequence_B * has_tokens_B).sum() / jnp.maximum(has_tokens_B.sum(), 1.0)
+  return (per_sequence_B * has_tokens_B).sum() / jnp.maximum(totals["rows"], 1.0)
 
 
 AGGREGATIONS: dict[str, Callable[..., jax.Array]] = {
@@ -80,12 +95,8 @@ def ppo(logprobs_BxL, sampler_logprobs_BxL, advantages_BxL, mask_BxL, loss_cfg):
 POLICY_LOSSES: dict[str, Callable[..., tuple]] = {"tis": tis, "ppo": ppo}
 
 
-def _masked_mean(x_BxL, mask_BxL):
-  return (x_BxL * mask_BxL).sum() / jnp.maximum(mask_BxL.sum(), 1.0)
-
-
 def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantages_B,
-            loss_mask_BxL, *, num_rollouts: int):
+            loss_mask_BxL, *, num_rollouts: int, totals: dict | None = None):
   """(loss, metrics) for one batch; differentiable in `logprobs_BxL` only.
 
   num_rollouts: rollouts in the step (groups x group size), the `constant`
@@ -93,8 +104,15 @@ def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantage
 
   cfg: the RL config (c2jax.rl.config.default_config()); reads cfg.loss and cfg.kl.
   ref_logprobs_BxL may be None when cfg.kl.coef == 0 (no reference policy is run).
+  totals: batch_totals of the whole batch when this is one microbatch of it; the masked
+  means among the metrics then add up over microbatches too (`ratio_max` takes their max).
   """
   mask_BxL = loss_mask_BxL.astype(jnp.float32)
+  totals = batch_totals(mask_BxL) if totals is None else totals
+
+  def masked_mean(x_BxL, mask_BxL):
+    return (x_BxL * mask_BxL).sum() / jnp.maximum(totals["tokens"], 1.0)
+
   logprobs_BxL = logprobs_BxL.astype(jnp.float32)
   sampler_logprobs_BxL = jax.lax.stop_gradient(sampler_logprobs_BxL.astype(jnp.float32))
   advantages_BxL = jnp.broadcast_to(
@@ -109,14 +127,14 @@ def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantage
     raise ValueError(f"rl_loss: num_rollouts = {num_rollouts!r}; pass the step's rollout "
                      "count (groups x group size) as a positive int.")
   aggregate = functools.partial(aggregate, normalizer_tokens=normalizer,
-                                num_rollouts=num_rollouts)
+                                num_rollouts=num_rollouts, totals=totals)
   metrics = {}
 
   if use_kl and cfg.kl.placement == "reward":
     ref_BxL = ref_logprobs_BxL.astype(jnp.float32)
     kl_BxL = kl_lib.kl_estimate(cfg.kl.estimator, sampler_logprobs_BxL, ref_BxL)
     advantages_BxL = advantages_BxL - cfg.kl.coef * kl_lib.kl_penalty_to_go(kl_BxL, mask_BxL)
-    metrics["kl"] = _masked_mean(kl_BxL, mask_BxL)
+    metrics["kl"] = masked_mean(kl_BxL, mask_BxL)
   advantages_BxL = jax.lax.stop_gradient(advantages_BxL)
 
   pg_BxL, stats = POLICY_LOSSES[cfg.loss.policy_loss](
@@ -128,16 +146,16 @@ def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantage
     ref_BxL = jax.lax.stop_gradient(ref_logprobs_BxL.astype(jnp.float32))
     kl_BxL = kl_lib.kl_estimate(cfg.kl.estimator, logprobs_BxL, ref_BxL)
     loss = loss + cfg.kl.coef * aggregate(kl_BxL, mask_BxL)
-    metrics["kl"] = _masked_mean(kl_BxL, mask_BxL)
+    metrics["kl"] = masked_mean(kl_BxL, mask_BxL)
 
   ratio_BxL = jax.lax.stop_gradient(stats["ratio"])
   metrics.update({
       "loss": loss,
       "pg_loss": pg_loss,
       "tokens": mask_BxL.sum(),
-      "ratio_mean": _masked_mean(ratio_BxL, mask_BxL),
+      "ratio_mean": masked_mean(ratio_BxL, mask_BxL),
       "ratio_max": jnp.max(jnp.where(mask_BxL > 0, ratio_BxL, 0.0)),
-      "limited_fraction": _masked_mean(stats["limited"].astype(jnp.float32), mask_BxL),
-      "sampler_nll": -_masked_mean(sampler_logprobs_BxL, mask_BxL),
+      "limited_fraction": masked_mean(stats["limited"].astype(jnp.float32), mask_BxL),
+      "sampler_nll": -masked_mean(sampler_logprobs_BxL, mask_BxL),
   })
   return loss, metrics

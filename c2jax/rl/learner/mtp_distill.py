@@ -36,8 +36,23 @@ from c2jax.model import mtp as mtp_lib
 from c2jax.model.layers import compute_dtype
 
 
-def loss(model_cfg, params, hidden_BxLxD, batch, *,
-         seq_chunk: int) -> tuple[jax.Array, dict, jax.Array]:
+def _depth_weights(model_cfg, batch) -> jax.Array:
+  """[Dm, B, L]: depth k at i is weighted by the mask of the main head's target at i + k + 1
+  (t_{i+k+2}); the batch's loss_mask marks a token at its own position."""
+  valid_BxL = batch["valid"].astype(jnp.int32)
+  generated_BxL = batch["loss_mask"] * valid_BxL
+  target_mask_BxL = jnp.pad(generated_BxL[:, 1:], ((0, 0), (0, 1)))
+  return jnp.stack([mtp_lib.depth_weights(valid_BxL, target_mask_BxL, k + 1)
+                    for k in range(model_cfg.num_mtp_layers)])
+
+
+def depth_counts(model_cfg, batch) -> jax.Array:
+  """[Dm] trained positions per depth of a whole batch (its microbatches divide by them)."""
+  return _depth_weights(model_cfg, batch).sum((1, 2))
+
+
+def loss(model_cfg, params, hidden_BxLxD, batch, *, seq_chunk: int,
+         counts_Dm=None) -> tuple[jax.Array, dict, jax.Array]:
   """(MTP loss, metrics, MTP blocks' MoE balance loss) of one RL batch.
 
   hidden_BxLxD: the main model's final-normed hidden state of `batch` (the learner's
@@ -45,6 +60,7 @@ def loss(model_cfg, params, hidden_BxLxD, batch, *,
   mean over depths of each depth's KL averaged over its trained positions. Metrics per
   depth k: mtp{k}/kl and mtp{k}/agree (the MTP argmax equals the main argmax: the greedy
   acceptance rate) over the trained positions. seq_chunk: positions per chunk (>= 1).
+  counts_Dm: depth_counts of the whole batch when `batch` is a microbatch of it.
   """
   if seq_chunk < 1:
     raise ValueError(f"mtp_distill.loss: seq_chunk is {seq_chunk}; it must be >= 1 "
@@ -54,20 +70,15 @@ def loss(model_cfg, params, hidden_BxLxD, batch, *,
   params = {**params, "embed": jax.lax.stop_gradient(params["embed"]),
             "lm_head": jax.lax.stop_gradient(params["lm_head"])}
   valid_BxL = batch["valid"].astype(jnp.int32)
-  generated_BxL = batch["loss_mask"] * valid_BxL
-  # Depth k at i is weighted by the mask of the main head's target at i + k + 1
-  # (t_{i+k+2}); the batch's loss_mask marks a token at its own position.
-  target_mask_BxL = jnp.pad(generated_BxL[:, 1:], ((0, 0), (0, 1)))
   student_DmxBxLxD, moe_aux = mtp_lib.hidden_states(model_cfg, params, hidden_BxLxD,
                                                     batch["tokens"], segment_ids_BxL=valid_BxL)
   shift_left = lambda x, by: jnp.pad(x[:, by:], [(0, 0), (0, by)] + [(0, 0)] * (x.ndim - 2))
   # The teacher of depth k at i is the main head at i + k + 1.
   teacher_DmxBxLxD = jnp.stack([shift_left(hidden_BxLxD, k + 1) for k in range(depths)])
-  weight_DmxBxL = jnp.stack([mtp_lib.depth_weights(valid_BxL, target_mask_BxL, k + 1)
-                             for k in range(depths)])
+  weight_DmxBxL = _depth_weights(model_cfg, batch)
   kl_sum_Dm, agree_sum_Dm = _chunked_sums(params["lm_head"]["kernel"], student_DmxBxLxD,
                                           teacher_DmxBxLxD, weight_DmxBxL, seq_chunk)
-  count_Dm = jnp.maximum(weight_DmxBxL.sum((1, 2)), 1.0)
+  count_Dm = jnp.maximum(weight_DmxBxL.sum((1, 2)) if counts_Dm is None else counts_Dm, 1.0)
   kl_Dm, agree_Dm = kl_sum_Dm / count_Dm, agree_sum_Dm / count_Dm
   metrics = {}
   for k in range(depths):

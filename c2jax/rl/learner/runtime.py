@@ -77,7 +77,8 @@ def make_step(rt: runtime.Runtime):
   cfg = rt.cfg
   step = functools.partial(learner.rl_step, cfg.rl, rt.model_cfg, rt.optimizer,
                            rollouts_per_step=rollouts_per_step(cfg),
-                           temperature=float(cfg.agent.temperature))
+                           temperature=float(cfg.agent.temperature),
+                           microbatches=cfg.learner.microbatches)
   ref = rt.state_shardings.params if cfg.rl.kl.coef > 0 else None
   return rt.jit_step(step, extra=(ref,), batch_shardings=batch_shardings(rt))
 
@@ -122,19 +123,26 @@ def _starting_params(rt: runtime.Runtime):
   return fresh
 
 
+def batch_rows(cfg, segments: int, num_ranks: int) -> int:
+  """Rows of the packed batch that holds `segments` segments: a multiple of the step's
+  rollouts (a count that changes only when the segments outgrow it: few compiles), in
+  equal rank shares that each split into learner.microbatches microbatches."""
+  unit, micro = rollouts_per_step(cfg), cfg.learner.microbatches
+  rows = -(-segments // unit) * unit
+  per_rank = -(-rows // num_ranks)
+  return -(-per_rank // micro) * micro * num_ranks
+
+
 def build_batch(cfg, groups, num_ranks: int = 1):
   """One packed batch from the step's groups: rows balanced across `num_ranks`
-  data-parallel ranks (rank-major), padded to a row count that changes only when the
-  segments outgrow it (few compiles)."""
+  data-parallel ranks (rank-major), padded to `batch_rows`."""
   segments, advantages = [], []
   for group in groups:
     for segment, chain in zip(group.segments, group.segment_chain_S):
       segments.append(segment)
       advantages.append(group.advantages_G[chain])
-  unit = rollouts_per_step(cfg)
-  rows = -(-len(segments) // unit) * unit
   batch, pack_metrics = packing.pack_batch(
       segments, advantages, num_ranks, cfg.actors.max_length, cfg.rl.packing.attention_cost,
-      rows_per_rank=-(-rows // num_ranks))
+      rows_per_rank=batch_rows(cfg, len(segments), num_ranks) // num_ranks)
   return {name: batch[name] for name in learner.BATCH_FIELDS}, dict(
       pack_metrics, rows=len(batch["tokens"]), segments=len(segments))

@@ -44,6 +44,7 @@ from c2jax.model import mtp as mtp_lib
 from c2jax.model.token_logprobs import token_logprobs as chunked_token_logprobs
 from c2jax.rl.learner import losses
 from c2jax.rl.learner import mtp_distill
+from c2jax.train import accumulate
 from c2jax.train.step import TrainState
 
 BATCH_FIELDS = ("tokens", "valid", "loss_mask", "sampler_logprobs", "router_indices",
@@ -80,43 +81,77 @@ def trains_mtp(rl_cfg, model_cfg) -> bool:
   return bool(model_cfg.num_mtp_layers) and rl_cfg.mtp_loss_weight > 0
 
 
+def batch_totals(model_cfg, batch) -> dict:
+  """The counts the step's terms average over, taken over the whole batch before it is cut
+  into microbatches: the loss's (losses.batch_totals), rows and tokens with a valid token
+  (the MoE balance loss, a mean over rows; the replay statistics, shares of tokens) and,
+  with MTP heads, positions per depth."""
+  mask_BxL = batch["loss_mask"] * batch["valid"]
+  valid_BxL = batch["valid"].astype(jnp.float32)
+  totals = {**losses.batch_totals(mask_BxL),
+            "valid_rows": (valid_BxL.sum(-1) > 0).sum().astype(jnp.float32),
+            "valid_tokens": valid_BxL.sum()}
+  if model_cfg.num_mtp_layers:
+    totals["mtp_positions"] = mtp_distill.depth_counts(model_cfg, batch)
+  return totals
+
+
 def rl_step(rl_cfg, model_cfg, optimizer: optax.GradientTransformation, state: TrainState,
             ref_params, batch, *, rollouts_per_step: int,
-            temperature: float = 1.0) -> tuple[TrainState, dict]:
+            temperature: float = 1.0, microbatches: int = 1) -> tuple[TrainState, dict]:
   """One Adam step on the RL loss; pure (jit it with the configs and optimizer bound).
 
   ref_params: the reference policy's parameters for the KL term (None when
   rl_cfg.kl.coef == 0). rollouts_per_step: groups x group size (the `constant`
   aggregation's divisor, whatever the number of segment rows). temperature: the actors' sampling temperature
-  (config.agent.temperature), under which the learner scores tokens.
+  (config.agent.temperature), under which the learner scores tokens. microbatches: the
+  gradient is accumulated over that many slices of the batch's rows
+  (c2jax.train.accumulate); each term divides by the whole batch's counts, so the update
+  and the metrics are those of the whole batch.
   """
   missing = [f for f in BATCH_FIELDS if f not in batch]
   if missing:
     raise ValueError(f"rl_step: batch lacks {missing}; build it with packing.pack_batch "
                      "over segments carrying those fields.")
-  mask_BxL = batch["loss_mask"] * batch["valid"]
-  score = lambda p: _score(model_cfg, p, batch, temperature, rl_cfg.logprobs.seq_chunk,
-                           rl_cfg.logprobs.vocab_chunk)
-  ref_logprobs_BxL = None
-  if rl_cfg.kl.coef > 0:
-    ref_logprobs_BxL, _, _ = score(jax.lax.stop_gradient(ref_params))
-    ref_logprobs_BxL = jax.lax.stop_gradient(ref_logprobs_BxL)
+  totals = batch_totals(model_cfg, batch)
   train_mtp = trains_mtp(rl_cfg, model_cfg)
 
-  def loss_fn(params):
-    logprobs_BxL, aux, hidden_BxLxD = score(params)
-    loss, metrics = losses.rl_loss(rl_cfg, logprobs_BxL, batch["sampler_logprobs"],
-                                   ref_logprobs_BxL, batch["advantages"], mask_BxL,
-                                   num_rollouts=rollouts_per_step)
-    loss = loss + aux["aux_loss"]
-    if train_mtp:  # detached from the trunk: no gradient reaches the policy's parameters
-      mtp_loss, mtp_metrics, mtp_aux_loss = mtp_distill.loss(
-          model_cfg, params, hidden_BxLxD, batch, seq_chunk=rl_cfg.mtp_seq_chunk)
-      loss = loss + rl_cfg.mtp_loss_weight * mtp_loss + mtp_aux_loss
-      metrics = {**metrics, **mtp_metrics, "mtp_loss": mtp_loss}
-    return loss, (metrics, aux)
+  def value_and_grad(micro):
+    mask_BxL = micro["loss_mask"] * micro["valid"]
+    score = lambda p: _score(model_cfg, p, micro, temperature, rl_cfg.logprobs.seq_chunk,
+                             rl_cfg.logprobs.vocab_chunk)
+    ref_logprobs_BxL = None
+    if rl_cfg.kl.coef > 0:
+      ref_logprobs_BxL, _, _ = score(jax.lax.stop_gradient(ref_params))
+      ref_logprobs_BxL = jax.lax.stop_gradient(ref_logprobs_BxL)
+    valid_BxL = micro["valid"].astype(jnp.float32)
+    # The balance loss is a mean over rows: this microbatch's share of the batch's rows.
+    row_share = (valid_BxL.sum(-1) > 0).sum() / jnp.maximum(totals["valid_rows"], 1.0)
 
-  (_, (metrics, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    def loss_fn(params):
+      logprobs_BxL, aux, hidden_BxLxD = score(params)
+      loss, metrics = losses.rl_loss(rl_cfg, logprobs_BxL, micro["sampler_logprobs"],
+                                     ref_logprobs_BxL, micro["advantages"], mask_BxL,
+                                     num_rollouts=rollouts_per_step, totals=totals)
+      loss = loss + aux["aux_loss"] * row_share
+      if train_mtp:  # detached from the trunk: no gradient reaches the policy's parameters
+        mtp_loss, mtp_metrics, mtp_aux_loss = mtp_distill.loss(
+            model_cfg, params, hidden_BxLxD, micro, seq_chunk=rl_cfg.mtp_seq_chunk,
+            counts_Dm=totals["mtp_positions"])
+        loss = loss + rl_cfg.mtp_loss_weight * mtp_loss + mtp_aux_loss * row_share
+        metrics = {**metrics, **mtp_metrics, "mtp_loss": mtp_loss}
+      return loss, (metrics, aux)
+
+    (loss, (metrics, aux)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    metrics = dict(metrics)
+    if aux["replay_replaced"].size:  # shares of valid tokens: weighted by this slice's
+      token_share = valid_BxL.sum() / jnp.maximum(totals["valid_tokens"], 1.0)
+      metrics["replay_replaced"] = aux["replay_replaced"].mean() * token_share
+      metrics["replay_mismatch"] = aux["replay_mismatch"].mean() * token_share
+    return (loss, metrics), grads
+
+  (_, metrics), grads = accumulate.value_and_grad(value_and_grad, state.params, batch,
+                                                  microbatches, maxed=("ratio_max",))
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics)
@@ -126,7 +161,4 @@ def rl_step(rl_cfg, model_cfg, optimizer: optax.GradientTransformation, state: T
   metrics["grad_norm"] = jnp.sqrt(square_sum(policy_grads))
   if train_mtp:
     metrics["mtp_grad_norm"] = jnp.sqrt(square_sum(grads[mtp_lib.PARAMS_KEY]))
-  if aux["replay_replaced"].size:
-    metrics["replay_replaced"] = aux["replay_replaced"].mean()
-    metrics["replay_mismatch"] = aux["replay_mismatch"].mean()
   return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics
