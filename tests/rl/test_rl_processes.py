@@ -177,7 +177,7 @@ def test_two_learner_processes_match_one(runs):
   assert moved > 10 * TOLERANCE
   # Process 0 led (one queue, one publisher, metrics); process 1 only stepped.
   follower = logs[2].read_text().strip().splitlines()[-1]
-  assert json.loads(follower) == {"step": STEPS, "process": 1}
+  assert json.loads(follower) == {"step": STEPS, "process": 1, "preempted": None}
   assert "resuming from step 0 (2 learner processes)" in logs[1].read_text()
   queue = rollouts.RunDirs(root / "two").queue(runs[1])
   assert queue.trained_steps() == {1: ["g0"], 2: ["g1"]}
