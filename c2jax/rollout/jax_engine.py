@@ -88,14 +88,20 @@ def _score(cfg, params, tokens_1xC):
 
 def decode_layout_pays(cfg, tokens_per_step: int) -> bool:
   """Whether the CPU decode layout (model.unstack_layers) beats the stacked tree for
-  decode steps of `tokens_per_step` tokens: when they choose at least half a MoE layer's
+  decode steps of `tokens_per_step` tokens.
+
+  Without MoE layers (dense models) always: a scanned dense layer's every weight is
+  copied out of the stack per step, and nothing else differs (measured 2026-11-27 at
+  qwen3_small, tools/bench/bench_decode_layout.py; docs/benchmarks.md, "Decode against the
+  JAX peers"). With MoE layers, when the steps choose at least half a MoE layer's
   experts' worth of token copies. Below that the stacked tree's 'gathered' dispatch copies
   only a few experts' weights, which costs less than the unrolled layers' own overhead
   (measured 2026-11-26 at small, one compiled chunk, quiet: the layout ran 0.75x / 0.89x
   / 1.01x / 1.6-1.85x / 1.24-1.45x the stacked tree at batch 1 / 2 / 4 / 8 / 32)."""
   moe = cfg.moe
-  has_moe_layers = cfg.num_layers > cfg.first_k_dense
-  return has_moe_layers and 2 * tokens_per_step * moe.num_experts_per_tok >= moe.num_experts
+  if cfg.num_layers == cfg.first_k_dense:
+    return True
+  return 2 * tokens_per_step * moe.num_experts_per_tok >= moe.num_experts
 
 
 class JaxEngine(Engine):

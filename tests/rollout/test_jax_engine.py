@@ -186,15 +186,16 @@ def test_engine_keeps_decode_layout_and_gives_the_stacked_template(setup, engine
 
 def test_decode_layout_only_where_it_pays():
   """The layout pays once a step's token copies reach half a MoE layer's experts (small:
-  16 experts, 2 per token: from 4 slots; speculation's draft tokens count as tokens)."""
+  16 experts, 2 per token: from 4 slots; speculation's draft tokens count as tokens), and
+  always for a model without MoE layers."""
   from c2jax.model import variants
   from c2jax.rollout.jax_engine import decode_layout_pays
   small = variants.get("small")
   assert [decode_layout_pays(small, s) for s in (1, 2, 3, 4, 8, 32)] == [
       False, False, False, True, True, True]
   assert decode_layout_pays(small, 2 * (1 + 1))  # 2 slots, 1 draft token each
-  dense_only = variants.get("small", first_k_dense=8)
-  assert not decode_layout_pays(dense_only, 32)
+  dense_only = variants.get("small", first_k_dense=8)  # every weight is copied per step
+  assert all(decode_layout_pays(dense_only, s) for s in (1, 8, 32))
 
 
 def test_logprobs_scores_sequences(setup, engine):
