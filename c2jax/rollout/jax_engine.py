@@ -4,12 +4,15 @@ Compiled functions have static shapes, so a run compiles a handful of programs:
   prefill  one slot, a chunk of `bucket` tokens (prompt lengths are padded up to the next
            bucket; longer inputs are split into chunks of the largest bucket), writing that
            slot's rows of the cache and sampling the next token: one compile per bucket;
-  decode   up to `decode_steps` tokens for every slot at once, sampling and stop checks on
-           device (decode_loop.py): one compile per stop-token width (padded to a power
-           of two). Idle and empty slots are fed at position max_length, where cache
-           writes are dropped, so they cost compute but never corrupt a kept sequence.
-           Staged weights are swapped in between these calls, so a swap waits at most
-           `decode_steps` tokens.
+  decode   up to `max_decode_steps` tokens for every slot at once, sampling and stop
+           checks on device (decode_loop.py): one compile per stop-token width (padded
+           to a power of two). The device loop returns as soon as a slot finishes (stop
+           token, max_tokens, length), so a longer call costs no finished request any
+           wait; only while a running request has stop strings, which the host alone
+           sees, does a call stop after `decode_steps` tokens. Idle and empty slots are
+           fed at position max_length, where cache writes are dropped, so they cost
+           compute but never corrupt a kept sequence. Staged weights are swapped in
+           between these calls, so a swap waits at most `max_decode_steps` tokens.
 With `num_draft_tokens > 0` the decode step is speculative (see speculative.py): the
 model's MTP module drafts tokens that one forward over all slots verifies.
 With a `parallel` config the engine spans a mesh of local devices (see sharding.py):
@@ -47,6 +50,12 @@ from c2jax.rollout.types import SamplingParams
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 DEFAULT_DECODE_STEPS = 8
+# Tokens a decode call may run when no request has stop strings: one host round trip
+# per 64 tokens, as a whole-generation device loop nearly (the host's per-call work,
+# scheduling and reading the tokens, log-probs and routing back, cost 10-25% of a tiny
+# model's decode at 8; docs/benchmarks.md, "Decode against the JAX peers"); also the
+# bound on how long a staged weight swap waits.
+DEFAULT_MAX_DECODE_STEPS = 64
 
 
 def _slot_rows(cache, slot):
@@ -109,22 +118,31 @@ class JaxEngine(Engine):
   'mtp_layers' when speculating); `version` tags tokens sampled with these weights.
   `parallel`: a parallel config section (mesh + rules; sharding.engine_parallel_defaults)
   to shard over local devices; None, or a mesh of one device, runs on one device.
-  `decode_steps`: tokens per slot one decode call may produce (the host syncs once per
-  call); default DEFAULT_DECODE_STEPS, or 1 with speculation (one speculative step per
-  call, the only mode it has)."""
+  `decode_steps`: tokens per slot one decode call may produce while a running request
+  has stop strings (the host syncs once per call, and checks them); default
+  DEFAULT_DECODE_STEPS, or 1 with speculation (one speculative step per call, the only
+  mode it has). `max_decode_steps`: the same otherwise (default the larger of
+  DEFAULT_MAX_DECODE_STEPS and decode_steps; 1 with speculation); it bounds how many
+  tokens a staged weight swap waits."""
 
   def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
                prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,
                detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0,
-               parallel=None, decode_steps: int | None = None):
+               parallel=None, decode_steps: int | None = None,
+               max_decode_steps: int | None = None):
     super().__init__(num_slots, max_length, detokenize, seed)
     if decode_steps is None:
       decode_steps = 1 if num_draft_tokens else DEFAULT_DECODE_STEPS
-    if decode_steps < 1 or (num_draft_tokens and decode_steps != 1):
-      raise ValueError(f"decode_steps = {decode_steps} with num_draft_tokens = "
-                       f"{num_draft_tokens}: use decode_steps >= 1, and 1 (or None) when "
-                       "speculating (a speculative call runs one verify step).")
-    self.decode_steps = decode_steps
+    if max_decode_steps is None:
+      max_decode_steps = 1 if num_draft_tokens else max(DEFAULT_MAX_DECODE_STEPS,
+                                                        decode_steps)
+    if (decode_steps < 1 or max_decode_steps < decode_steps
+        or (num_draft_tokens and max_decode_steps != 1)):
+      raise ValueError(f"decode_steps = {decode_steps}, max_decode_steps = "
+                       f"{max_decode_steps} with num_draft_tokens = {num_draft_tokens}: use "
+                       "1 <= decode_steps <= max_decode_steps, and 1 (or None) for both "
+                       "when speculating (a speculative call runs one verify step).")
+    self.decode_steps, self.max_decode_steps = decode_steps, max_decode_steps
     self.cfg = cfg
     self._version = version
     self._buckets = tuple(sorted(prefill_buckets))
@@ -165,8 +183,8 @@ class JaxEngine(Engine):
       self._prefill_fn = self._jit(functools.partial(_prefill, cfg), state_shardings,
                                    extra_outputs=3)
       self._decode_fn = self._jit(
-          functools.partial(decode_loop.decode_steps, cfg, decode_steps), state_shardings,
-          extra_outputs=4)
+          functools.partial(decode_loop.decode_steps, cfg, max_decode_steps),
+          state_shardings, extra_outputs=4)
     self.acceptance = speculative.AcceptanceStats()
 
   # ---- placement ------------------------------------------------------------------------
@@ -266,7 +284,8 @@ class JaxEngine(Engine):
                             routing[s, :counts[s]]) for s in active}
     self._cache, new_SxN, logprobs_SxN, fed_S, routing_LmxSxNxK = self._decode_fn(
         self._params, self._cache, *arrays[:3], batch.draining, *arrays[3:],
-        batch.stop_tokens, batch.budget)
+        batch.stop_tokens, batch.budget,
+        np.int32(self.decode_steps if batch.host_stops else self.max_decode_steps))
     new, logprobs, fed = np.asarray(new_SxN), np.asarray(logprobs_SxN), np.asarray(fed_S)
     routing = np.asarray(routing_LmxSxNxK).transpose(1, 2, 0, 3)
     return {s: SlotOutput(new[s, :fed[s]], logprobs[s, :fed[s]], routing[s, :fed[s]])

@@ -140,13 +140,15 @@ def test_extend_appends_without_recomputing(setup, engine):
 def test_update_params_between_decode_steps(setup, engine):
   """Only the LM head changes, so the old KV cache is also the new weights' cache and the
   tokens after the swap must be exactly the new model's argmax. Weights swap between
-  decode calls, each of which samples decode_steps tokens per sequence."""
+  decode calls, each of which samples max_decode_steps tokens per sequence (no stop
+  strings): the longest a staged swap waits."""
   new_params = dict(setup.params)
   rng = np.random.default_rng(5)
   new_params["lm_head"] = {"kernel": rng.standard_normal(
       setup.params["lm_head"]["kernel"].shape).astype(np.float32)}
   prompt = prompts()[2]
-  swapped = 1 + 3 * engine.decode_steps  # the prefill and three decode calls: version 0
+  # The prefill and three decode calls: version 0.
+  swapped = 1 + 3 * engine.max_decode_steps
   total = swapped + 6
   seq_id = engine.submit(Request(prompt, SamplingParams(temperature=0.0, max_tokens=total)))
   for _ in range(3):
