@@ -43,7 +43,9 @@ def decode_steps(cfg, num_steps: int, params, cache, tokens_S, lengths_S, active
   Returns (cache, new tokens [S, N], their log-probs [S, N], fed [S] (steps each slot
   was fed; new tokens past that are padding), routing of the fed tokens [Lm, S, N, K]).
   """
-  cache_length = jax.tree.leaves(cache)[0].shape[2]
+  # Cache leaves are [layers, S, T, ...], or [S, T, ...] when kept per layer.
+  cache_length = jax.tree.leaves(cache)[0].shape[1 if model.has_unstacked_layers(cache)
+                                                  else 2]
 
   def step(cache, tokens_S, positions_S):
     logits_Sx1xV, aux, cache = model.apply(cfg, params, tokens_S[:, None],

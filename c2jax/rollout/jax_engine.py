@@ -21,7 +21,8 @@ the state's shardings from step to step (and across weight swaps).
 On one CPU device, with enough slots (decode_layout_pays), the engine keeps its weights
 in a decode layout (model.unstack_layers): one array per layer, and per routed expert
 when unquantised, so the layers run as a Python loop and XLA reads every weight in place
-(XLA:CPU copies a weight it slices out of a stacked array, per step); `update_params`
+(XLA:CPU copies a weight it slices out of a stacked array, per step); the KV cache is
+kept per layer too (without speculation), for the same reason; `update_params`
 and `param_like` still take and give model.init's stacked tree. Accelerators (whose
 compilers read such slices in place and whose grouped matmuls want stacked experts) and
 meshes keep the stacked tree.
@@ -58,12 +59,19 @@ DEFAULT_DECODE_STEPS = 8
 DEFAULT_MAX_DECODE_STEPS = 64
 
 
+def _slot_axis(cache) -> int:
+  """The slot (batch) axis of the cache's leaves: [B, T, ...] per layer, else stacked."""
+  return 0 if model.has_unstacked_layers(cache) else 1
+
+
 def _slot_rows(cache, slot):
-  return jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=1), cache)
+  axis = _slot_axis(cache)
+  return jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=axis), cache)
 
 
 def _put_rows(cache, rows, slot):
-  return jax.tree.map(lambda c, r: jax.lax.dynamic_update_slice_in_dim(c, r, slot, axis=1),
+  axis = _slot_axis(cache)
+  return jax.tree.map(lambda c, r: jax.lax.dynamic_update_slice_in_dim(c, r, slot, axis=axis),
                       cache, rows)
 
 
@@ -161,8 +169,12 @@ class JaxEngine(Engine):
       self._param_shardings = placement and placement.param_shardings(cfg, params)
       self._params = self._place(params)
       state_shardings = [placement and placement.cache_shardings(cfg)]
-      self._cache = self._zeros(functools.partial(model.init_cache, cfg, num_slots,
-                                                  max_length), state_shardings[0])
+      make_cache = functools.partial(model.init_cache, cfg, num_slots, max_length)
+      if decode_layout and not num_draft_tokens:
+        # The cache per layer as well: read and written in place, not copied out of a
+        # stack per layer and step (speculation's programs keep the stacked cache).
+        make_cache = lambda make=make_cache: model.unstack_layers(make())
+      self._cache = self._zeros(make_cache, state_shardings[0])
       if num_draft_tokens:
         state_shardings += [placement and placement.mtp_cache_shardings(cfg),
                             placement and placement.hidden_sharding()]

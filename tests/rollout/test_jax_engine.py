@@ -175,9 +175,11 @@ def test_update_params_between_decode_steps(setup, engine):
 
 
 def test_engine_keeps_decode_layout_and_gives_the_stacked_template(setup, engine):
-  """Off a mesh the engine holds per-layer (and per-expert) arrays; loaders still see
-  model.init's stacked tree."""
+  """Off a mesh the engine holds per-layer (and per-expert) arrays, and a per-layer KV
+  cache; loaders still see model.init's stacked tree."""
   assert model.has_unstacked_layers(engine._params)
+  assert model.has_unstacked_layers(engine._cache)
+  assert jax.tree.leaves(engine._cache)[0].shape[:2] == (engine.num_slots, engine.max_length)
   like = engine.param_like()
   assert jax.tree.structure(like) == jax.tree.structure(setup.params)
   jax.tree.map(lambda l, p: l.shape == np.shape(p) or pytest.fail(f"{l.shape} {np.shape(p)}"),

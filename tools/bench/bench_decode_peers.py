@@ -80,13 +80,14 @@ def _shape(cfg) -> dict:
 class C2jaxSide:
   """JaxEngine.generate over `batch` random prompts, as a user runs it."""
 
-  def __init__(self, cfg, params, batch: int, prompt_len: int, new_tokens: int):
+  def __init__(self, cfg, params, batch: int, prompt_len: int, new_tokens: int,
+               max_decode_steps: int | None = None):
     import numpy as np
 
     from c2jax.rollout import JaxEngine
     self.engine = JaxEngine(cfg, params, num_slots=batch,
                             max_length=prompt_len + new_tokens + 8,
-                            prefill_buckets=(prompt_len,))
+                            prefill_buckets=(prompt_len,), max_decode_steps=max_decode_steps)
     self.prompts = np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, prompt_len))
 
   def time(self, count: int) -> float:
@@ -166,6 +167,9 @@ def run(args) -> list[dict]:
                      "prompt_len": prompt_len, "new_tokens": args.new_tokens,
                      "hf_dir": hf_dir}
           sides = {"c2jax": C2jaxSide(cfg, params, batch, prompt_len, args.new_tokens)}
+          if args.c2jax_steps:  # the engine with shorter decode calls, for comparison
+            sides[f"c2jax@{args.c2jax_steps}"] = C2jaxSide(
+                cfg, params, batch, prompt_len, args.new_tokens, args.c2jax_steps)
           info = {"c2jax params": count}
           for peer in PEERS:
             if pythons[peer]:
@@ -180,7 +184,7 @@ def run(args) -> list[dict]:
           for side, (decode, prefill) in rates.items():
             row[f"{side} decode tok/s"] = decode
             row[f"{side} prefill tok/s"] = prefill
-          for peer in sides.keys() - {"c2jax"}:
+          for peer in [side for side in sides if side != "c2jax"]:
             row[f"decode vs {peer}"] = rates["c2jax"][0] / rates[peer][0]
             row[f"prefill vs {peer}"] = rates["c2jax"][1] / rates[peer][1]
           rows.append(row)
@@ -289,6 +293,9 @@ def main(argv=None) -> None:
   parser.add_argument("--prompt_lens", default="16")
   parser.add_argument("--new_tokens", type=int, default=64)
   parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--c2jax_steps", type=int, default=0,
+                      help="also time c2jax with decode calls of this many tokens (e.g. 8, "
+                      "the engine's chunk before calls grew to max_decode_steps)")
   parser.add_argument("--tunix_python", default="",
                       help="interpreter with google-tunix (and this jax) for its column")
   parser.add_argument("--hf_python", default="",
