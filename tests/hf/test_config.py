@@ -128,7 +128,7 @@ def test_fixture_configs_written_by_transformers_v5_translate(case):
   back = hf.to_hf(cfg, base=hf_config)
   for key in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "norm_topk_prob", "vocab_size"):
-    assert back[key] == text[key], key
+    assert back.get(key) == text.get(key), key  # dense Qwen3 has no norm_topk_prob
   for key, value in text["rope_parameters"].items():  # back may add explicit defaults
     assert back["rope_parameters"][key] == value, key
 
