@@ -3,11 +3,15 @@ by side: Tunix's sampler (google-tunix, Qwen3 family) and, as a second column, H
 `generate` (torch eager); each peer in its own virtualenv with the same jax/jaxlib/flax.
 
     PYTHONPATH=. python tools/bench/bench_decode_peers.py \
-        --tunix_python /work/venvs/tunix/bin/python --hf_python /work/venvs/py311/bin/python \
+        --tunix_python $TUNIX_VENV/bin/python --hf_python $TORCH_VENV/bin/python \
         --models qwen3_tiny,qwen3_small,qwen3_moe_tiny,qwen3_moe_small --batches 1,8,32
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --tunix_python ... \
         --models qwen3_small --batches 1 --prompt_lens 512,4096 --new_tokens 64
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --smoke   # no peer needed
+
+$TUNIX_VENV: a Python 3.12 venv with `pip install google-tunix==0.1.7 jax==0.12.0.1
+jaxlib==0.12.0.1 flax==0.12.12` (c2jax's pins); $TORCH_VENV: one with torch and
+transformers (tools/make_hf_fixtures.py's).
 
 Method (the same for every side): random weights of the same shapes and parameter count,
 random prompts of --prompt_lens tokens (16 by default), greedy, --new_tokens new tokens
