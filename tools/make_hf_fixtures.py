@@ -9,7 +9,7 @@ reference fixtures"; not the project's 3.12 venv):
 Each case is a tiny random float32 model whose config exercises some of the options c2jax
 must match exactly (group-limited routing, YaRN with mscale/mscale_all_dim, first-k dense,
 shared experts, q_lora_rank None, interleaved rope, Qwen3-MoE GQA + q/k norm + softmax
-router with and without renormalisation, the Kimi-K2.5 wrapper layout). Per case it writes
+router with and without renormalisation, the Kimi-K2.5 wrapper layout, Qwen3 dense). Per case it writes
 `config.json`, `model.safetensors` (the legacy per-expert tensor names real checkpoints
 use), `tokens.npy` (int32 [2, 32]) and `logits.npy` (float32 [2, 32, V], HF's output).
 
@@ -95,6 +95,14 @@ CASES: dict[str, tuple[str, dict]] = {
         tie_word_embeddings=False,
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
                              original_max_position_embeddings=16))),
+    # Qwen3 dense (Qwen3ForCausalLM): GQA (4 q heads over 2 kv heads), q/k norm, a dense
+    # MLP in every layer, no experts.
+    "qwen3_dense": ("qwen3", dict(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.1,
+        tie_word_embeddings=False, rope_parameters=dict(rope_type="default",
+                                                        rope_theta=10000.0))),
 }
 
 

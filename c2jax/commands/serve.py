@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
           "use at least 1 slot and 2 tokens.", file=sys.stderr)
     return 2
   # Heavy imports after the flags are checked, so a typo fails fast.
-  from c2jax.rollout import JaxEngine, sharding  # pylint: disable=g-import-not-at-top
+  from c2jax.rollout import JaxEngine, jax_engine, sharding  # pylint: disable=g-import-not-at-top
   from c2jax.serve import (app, auth, loading, server,  # pylint: disable=g-import-not-at-top
                            validation)
   try:
@@ -73,9 +73,11 @@ def main(argv: list[str]) -> int:
     return 2
   try:
     loaded = loading.load(_MODEL.value)
+    # Streamed replies advance once per decode call: keep calls at the short chunk.
     engine = JaxEngine(loaded.cfg, loaded.params, num_slots=_SLOTS.value,
                        max_length=_MAX_LENGTH.value, version=loaded.version,
-                       detokenize=loaded.tokenizer.decode, seed=_SEED.value, parallel=mesh)
+                       detokenize=loaded.tokenizer.decode, seed=_SEED.value, parallel=mesh,
+                       max_decode_steps=jax_engine.DEFAULT_DECODE_STEPS)
   except (FileNotFoundError, ValueError) as e:
     print(f"c2jax serve: {e}", file=sys.stderr)
     return 2

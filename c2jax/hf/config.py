@@ -1,9 +1,11 @@
-"""HF `config.json` <-> c2jax model config, for DeepseekV3, Kimi-K2/K2.5 and Qwen3-MoE.
+"""HF `config.json` <-> c2jax model config, for DeepseekV3, Kimi-K2/K2.5, Qwen3-MoE and
+Qwen3 (dense).
 
 `from_hf(hf)` returns `(cfg, layout)`: the validated c2jax model config and where the text
 model's tensors live in the checkpoint (Kimi-K2.5 nests a DeepseekV3 text model under
 `text_config` / `language_model.`). `to_hf(cfg, base)` writes the text backbone as its own
-HF architecture (deepseek_v3 for MLA + sigmoid router, qwen3_moe for GQA + softmax), on
+HF architecture (deepseek_v3 for MLA + sigmoid router, qwen3_moe for GQA + softmax, qwen3
+for GQA without MoE layers), on
 top of `base` (the source checkpoint's config) so fields c2jax does not model (token ids,
 ...) survive a round trip. Anything c2jax cannot represent exactly is an error naming the
 HF field: silently dropping it would break parity.
@@ -22,7 +24,7 @@ from c2jax.model import config as model_config
 
 DEEPSEEK_TYPES = ("deepseek_v3", "kimi_k2")
 WRAPPER_TYPES = ("kimi_k25",)
-QWEN_TYPES = ("qwen3_moe",)
+QWEN_TYPES = ("qwen3_moe", "qwen3")
 _DTYPES = {"bfloat16": "bfloat16", "float32": "float32"}
 # transformers' class defaults for fields a config.json may omit: HF fills a missing key
 # from its config class, so c2jax must too (an explicit null stays null).
@@ -183,6 +185,23 @@ def _qwen3_moe(hf: dict) -> dict:
   return fields
 
 
+def _qwen3_dense(hf: dict) -> dict:
+  """Qwen3 (`Qwen3ForCausalLM`): GQA with q/k norm and a dense SwiGLU MLP in every layer,
+  i.e. c2jax's GQA model with first_k_dense = num_layers (its moe fields then unused)."""
+  _expect(hf, "use_sliding_window", (False,), "no sliding-window attention in c2jax")
+  fields = _common(hf)
+  rope = _rope_from_hf(hf)
+  rope["interleave"] = False  # HF Qwen3 rotates halves (rotate_half)
+  fields.update(
+      attention="gqa", num_kv_heads=_require(hf, "num_key_value_heads"),
+      head_dim=hf.get("head_dim") or fields["hidden_size"] // fields["num_heads"],
+      qk_norm=True, first_k_dense=fields["num_layers"], rope=rope)
+  return fields
+
+
+_FROM_HF = {"qwen3_moe": _qwen3_moe, "qwen3": _qwen3_dense}
+
+
 def text_config(hf: dict) -> tuple[dict, Layout]:
   """The text model's HF config and its layout, unwrapping Kimi-K2.5."""
   model_type = hf.get("model_type")
@@ -203,7 +222,7 @@ def text_config(hf: dict) -> tuple[dict, Layout]:
 def from_hf(hf: dict) -> tuple[ml_collections.ConfigDict, Layout]:
   """(validated c2jax model config, layout) for an HF config.json dict."""
   text, layout = text_config(hf)
-  fields = _qwen3_moe(text) if layout.model_type in QWEN_TYPES else _deepseek(text)
+  fields = _FROM_HF.get(layout.model_type, _deepseek)(text)
   cfg = model_config.defaults()
   cfg.name = layout.model_type
   configlib.apply_overrides(cfg, fields)
@@ -221,28 +240,37 @@ def to_hf(cfg: ml_collections.ConfigDict, base: dict | None = None) -> dict:
   """The HF config.json of cfg's text model; `base` supplies fields c2jax does not model."""
   common = dict(
       vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-      intermediate_size=cfg.intermediate_size, moe_intermediate_size=cfg.moe.intermediate_size,
+      intermediate_size=cfg.intermediate_size,
       num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-      num_experts_per_tok=cfg.moe.num_experts_per_tok, norm_topk_prob=cfg.moe.norm_topk_prob,
       max_position_embeddings=cfg.max_position, rms_norm_eps=cfg.rms_norm_eps,
       initializer_range=cfg.init_std, rope_parameters=_rope_to_hf(cfg.rope),
       hidden_act="silu", attention_bias=False, tie_word_embeddings=False,
       dtype=cfg.param_dtype)
-  if cfg.attention == "mla" and cfg.moe.router == "sigmoid_bias":
+  moe_fields = dict(moe_intermediate_size=cfg.moe.intermediate_size,
+                    num_experts_per_tok=cfg.moe.num_experts_per_tok,
+                    norm_topk_prob=cfg.moe.norm_topk_prob)
+  qwen3_attention = (cfg.attention == "gqa" and cfg.qk_norm and cfg.num_mtp_layers == 0
+                     and not cfg.rope.interleave)
+  if qwen3_attention and cfg.first_k_dense == cfg.num_layers:
+    arch = dict(
+        model_type="qwen3", architectures=["Qwen3ForCausalLM"],
+        num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        use_sliding_window=False)
+  elif cfg.attention == "mla" and cfg.moe.router == "sigmoid_bias":
     arch = dict(
         model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"],
         num_key_value_heads=cfg.num_heads, q_lora_rank=cfg.q_lora_rank,
         kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
         qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
         first_k_dense_replace=cfg.first_k_dense, n_routed_experts=cfg.moe.num_experts,
+        **moe_fields,
         n_shared_experts=cfg.moe.num_shared_experts, n_group=cfg.moe.n_group,
         topk_group=cfg.moe.topk_group, routed_scaling_factor=cfg.moe.routed_scaling_factor,
         rope_interleave=cfg.rope.interleave, num_nextn_predict_layers=cfg.num_mtp_layers)
-  elif (cfg.attention == "gqa" and cfg.moe.router == "softmax" and cfg.qk_norm
-        and cfg.num_mtp_layers == 0
-        and not cfg.rope.interleave and cfg.moe.num_shared_experts == 0
+  elif (qwen3_attention and cfg.moe.router == "softmax"
+        and cfg.moe.num_shared_experts == 0
         and math.isclose(cfg.moe.routed_scaling_factor, 1.0)):
-    arch = dict(
+    arch = dict(**moe_fields,
         model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
         num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
         num_experts=cfg.moe.num_experts, decoder_sparse_step=1,
@@ -250,10 +278,15 @@ def to_hf(cfg: ml_collections.ConfigDict, base: dict | None = None) -> dict:
   else:
     raise configlib.ConfigError(
         "attention", "no HF architecture matches this model: HF has MLA + 'sigmoid_bias' "
-        "(deepseek_v3, with or without MTP layers) and GQA + qk_norm + 'softmax' without "
-        "shared experts, scaling, MTP layers (num_mtp_layers = 0) or interleaved rope "
+        "(deepseek_v3, with or without MTP layers) and GQA + qk_norm without MTP layers "
+        "(num_mtp_layers = 0) or interleaved rope, either all dense (first_k_dense = "
+        "num_layers: qwen3) or with a 'softmax' router and no shared experts or scaling "
         "(qwen3_moe).")
   out = dict(text_config(base)[0]) if base else {}
+  if arch["model_type"] == "qwen3":  # a dense model: no MoE fields from a MoE base
+    for moe_key in ("moe_intermediate_size", "num_experts_per_tok", "norm_topk_prob",
+                    "num_experts", "decoder_sparse_step", "mlp_only_layers"):
+      out.pop(moe_key, None)
   for stale in ("rope_scaling", "rope_theta", "num_local_experts", "torch_dtype",
                 "quantization_config", "text_config", "vision_config", "auto_map"):
     out.pop(stale, None)

@@ -74,8 +74,10 @@ class UnrolledStack(nn.Module):
   stacked per-layer outputs out), but each layer's weights are their own arrays. XLA:CPU
   copies a scanned layer's weight slice (e.g. a MoE layer's [E, D, F] experts) before a
   matmul or gather reads it; separate arrays are read in place, which is what decode
-  steps, bound by reading the weights, need. The stacked KV cache stays stacked: each
-  layer's rows are written back into it in place."""
+  steps, bound by reading the weights, need. The KV cache may be stacked (each layer's
+  slice is read out and written back) or per layer too ({'0': layer 0's cache, ...}, from
+  unstack_layers(cache)), which a decode step reads and writes in place: XLA:CPU copies
+  the stacked cache's slices, per layer and step, which grows with batch and context."""
   cfg: object
   use_moe: bool
   num_layers: int
@@ -83,14 +85,20 @@ class UnrolledStack(nn.Module):
   @nn.compact
   def __call__(self, x_BxLxD, xs, positions_BxL, segment_ids_BxL):
     routing, cache = xs
+    per_layer_cache = isinstance(cache, dict) and "0" in cache
     block = _block(self.cfg)
     stats = []
     for i in range(self.num_layers):
-      layer_xs = jax.tree.map(lambda a, i=i: a[i], (routing, cache))
+      layer_routing = None if routing is None else routing[i]
+      layer_cache = (cache[str(i)] if per_layer_cache
+                     else jax.tree.map(lambda a, i=i: a[i], cache))
       x_BxLxD, (layer_stats, layer_cache) = block(self.cfg, self.use_moe, name=str(i))(
-          x_BxLxD, layer_xs, positions_BxL, segment_ids_BxL)
+          x_BxLxD, (layer_routing, layer_cache), positions_BxL, segment_ids_BxL)
       stats.append(layer_stats)
-      if cache is not None:
+      if per_layer_cache:
+        cache = {**cache, str(i): jax.tree.map(lambda c, r: r.astype(c.dtype),
+                                               cache[str(i)], layer_cache)}
+      elif cache is not None:
         cache = jax.tree.map(
             lambda c, r, i=i: jax.lax.dynamic_update_index_in_dim(c, r.astype(c.dtype), i, 0),
             cache, layer_cache)
@@ -211,6 +219,8 @@ _EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
 def unstack_layers(params, split_experts: bool = False) -> dict:
   """`params` (model.init's tree) with each stacked layer stack [layers, ...] split into
   {'0': layer 0's params, '1': ...}: the tree Transformer(unrolled_layers=True) reads.
+  A cache (init_cache's tree) splits the same way, into the per-layer caches it also
+  reads (a layer's cache leaves are then [B, T, ...]).
   split_experts: also split each MoE layer's routed expert weights [E, ...] into a tuple
   of E arrays, run by moe_dispatch.per_expert (unquantised, off a mesh: decode engines).
   Other entries (embedding, head, 'mtp_layers') are kept as they are."""

@@ -31,6 +31,16 @@ VARIANTS: dict[str, dict] = {
         moe=dict(num_experts=16, num_experts_per_tok=2, num_shared_experts=1,
                  intermediate_size=256, n_group=1, topk_group=1,
                  routed_scaling_factor=1.0)),
+    # Dense Qwen3 (HF Qwen3ForCausalLM: GQA + q/k norm, a dense MLP in every layer) at
+    # the CPU sizes: `qwen3_tiny` for tests (~1.1M), `qwen3_small` (~42M) for CPU
+    # benchmarks (small's width, depth and vocabulary; 8 query over 4 KV heads of 64).
+    "qwen3_tiny": dict(
+        attention="gqa", num_kv_heads=2, head_dim=16, qk_norm=True, first_k_dense=2,
+        rope=dict(theta=1000000.0, interleave=False)),
+    "qwen3_small": dict(
+        vocab_size=16384, hidden_size=512, num_layers=8, first_k_dense=8,
+        intermediate_size=1536, num_heads=8, attention="gqa", num_kv_heads=4, head_dim=64,
+        qk_norm=True, max_position=32768, rope=dict(theta=1000000.0, interleave=False)),
     # A ~1B-active MoE for single-node GPU benchmarks (train-step MFU, rooflines):
     # DeepSeek-V3 shape at 2/7 width: 8.1B total / 1.1B active parameters.
     "moe_8b_a1b": dict(

@@ -10,7 +10,9 @@ detokenizer, so only the host finds them; it ends the sequence at the stop and i
 what the device sampled after it (those cache rows lie above the sequence's length and
 are rewritten before anything reads them).
 
-The loop ends after `num_steps` steps, or after the first step in which a slot finished:
+The loop ends after `steps` steps (at most `num_steps`, the compiled size of its output
+buffers: one program serves every chunk length), or after the first step in which a slot
+finished:
 its generation goes back to the caller (an agent loop can run its tools meanwhile) and
 its slot can take a queued request without waiting for the whole chunk.
 
@@ -32,8 +34,8 @@ from c2jax.rollout import sampling as sampling_lib
 
 def decode_steps(cfg, num_steps: int, params, cache, tokens_S, lengths_S, active_S,
                  draining_S, temperature_S, top_k_S, top_p_S, seeds_S, stop_tokens_SxW,
-                 budget_S):
-  """Up to `num_steps` decode steps over all slots.
+                 budget_S, steps=None):
+  """Up to `steps` (an int32 scalar; None: `num_steps`) decode steps over all slots.
 
   tokens_S: each slot's pending token; lengths_S: its position (tokens in the cache);
   active_S: slots to run; draining_S: active slots that only feed their final token;
@@ -41,7 +43,9 @@ def decode_steps(cfg, num_steps: int, params, cache, tokens_S, lengths_S, active
   Returns (cache, new tokens [S, N], their log-probs [S, N], fed [S] (steps each slot
   was fed; new tokens past that are padding), routing of the fed tokens [Lm, S, N, K]).
   """
-  cache_length = jax.tree.leaves(cache)[0].shape[2]
+  # Cache leaves are [layers, S, T, ...], or [S, T, ...] when kept per layer.
+  cache_length = jax.tree.leaves(cache)[0].shape[1 if model.has_unstacked_layers(cache)
+                                                  else 2]
 
   def step(cache, tokens_S, positions_S):
     logits_Sx1xV, aux, cache = model.apply(cfg, params, tokens_S[:, None],
@@ -74,9 +78,11 @@ def decode_steps(cfg, num_steps: int, params, cache, tokens_S, lengths_S, active
             fed_S + live_S, finished_any | jnp.any(finished_S), new_SxN, logprobs_SxN,
             routing_LmxSxNxK)
 
+  limit = num_steps if steps is None else jnp.minimum(steps, num_steps)
+
   def cond(carry):
     i, live_S, finished_any = carry[0], carry[4], carry[8]
-    return (i < num_steps) & jnp.any(live_S) & ~finished_any
+    return (i < limit) & jnp.any(live_S) & ~finished_any
 
   zeros_S = jnp.zeros((slots,), jnp.int32)
   carry = (jnp.int32(0), cache, tokens_S.astype(jnp.int32), lengths_S.astype(jnp.int32),

@@ -47,6 +47,9 @@ class DecodeBatch:
   draining: np.ndarray  # [S] bool: active slots that only feed their final token
   stop_tokens: np.ndarray  # [S, W] int32: each slot's stop tokens, padded with -1
   budget: np.ndarray  # [S] int32: tokens each generating slot may still sample
+  # Whether an active slot has a stop rule only the host can apply (stop strings): a
+  # multi-step backend then returns sooner, sampling less past a stop it cannot see.
+  host_stops: bool = False
 
 
 @dataclasses.dataclass
@@ -276,6 +279,7 @@ class Engine(abc.ABC):
       batch.draining[slot] = seq.state == "draining"
       batch.stop_tokens[slot, :len(sampling.stop_tokens)] = sampling.stop_tokens
       batch.budget[slot] = max(sampling.max_tokens - len(seq.new_tokens), 1)
+      batch.host_stops |= bool(sampling.stop_strings)
     return batch
 
   def _take(self, seq: _Sequence, tokens: np.ndarray, logprobs: np.ndarray) -> int:

@@ -4,12 +4,15 @@ Compiled functions have static shapes, so a run compiles a handful of programs:
   prefill  one slot, a chunk of `bucket` tokens (prompt lengths are padded up to the next
            bucket; longer inputs are split into chunks of the largest bucket), writing that
            slot's rows of the cache and sampling the next token: one compile per bucket;
-  decode   up to `decode_steps` tokens for every slot at once, sampling and stop checks on
-           device (decode_loop.py): one compile per stop-token width (padded to a power
-           of two). Idle and empty slots are fed at position max_length, where cache
-           writes are dropped, so they cost compute but never corrupt a kept sequence.
-           Staged weights are swapped in between these calls, so a swap waits at most
-           `decode_steps` tokens.
+  decode   up to `max_decode_steps` tokens for every slot at once, sampling and stop
+           checks on device (decode_loop.py): one compile per stop-token width (padded
+           to a power of two). The device loop returns as soon as a slot finishes (stop
+           token, max_tokens, length), so a longer call costs no finished request any
+           wait; only while a running request has stop strings, which the host alone
+           sees, does a call stop after `decode_steps` tokens. Idle and empty slots are
+           fed at position max_length, where cache writes are dropped, so they cost
+           compute but never corrupt a kept sequence. Staged weights are swapped in
+           between these calls, so a swap waits at most `max_decode_steps` tokens.
 With `num_draft_tokens > 0` the decode step is speculative (see speculative.py): the
 model's MTP module drafts tokens that one forward over all slots verifies.
 With a `parallel` config the engine spans a mesh of local devices (see sharding.py):
@@ -18,7 +21,8 @@ the state's shardings from step to step (and across weight swaps).
 On one CPU device, with enough slots (decode_layout_pays), the engine keeps its weights
 in a decode layout (model.unstack_layers): one array per layer, and per routed expert
 when unquantised, so the layers run as a Python loop and XLA reads every weight in place
-(XLA:CPU copies a weight it slices out of a stacked array, per step); `update_params`
+(XLA:CPU copies a weight it slices out of a stacked array, per step); the KV cache is
+kept per layer too (without speculation), for the same reason; `update_params`
 and `param_like` still take and give model.init's stacked tree. Accelerators (whose
 compilers read such slices in place and whose grouped matmuls want stacked experts) and
 meshes keep the stacked tree.
@@ -47,14 +51,27 @@ from c2jax.rollout.types import SamplingParams
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 DEFAULT_DECODE_STEPS = 8
+# Tokens a decode call may run when no request has stop strings: one host round trip
+# per 64 tokens, as a whole-generation device loop nearly (the host's per-call work,
+# scheduling and reading the tokens, log-probs and routing back, cost 10-25% of a tiny
+# model's decode at 8; docs/benchmarks.md, "Decode against the JAX peers"); also the
+# bound on how long a staged weight swap waits.
+DEFAULT_MAX_DECODE_STEPS = 64
+
+
+def _slot_axis(cache) -> int:
+  """The slot (batch) axis of the cache's leaves: [B, T, ...] per layer, else stacked."""
+  return 0 if model.has_unstacked_layers(cache) else 1
 
 
 def _slot_rows(cache, slot):
-  return jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=1), cache)
+  axis = _slot_axis(cache)
+  return jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=axis), cache)
 
 
 def _put_rows(cache, rows, slot):
-  return jax.tree.map(lambda c, r: jax.lax.dynamic_update_slice_in_dim(c, r, slot, axis=1),
+  axis = _slot_axis(cache)
+  return jax.tree.map(lambda c, r: jax.lax.dynamic_update_slice_in_dim(c, r, slot, axis=axis),
                       cache, rows)
 
 
@@ -88,14 +105,20 @@ def _score(cfg, params, tokens_1xC):
 
 def decode_layout_pays(cfg, tokens_per_step: int) -> bool:
   """Whether the CPU decode layout (model.unstack_layers) beats the stacked tree for
-  decode steps of `tokens_per_step` tokens: when they choose at least half a MoE layer's
+  decode steps of `tokens_per_step` tokens.
+
+  Without MoE layers (dense models) always: a scanned dense layer's every weight is
+  copied out of the stack per step, and nothing else differs (measured 2026-11-27 at
+  qwen3_small, tools/bench/bench_decode_layout.py; docs/benchmarks.md, "Decode against the
+  JAX peers"). With MoE layers, when the steps choose at least half a MoE layer's
   experts' worth of token copies. Below that the stacked tree's 'gathered' dispatch copies
   only a few experts' weights, which costs less than the unrolled layers' own overhead
   (measured 2026-11-26 at small, one compiled chunk, quiet: the layout ran 0.75x / 0.89x
   / 1.01x / 1.6-1.85x / 1.24-1.45x the stacked tree at batch 1 / 2 / 4 / 8 / 32)."""
   moe = cfg.moe
-  has_moe_layers = cfg.num_layers > cfg.first_k_dense
-  return has_moe_layers and 2 * tokens_per_step * moe.num_experts_per_tok >= moe.num_experts
+  if cfg.num_layers == cfg.first_k_dense:
+    return True
+  return 2 * tokens_per_step * moe.num_experts_per_tok >= moe.num_experts
 
 
 class JaxEngine(Engine):
@@ -103,22 +126,31 @@ class JaxEngine(Engine):
   'mtp_layers' when speculating); `version` tags tokens sampled with these weights.
   `parallel`: a parallel config section (mesh + rules; sharding.engine_parallel_defaults)
   to shard over local devices; None, or a mesh of one device, runs on one device.
-  `decode_steps`: tokens per slot one decode call may produce (the host syncs once per
-  call); default DEFAULT_DECODE_STEPS, or 1 with speculation (one speculative step per
-  call, the only mode it has)."""
+  `decode_steps`: tokens per slot one decode call may produce while a running request
+  has stop strings (the host syncs once per call, and checks them); default
+  DEFAULT_DECODE_STEPS, or 1 with speculation (one speculative step per call, the only
+  mode it has). `max_decode_steps`: the same otherwise (default the larger of
+  DEFAULT_MAX_DECODE_STEPS and decode_steps; 1 with speculation); it bounds how many
+  tokens a staged weight swap waits."""
 
   def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
                prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,
                detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0,
-               parallel=None, decode_steps: int | None = None):
+               parallel=None, decode_steps: int | None = None,
+               max_decode_steps: int | None = None):
     super().__init__(num_slots, max_length, detokenize, seed)
     if decode_steps is None:
       decode_steps = 1 if num_draft_tokens else DEFAULT_DECODE_STEPS
-    if decode_steps < 1 or (num_draft_tokens and decode_steps != 1):
-      raise ValueError(f"decode_steps = {decode_steps} with num_draft_tokens = "
-                       f"{num_draft_tokens}: use decode_steps >= 1, and 1 (or None) when "
-                       "speculating (a speculative call runs one verify step).")
-    self.decode_steps = decode_steps
+    if max_decode_steps is None:
+      max_decode_steps = 1 if num_draft_tokens else max(DEFAULT_MAX_DECODE_STEPS,
+                                                        decode_steps)
+    if (decode_steps < 1 or max_decode_steps < decode_steps
+        or (num_draft_tokens and max_decode_steps != 1)):
+      raise ValueError(f"decode_steps = {decode_steps}, max_decode_steps = "
+                       f"{max_decode_steps} with num_draft_tokens = {num_draft_tokens}: use "
+                       "1 <= decode_steps <= max_decode_steps, and 1 (or None) for both "
+                       "when speculating (a speculative call runs one verify step).")
+    self.decode_steps, self.max_decode_steps = decode_steps, max_decode_steps
     self.cfg = cfg
     self._version = version
     self._buckets = tuple(sorted(prefill_buckets))
@@ -137,8 +169,12 @@ class JaxEngine(Engine):
       self._param_shardings = placement and placement.param_shardings(cfg, params)
       self._params = self._place(params)
       state_shardings = [placement and placement.cache_shardings(cfg)]
-      self._cache = self._zeros(functools.partial(model.init_cache, cfg, num_slots,
-                                                  max_length), state_shardings[0])
+      make_cache = functools.partial(model.init_cache, cfg, num_slots, max_length)
+      if decode_layout and not num_draft_tokens:
+        # The cache per layer as well: read and written in place, not copied out of a
+        # stack per layer and step (speculation's programs keep the stacked cache).
+        make_cache = lambda make=make_cache: model.unstack_layers(make())
+      self._cache = self._zeros(make_cache, state_shardings[0])
       if num_draft_tokens:
         state_shardings += [placement and placement.mtp_cache_shardings(cfg),
                             placement and placement.hidden_sharding()]
@@ -159,8 +195,8 @@ class JaxEngine(Engine):
       self._prefill_fn = self._jit(functools.partial(_prefill, cfg), state_shardings,
                                    extra_outputs=3)
       self._decode_fn = self._jit(
-          functools.partial(decode_loop.decode_steps, cfg, decode_steps), state_shardings,
-          extra_outputs=4)
+          functools.partial(decode_loop.decode_steps, cfg, max_decode_steps),
+          state_shardings, extra_outputs=4)
     self.acceptance = speculative.AcceptanceStats()
 
   # ---- placement ------------------------------------------------------------------------
@@ -260,7 +296,8 @@ class JaxEngine(Engine):
                             routing[s, :counts[s]]) for s in active}
     self._cache, new_SxN, logprobs_SxN, fed_S, routing_LmxSxNxK = self._decode_fn(
         self._params, self._cache, *arrays[:3], batch.draining, *arrays[3:],
-        batch.stop_tokens, batch.budget)
+        batch.stop_tokens, batch.budget,
+        np.int32(self.decode_steps if batch.host_stops else self.max_decode_steps))
     new, logprobs, fed = np.asarray(new_SxN), np.asarray(logprobs_SxN), np.asarray(fed_S)
     routing = np.asarray(routing_LmxSxNxK).transpose(1, 2, 0, 3)
     return {s: SlotOutput(new[s, :fed[s]], logprobs[s, :fed[s]], routing[s, :fed[s]])

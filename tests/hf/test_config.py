@@ -51,6 +51,18 @@ QWEN3_30B_A3B = {
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_sliding_window": False,
     "vocab_size": 151936}
 
+# Qwen3-8B, the dense family (Qwen3ForCausalLM; its small siblings tie the embeddings,
+# which c2jax's untied LM head does not represent).
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128,
+    "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+    "intermediate_size": 12288, "max_position_embeddings": 40960, "max_window_layers": 36,
+    "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
+
 # Fields that are training choices, not architecture: the variant table sets them freely.
 # The master-weight and optimizer-state dtypes are the training precision policy (float32
 # masters for the real-scale variants), not the checkpoint's storage dtype.
@@ -76,7 +88,30 @@ def test_real_configs_translate_to_the_variant_table(hf_config, variant, prefix)
   assert _flat(cfg) == _flat(variants.get(variant))
 
 
-@pytest.mark.parametrize("hf_config", [DEEPSEEK_V3, KIMI_K25, QWEN3_30B_A3B])
+def test_qwen3_dense_is_gqa_with_qk_norm_and_no_moe_layers():
+  cfg, layout = hf.from_hf(QWEN3_8B)
+  assert layout.model_type == "qwen3" and cfg.name == "qwen3"
+  assert (cfg.attention, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == ("gqa", 32, 8, 128)
+  assert cfg.qk_norm and not cfg.rope.interleave and cfg.rope.theta == 1e6
+  assert cfg.first_k_dense == cfg.num_layers == 36 and cfg.intermediate_size == 12288
+  back = hf.to_hf(cfg, base=QWEN3_8B)
+  assert back["architectures"] == ["Qwen3ForCausalLM"] and back["model_type"] == "qwen3"
+  assert not {"num_experts", "moe_intermediate_size", "mlp_only_layers"} & set(back)
+  # A Qwen3-MoE base written back as a dense model drops its MoE fields.
+  dense_from_moe = hf.to_hf(cfg, base=QWEN3_30B_A3B)
+  assert dense_from_moe["model_type"] == "qwen3" and "num_experts" not in dense_from_moe
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"tie_word_embeddings": True}, "tie_word_embeddings"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+    ({"num_key_value_heads": None}, "num_key_value_heads")])
+def test_qwen3_dense_unsupported_fields_are_named(change, field):
+  with pytest.raises(hf.HFConfigError, match=field):
+    hf.from_hf(dict(QWEN3_8B, **change))
+
+
+@pytest.mark.parametrize("hf_config", [DEEPSEEK_V3, KIMI_K25, QWEN3_30B_A3B, QWEN3_8B])
 def test_to_hf_then_from_hf_is_identity(hf_config):
   cfg, _ = hf.from_hf(hf_config)
   back = hf.to_hf(cfg, base=hf_config)
@@ -93,7 +128,7 @@ def test_fixture_configs_written_by_transformers_v5_translate(case):
   back = hf.to_hf(cfg, base=hf_config)
   for key in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "norm_topk_prob", "vocab_size"):
-    assert back[key] == text[key], key
+    assert back.get(key) == text.get(key), key  # dense Qwen3 has no norm_topk_prob
   for key, value in text["rope_parameters"].items():  # back may add explicit defaults
     assert back["rope_parameters"][key] == value, key
 

@@ -44,8 +44,10 @@ def test_fixtures_cover_every_option(loaded):
   assert any(c.moe.num_shared_experts > 1 for c in mla)
   assert any(c.q_lora_rank is None for c in mla) and any(c.q_lora_rank for c in mla)
   assert {c.rope.interleave for c in mla} == {True, False}
-  assert all(c.qk_norm and c.moe.router == "softmax" for c in gqa)
-  assert {c.moe.norm_topk_prob for c in gqa} == {True, False}
+  gqa_moe = [c for c in gqa if c.first_k_dense < c.num_layers]
+  assert all(c.qk_norm for c in gqa) and all(c.moe.router == "softmax" for c in gqa_moe)
+  assert {c.moe.norm_topk_prob for c in gqa_moe} == {True, False}
+  assert any(c.first_k_dense == c.num_layers for c in gqa)  # Qwen3 dense
   assert any(c.num_heads > c.num_kv_heads for c in gqa)
 
 

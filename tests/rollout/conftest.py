@@ -58,7 +58,9 @@ def setup() -> Setup:
 
 @pytest.fixture(scope="session")
 def engine(setup) -> JaxEngine:
-  return setup.engine()
+  # 8 tokens a call (the default is 64): several calls fit MAX_LENGTH, so weight swaps
+  # and slot turnover land between calls mid-sequence.
+  return setup.engine(max_decode_steps=8)
 
 
 @pytest.fixture(scope="session")

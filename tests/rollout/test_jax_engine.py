@@ -140,13 +140,15 @@ def test_extend_appends_without_recomputing(setup, engine):
 def test_update_params_between_decode_steps(setup, engine):
   """Only the LM head changes, so the old KV cache is also the new weights' cache and the
   tokens after the swap must be exactly the new model's argmax. Weights swap between
-  decode calls, each of which samples decode_steps tokens per sequence."""
+  decode calls, each of which samples max_decode_steps tokens per sequence (no stop
+  strings): the longest a staged swap waits."""
   new_params = dict(setup.params)
   rng = np.random.default_rng(5)
   new_params["lm_head"] = {"kernel": rng.standard_normal(
       setup.params["lm_head"]["kernel"].shape).astype(np.float32)}
   prompt = prompts()[2]
-  swapped = 1 + 3 * engine.decode_steps  # the prefill and three decode calls: version 0
+  # The prefill and three decode calls: version 0.
+  swapped = 1 + 3 * engine.max_decode_steps
   total = swapped + 6
   seq_id = engine.submit(Request(prompt, SamplingParams(temperature=0.0, max_tokens=total)))
   for _ in range(3):
@@ -173,9 +175,11 @@ def test_update_params_between_decode_steps(setup, engine):
 
 
 def test_engine_keeps_decode_layout_and_gives_the_stacked_template(setup, engine):
-  """Off a mesh the engine holds per-layer (and per-expert) arrays; loaders still see
-  model.init's stacked tree."""
+  """Off a mesh the engine holds per-layer (and per-expert) arrays, and a per-layer KV
+  cache; loaders still see model.init's stacked tree."""
   assert model.has_unstacked_layers(engine._params)
+  assert model.has_unstacked_layers(engine._cache)
+  assert jax.tree.leaves(engine._cache)[0].shape[:2] == (engine.num_slots, engine.max_length)
   like = engine.param_like()
   assert jax.tree.structure(like) == jax.tree.structure(setup.params)
   jax.tree.map(lambda l, p: l.shape == np.shape(p) or pytest.fail(f"{l.shape} {np.shape(p)}"),
@@ -186,15 +190,16 @@ def test_engine_keeps_decode_layout_and_gives_the_stacked_template(setup, engine
 
 def test_decode_layout_only_where_it_pays():
   """The layout pays once a step's token copies reach half a MoE layer's experts (small:
-  16 experts, 2 per token: from 4 slots; speculation's draft tokens count as tokens)."""
+  16 experts, 2 per token: from 4 slots; speculation's draft tokens count as tokens), and
+  always for a model without MoE layers."""
   from c2jax.model import variants
   from c2jax.rollout.jax_engine import decode_layout_pays
   small = variants.get("small")
   assert [decode_layout_pays(small, s) for s in (1, 2, 3, 4, 8, 32)] == [
       False, False, False, True, True, True]
   assert decode_layout_pays(small, 2 * (1 + 1))  # 2 slots, 1 draft token each
-  dense_only = variants.get("small", first_k_dense=8)
-  assert not decode_layout_pays(dense_only, 32)
+  dense_only = variants.get("small", first_k_dense=8)  # every weight is copied per step
+  assert all(decode_layout_pays(dense_only, s) for s in (1, 8, 32))
 
 
 def test_logprobs_scores_sequences(setup, engine):

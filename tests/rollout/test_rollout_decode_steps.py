@@ -1,5 +1,6 @@
-"""Multi-step decode calls (JaxEngine decode_steps > 1) sample exactly what one-step calls
-sample, and a stop inside a chunk ends the sequence exactly there."""
+"""Multi-step decode calls sample exactly what one-step calls sample, a stop inside a chunk
+ends the sequence exactly there, and a call runs max_decode_steps tokens unless a running
+request has stop strings (decode_steps then)."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,8 @@ from tests.rollout.conftest import VOCAB, detokenize
 
 @pytest.fixture(scope="module")
 def engines(setup):
-  return setup.engine(decode_steps=1), setup.engine(decode_steps=4)
+  return (setup.engine(decode_steps=1, max_decode_steps=1),
+          setup.engine(decode_steps=4, max_decode_steps=16))
 
 
 def _requests(stop_token: int, stop_string: str):
@@ -64,8 +66,21 @@ def test_stop_token_inside_a_chunk_ends_there(engines):
   np.testing.assert_array_equal(again[0].tokens, reference)
 
 
+@pytest.mark.parametrize("stop_strings,per_call", [((), 16), (("zzzz",), 4)])
+def test_a_call_is_long_unless_the_host_must_check_stop_strings(engines, stop_strings,
+                                                                per_call):
+  _, four = engines
+  seq_id = four.submit(Request(np.int32([3, 1, 4]), SamplingParams(
+      temperature=0.0, max_tokens=30, stop_strings=stop_strings)))
+  assert not four.step()  # the prefill samples 1 token, the decode call per_call more
+  assert len(four.progress(seq_id)[0]) == 1 + per_call
+  four.cancel(seq_id)
+
+
 def test_decode_steps_must_be_positive_and_one_when_speculating(setup):
   with pytest.raises(ValueError, match="decode_steps"):
     setup.engine(decode_steps=0)
+  with pytest.raises(ValueError, match="max_decode_steps"):
+    setup.engine(decode_steps=8, max_decode_steps=4)
   with pytest.raises(ValueError, match="speculating"):
     setup.engine(decode_steps=4, num_draft_tokens=2)

@@ -76,9 +76,10 @@ class Served:
     assert self.tokenizer.vocab_size <= VOCAB
     self.cfg = tiny_cfg(vocab_size=VOCAB, num_layers=2)
     self.params = random_params(self.cfg)
+    # As `c2jax serve` builds it: 8-token decode calls, so streams arrive in pieces.
     self.engine = JaxEngine(self.cfg, self.params, num_slots=4, max_length=MAX_LENGTH,
                             prefill_buckets=BUCKETS, detokenize=self.tokenizer.decode,
-                            version=7)
+                            version=7, max_decode_steps=8)
     self.prompts = [chat.render(self.tokenizer, messages(u), add_generation_prompt=True).ids
                     for u in USERS]
     stops = (self.tokenizer.token_id("<|end|>"), self.tokenizer.eos_id)

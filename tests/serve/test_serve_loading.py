@@ -138,3 +138,34 @@ def test_cli_serves_on_a_mesh(run_dir, served):
   finally:
     process.terminate()
     process.wait(30)
+
+
+def test_serves_a_qwen3_dense_hf_directory(served, tmp_path):
+  """A dense Qwen3 (Qwen3ForCausalLM) HF directory loads and answers over HTTP, with the
+  log-probs its engine (decode layout: per-layer arrays) computes for the greedy reply."""
+  from c2jax.model import variants  # pylint: disable=g-import-not-at-top
+  from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
+  from c2jax.serve import Running, Service  # pylint: disable=g-import-not-at-top
+  from tests.model.conftest import random_params  # pylint: disable=g-import-not-at-top
+  from tests.serve.conftest import USERS, VOCAB, messages  # pylint: disable=g-import-not-at-top
+
+  cfg = variants.get("qwen3_tiny", vocab_size=VOCAB)
+  hf.save(cfg, jax.tree.map(np.asarray, random_params(cfg)), tmp_path / "qwen3")
+  served.tokenizer.save(tmp_path / "qwen3" / "tokenizer.json")
+  assert json.loads((tmp_path / "qwen3" / "config.json").read_text())["architectures"] == [
+      "Qwen3ForCausalLM"]
+  loaded = loading.load(str(tmp_path / "qwen3"))
+  assert loaded.cfg.first_k_dense == loaded.cfg.num_layers and loaded.cfg.qk_norm
+  engine = JaxEngine(loaded.cfg, loaded.params, num_slots=2, max_length=128,
+                     prefill_buckets=(64,), detokenize=loaded.tokenizer.decode)
+  running = Running(Service(engine, loaded.tokenizer, "qwen3-dense", vocab_size=VOCAB))
+  try:
+    client = openai.OpenAI(base_url=running.base_url, api_key="none", max_retries=0,
+                           timeout=120)
+    response = client.chat.completions.create(
+        model="qwen3-dense", messages=messages(USERS[0]), temperature=0, max_tokens=6,
+        logprobs=True)
+    got = [entry.logprob for entry in response.choices[0].logprobs.content]
+    assert 1 <= len(got) <= 6 and all(np.isfinite(got)) and max(got) <= 0
+  finally:
+    running.stop()

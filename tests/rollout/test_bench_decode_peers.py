@@ -1,0 +1,32 @@
+"""tools/bench/bench_decode_peers.py --smoke: the c2jax side of the peer benchmark runs
+without any peer installed and reports a row with the model's parameter count (what the
+peers are built to match) and both rates; the peers' shape is the c2jax config's."""
+
+import importlib
+import json
+import math
+import pathlib
+
+from c2jax.model import variants
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_decode_peers_smoke(monkeypatch, capsys):
+  monkeypatch.syspath_prepend(str(ROOT / "tools" / "bench"))
+  bench = importlib.import_module("bench_decode_peers")
+  bench.main(["--smoke"])
+  out = capsys.readouterr().out
+  assert out.startswith("decode against the JAX peers, ")
+  rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+  [row] = rows
+  assert (row["model"], row["batch"], row["prompt"]) == ("qwen3_tiny", 2, 16)
+  assert row["c2jax prefill tok/s"] > 0
+  # A difference of two timings: positive, or NaN when the load hides 15 decode steps.
+  assert math.isnan(row["c2jax decode tok/s"]) or row["c2jax decode tok/s"] > 0
+  assert not any(key.startswith(("tunix", "hf")) for key in row)
+  assert 1.1e6 < row["c2jax params"] < 1.2e6
+  assert "| model | prompt | batch |" in out
+  variant, overrides = bench.MODELS["qwen3_moe_tiny"]
+  shape = bench._shape(variants.get(variant, **overrides))  # what a peer builds: every layer MoE, expert width
+  assert (shape["layers"], shape["experts"], shape["top_k"], shape["ffn"]) == (2, 8, 2, 32)

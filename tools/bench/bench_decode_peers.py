@@ -1,0 +1,331 @@
+"""Decode and prefill of c2jax's JaxEngine against the JAX peers on the same shapes, side
+by side: Tunix's sampler (google-tunix, Qwen3 family) and, as a second column, HF
+`generate` (torch eager); each peer in its own virtualenv with the same jax/jaxlib/flax.
+
+    PYTHONPATH=. python tools/bench/bench_decode_peers.py \
+        --tunix_python $TUNIX_VENV/bin/python --hf_python $TORCH_VENV/bin/python \
+        --models qwen3_tiny,qwen3_small,qwen3_moe_tiny,qwen3_moe_small --batches 1,8,32
+    PYTHONPATH=. python tools/bench/bench_decode_peers.py --tunix_python ... \
+        --models qwen3_small --batches 1 --prompt_lens 512,4096 --new_tokens 64
+    PYTHONPATH=. python tools/bench/bench_decode_peers.py --smoke   # no peer needed
+
+$TUNIX_VENV: a Python 3.12 venv with `pip install google-tunix==0.1.7 jax==0.12.0.1
+jaxlib==0.12.0.1 flax==0.12.12` (c2jax's pins); $TORCH_VENV: one with torch and
+transformers (tools/make_hf_fixtures.py's).
+
+Method (the same for every side): random weights of the same shapes and parameter count,
+random prompts of --prompt_lens tokens (16 by default), greedy, --new_tokens new tokens
+(64); a side's decode rate is batch * (new_tokens - 1) / (t(new_tokens) - t(1)), where
+t(n) is the wall time of one whole generate call for n new tokens, so prefill and compile
+drop out; each t is the best of --rounds, and the rounds interleave the sides (c2jax,
+then each peer, per round) so the machine's load falls on all alike. Prefill tokens/s
+is batch * prompt_len / t(1) (a one-token generate: the prefill, one sampled token).
+Compare ratios from one run, not rates across runs.
+
+Every peer is a persistent worker process running this same file (`--worker NAME`, only
+the standard library imported at the top, so it needs no c2jax on its path): it builds a
+model from the JSON shape the driver sends and answers timing requests over its stdin /
+stdout, one JSON object a line.
+
+Models (c2jax variant table, c2jax/model/variants.py, plus the MoE rows' overrides):
+  qwen3_tiny / qwen3_small        dense Qwen3 (GQA + q/k norm, dense MLP every layer)
+  qwen3_moe_tiny / qwen3_moe_small  the same attention, every layer MoE, softmax top-2,
+                                  renormalised (Tunix's Qwen3-MoE always renormalises)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+MODELS = {
+    "qwen3_tiny": ("qwen3_tiny", {}),
+    "qwen3_small": ("qwen3_small", {}),
+    "qwen3_moe_tiny": ("qwen3_tiny", dict(
+        first_k_dense=0, moe=dict(num_experts=8, num_experts_per_tok=2, num_shared_experts=0,
+                                  intermediate_size=32, router="softmax",
+                                  norm_topk_prob=True))),
+    "qwen3_moe_small": ("qwen3_small", dict(
+        first_k_dense=0, moe=dict(num_experts=16, num_experts_per_tok=2,
+                                  num_shared_experts=0, intermediate_size=256,
+                                  router="softmax", norm_topk_prob=True))),
+}
+PEERS = ("tunix", "hf")
+
+
+# ---- the driver (c2jax's interpreter) --------------------------------------------------
+def _c2jax_model(name: str):
+  import jax
+
+  from c2jax import model
+  from c2jax.model import counting, variants
+  variant, overrides = MODELS[name]
+  cfg = variants.get(variant, **overrides)
+  params = jax.jit(lambda k: model.init(cfg, k))(jax.random.key(0))
+  return cfg, params, counting.count_params(cfg)["total_params"]
+
+
+def _shape(cfg) -> dict:
+  """What a peer needs to build the same model."""
+  moe = cfg.num_layers > cfg.first_k_dense
+  return dict(
+      vocab=cfg.vocab_size, hidden=cfg.hidden_size, layers=cfg.num_layers,
+      ffn=cfg.moe.intermediate_size if moe else cfg.intermediate_size,
+      heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+      rope_theta=cfg.rope.theta, eps=cfg.rms_norm_eps,
+      experts=cfg.moe.num_experts if moe else None,
+      top_k=cfg.moe.num_experts_per_tok if moe else None)
+
+
+class C2jaxSide:
+  """JaxEngine.generate over `batch` random prompts, as a user runs it."""
+
+  def __init__(self, cfg, params, batch: int, prompt_len: int, new_tokens: int,
+               max_decode_steps: int | None = None):
+    import numpy as np
+
+    from c2jax.rollout import JaxEngine
+    self.engine = JaxEngine(cfg, params, num_slots=batch,
+                            max_length=prompt_len + new_tokens + 8,
+                            prefill_buckets=(prompt_len,), max_decode_steps=max_decode_steps)
+    self.prompts = np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, prompt_len))
+
+  def time(self, count: int) -> float:
+    from c2jax.rollout import Request, SamplingParams
+    requests = [Request(p, SamplingParams(temperature=0.0, max_tokens=count))
+                for p in self.prompts]
+    start = time.perf_counter()
+    generations = self.engine.generate(requests)
+    seconds = time.perf_counter() - start
+    assert all(len(g.tokens) == count for g in generations), "a generation stopped early"
+    return seconds
+
+  def close(self):
+    pass
+
+
+class PeerSide:
+  """A peer's worker process, kept alive across rounds (its compiled programs too)."""
+
+  def __init__(self, peer: str, python: str, request: dict):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    self.process = subprocess.Popen(
+        [python, os.path.abspath(__file__), "--worker", peer], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, text=True, env=env)
+    self.info = self._ask(request)
+
+  def _ask(self, message: dict) -> dict:
+    self.process.stdin.write(json.dumps(message) + "\n")
+    self.process.stdin.flush()
+    line = self.process.stdout.readline()
+    if not line:
+      raise RuntimeError(f"peer worker exited (code {self.process.wait()}); see its stderr.")
+    return json.loads(line)
+
+  def time(self, count: int) -> float:
+    return self._ask({"op": "time", "count": count})["seconds"]
+
+  def close(self):
+    self.process.stdin.close()
+    self.process.wait(60)
+
+
+def _measure(sides: dict, batch: int, prompt_len: int, new_tokens: int, rounds: int):
+  """{side: (decode tokens/s, prefill tokens/s)} from interleaved rounds."""
+  for side in sides.values():  # compile both programs of every side first
+    side.time(1), side.time(new_tokens)
+  best = {name: [float("inf"), float("inf")] for name in sides}
+  for _ in range(rounds):
+    for name, side in sides.items():
+      best[name][0] = min(best[name][0], side.time(1))
+      best[name][1] = min(best[name][1], side.time(new_tokens))
+  out = {}
+  for name, (one, full) in best.items():
+    decode = batch * (new_tokens - 1) / (full - one) if full > one else float("nan")
+    out[name] = (decode, batch * prompt_len / one)
+  return out
+
+
+def run(args) -> list[dict]:
+  import tempfile
+
+  import jax
+  import numpy as np
+
+  from c2jax import hf
+  pythons = {"tunix": args.tunix_python, "hf": args.hf_python}
+  rows = []
+  for name in args.models.split(","):
+    cfg, params, count = _c2jax_model(name)
+    with tempfile.TemporaryDirectory() as hf_dir:
+      if args.hf_python:
+        hf.save(cfg, jax.tree.map(np.asarray, params), hf_dir)
+      for prompt_len in map(int, args.prompt_lens.split(",")):
+        for batch in map(int, args.batches.split(",")):
+          request = {"op": "build", "shape": _shape(cfg), "batch": batch,
+                     "prompt_len": prompt_len, "new_tokens": args.new_tokens,
+                     "hf_dir": hf_dir}
+          sides = {"c2jax": C2jaxSide(cfg, params, batch, prompt_len, args.new_tokens)}
+          if args.c2jax_steps:  # the engine with shorter decode calls, for comparison
+            sides[f"c2jax@{args.c2jax_steps}"] = C2jaxSide(
+                cfg, params, batch, prompt_len, args.new_tokens, args.c2jax_steps)
+          info = {"c2jax params": count}
+          for peer in PEERS:
+            if pythons[peer]:
+              sides[peer] = PeerSide(peer, pythons[peer], request)
+              info[f"{peer} params"] = sides[peer].info["params"]
+          load = os.getloadavg()[0]
+          rates = _measure(sides, batch, prompt_len, args.new_tokens, args.rounds)
+          for side in sides.values():
+            side.close()
+          row = {"model": name, "prompt": prompt_len, "batch": batch, **info,
+                 "load": round(load, 1)}
+          for side, (decode, prefill) in rates.items():
+            row[f"{side} decode tok/s"] = decode
+            row[f"{side} prefill tok/s"] = prefill
+          for peer in [side for side in sides if side != "c2jax"]:
+            row[f"decode vs {peer}"] = rates["c2jax"][0] / rates[peer][0]
+            row[f"prefill vs {peer}"] = rates["c2jax"][1] / rates[peer][1]
+          rows.append(row)
+          print(json.dumps(row), flush=True)
+  return rows
+
+
+# ---- peer workers (their own interpreters) ---------------------------------------------
+class _IdTokenizer:
+  """Tunix's sampler takes strings: a prompt is its token ids written out."""
+
+  def encode(self, text, **_):
+    return [int(t) for t in text.split()]
+
+  def decode(self, ids, **_):
+    return " ".join(str(int(i)) for i in ids)
+
+  def bos_id(self):
+    return 0  # falsy: no BOS is prepended
+
+  def eos_id(self):
+    return -1
+
+  def pad_id(self):
+    return 0  # prompts are drawn from 1..vocab-1, and are never padded (16 = a power of 2)
+
+
+def _tunix_builder(request: dict):
+  import jax
+  import numpy as np
+  from flax import nnx
+  from tunix.generate import sampler as sampler_lib
+  from tunix.models.qwen3 import model as qwen3
+  s = request["shape"]
+  config = qwen3.ModelConfig(
+      num_layers=s["layers"], vocab_size=s["vocab"], embed_dim=s["hidden"],
+      hidden_dim=s["ffn"], num_heads=s["heads"], head_dim=s["head_dim"],
+      num_kv_heads=s["kv_heads"], rope_theta=int(s["rope_theta"]), norm_eps=s["eps"],
+      use_tied_embedding=False, num_experts=s["experts"], num_experts_per_tok=s["top_k"])
+  transformer = qwen3.Qwen3(config, rngs=nnx.Rngs(0))
+  params = sum(x.size for x in jax.tree.leaves(nnx.state(transformer, nnx.Param)))
+  cache = sampler_lib.CacheConfig(
+      cache_size=request["prompt_len"] + request["new_tokens"] + 8,
+      num_layers=s["layers"], num_kv_heads=s["kv_heads"], head_dim=s["head_dim"])
+  sampler = sampler_lib.Sampler(transformer, _IdTokenizer(), cache)
+  rows = np.random.default_rng(0).integers(1, s["vocab"], (request["batch"],
+                                                           request["prompt_len"]))
+  prompts = [" ".join(map(str, row)) for row in rows]
+
+  def timed(count):
+    start = time.perf_counter()
+    out = sampler(prompts, max_generation_steps=count,
+                  max_prompt_length=request["prompt_len"], eos_tokens=[s["vocab"]],
+                  temperature=0.0)
+    jax.block_until_ready(out.tokens)
+    return time.perf_counter() - start
+  return timed, params
+
+
+def _hf_builder(request: dict):
+  import torch
+  from transformers import AutoModelForCausalLM
+  model = AutoModelForCausalLM.from_pretrained(request["hf_dir"], dtype=torch.float32).eval()
+  params = sum(p.numel() for p in model.parameters())
+  inputs = torch.randint(1, model.config.vocab_size,
+                         (request["batch"], request["prompt_len"]),
+                         generator=torch.Generator().manual_seed(0))
+
+  def timed(count):
+    start = time.perf_counter()
+    with torch.no_grad():
+      model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
+                     max_new_tokens=count, min_new_tokens=count, use_cache=True,
+                     pad_token_id=0)
+    return time.perf_counter() - start
+  return timed, params
+
+
+def _worker(peer: str) -> None:
+  timed = None
+  for line in sys.stdin:
+    message = json.loads(line)
+    if message["op"] == "build":
+      timed, params = {"tunix": _tunix_builder, "hf": _hf_builder}[peer](message)
+      reply = {"params": int(params)}
+    else:
+      reply = {"seconds": timed(message["count"])}
+    sys.stdout.write(json.dumps(reply) + "\n")
+    sys.stdout.flush()
+
+
+def _table(rows: list[dict]) -> None:
+  columns = list(dict.fromkeys(k for row in rows for k in row))
+  print("| " + " | ".join(columns) + " |")
+  print("|" + "---|" * len(columns))
+  for row in rows:
+    print("| " + " | ".join(f"{row[c]:.2f}" if isinstance(row.get(c), float)
+                            else str(row.get(c, "")) for c in columns) + " |")
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--models", default="qwen3_tiny,qwen3_small,qwen3_moe_tiny,"
+                      "qwen3_moe_small", help=f"comma-separated, of {sorted(MODELS)}")
+  parser.add_argument("--batches", default="1,8,32")
+  parser.add_argument("--prompt_lens", default="16")
+  parser.add_argument("--new_tokens", type=int, default=64)
+  parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--c2jax_steps", type=int, default=0,
+                      help="also time c2jax with decode calls of this many tokens (e.g. 8, "
+                      "the engine's chunk before calls grew to max_decode_steps)")
+  parser.add_argument("--tunix_python", default="",
+                      help="interpreter with google-tunix (and this jax) for its column")
+  parser.add_argument("--hf_python", default="",
+                      help="interpreter with torch + transformers for the HF column")
+  parser.add_argument("--worker", choices=PEERS, help=argparse.SUPPRESS)
+  parser.add_argument("--smoke", action="store_true",
+                      help="qwen3_tiny, batch 2, 16 new tokens, one round; c2jax only "
+                      "unless a peer interpreter is given")
+  args = parser.parse_args(argv)
+  if args.worker:
+    _worker(args.worker)
+    return
+  if args.smoke:
+    args.models, args.batches, args.new_tokens, args.rounds = "qwen3_tiny", "2", 16, 1
+  for name in args.models.split(","):
+    if name not in MODELS:
+      raise SystemExit(f"--models: unknown {name!r}; choose from {sorted(MODELS)}.")
+  from c2jax import host_memory
+  host_memory.retain_freed_memory()  # as `c2jax` does at start-up
+  import jax
+  device = jax.devices()[0]
+  print(f"decode against the JAX peers, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} "
+        f"UTC, {device.platform} ({device.device_kind}), {os.cpu_count()} cores, jax "
+        f"{jax.__version__}, load average {os.getloadavg()[0]:.1f}", flush=True)
+  _table(run(args))
+
+
+if __name__ == "__main__":
+  main()
