@@ -106,8 +106,8 @@ def parse_target(name: str, slices: int = 1) -> Target:
   """A Target from a Cloud TPU name ('v5p-8', 'v6e-256', 'v4-16'); raises ValueError."""
   match = _NAME.match(name.strip().lower())
   if not match:
-    raise ValueError(f"--target={name!r}: expected cpu or a TPU slice named like v5p-8, "
-                     f"v5e-16, v6e-256 or v4-8 (generations {sorted(GENERATIONS)}).")
+    raise ValueError(f"--target={name!r}: expected cpu or a Cloud TPU slice name, e.g. "
+                     f"v5p-8, v5e-16, v6e-256 or v4-8 (generations {sorted(GENERATIONS)}).")
   generation = _ALIASES.get(match.group(1), match.group(1))
   spec, count = GENERATIONS[generation], int(match.group(2))
   chips, remainder = divmod(count, spec.cores_per_chip)
