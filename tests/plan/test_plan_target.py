@@ -51,6 +51,23 @@ def test_multislice_devices_carry_their_slice(v5p_devices):
   assert sorted({d.slice_index for d in v5p_devices}) == [0, 1]
 
 
+def test_tpu_granules_are_slices_not_hosts(v5p_devices):
+  """A v5p-16 slice spans two hosts on one ICI torus: one granule, a plain mesh; two
+  v5p-8 slices are two granules, joined over the data-like axes."""
+  from c2jax.parallel import mesh as mesh_lib
+
+  one_slice = topologies.parse_target("v5p-16").devices()
+  assert len({d.process_index for d in one_slice}) == 2
+  assert mesh_lib.num_granules(one_slice) == (1, False)
+  assert mesh_lib.num_granules(v5p_devices) == (2, False)
+  mesh = mesh_lib.make_mesh({"data": 1, "fsdp": -1, "expert": 2, "context": 1,
+                             "tensor": 1}, v5p_devices)
+  assert dict(mesh.shape)["fsdp"] == 4
+  # fsdp spans the slices: its two halves lie in different slices
+  fsdp_slices = {d.slice_index for d in mesh.devices[0, :, 0, 0, 0]}
+  assert fsdp_slices == {0, 1}
+
+
 def test_grouped_matmul_kernels_compile_through_mosaic(v5p_devices, monkeypatch):
   """Forward, input-gradient and weight-gradient megablox kernels, picked by the mesh's
   platform (not the CPU process's), compile as Mosaic custom calls."""

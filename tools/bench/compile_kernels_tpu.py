@@ -9,8 +9,8 @@ For each target and MoE shape it compiles, with libtpu's compiler and compile-on
 gradient (tgmm): c2jax_kernels.grouped_matmul with impl=None under a mesh of the target's
 devices, which picks 'megablox' and Mosaic for the TPU, plus the block-scaled (MXFP8
 recipe) grouped matmul, whose TPU path runs the same kernels on dequantised operands.
-It prints one line per compile (OK with the compiler's memory and time estimate, or the
-error Mosaic gave) and a JSON summary last; the exit status is 1 when any compile failed.
+Each compile runs in its own process (a compiler abort fails one row only); it prints
+one line per compile (OK with the compiler's memory and time estimate, or the error) and a JSON summary last; the exit status is 1 when any compile failed.
 Shapes are one expert layer's per-device work: M = tokens x top-k routed rows.
 """
 
@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
+import subprocess
 import sys
 import time
 
@@ -28,6 +30,8 @@ import numpy as np
 
 import c2jax_kernels as kernels
 from c2jax.plan import topologies
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 # name -> (M routed rows, K hidden, N expert width, G experts on the device)
 SHAPES = {
@@ -74,6 +78,30 @@ def compile_one(devices, kind: str, shape: tuple[int, int, int, int], dtype) -> 
           "cost_model_s": float(cost.get("optimal_seconds", 0.0))}
 
 
+def _compile_in_child(target_name: str, shape_name: str, dtype_name: str, kind: str) -> dict:
+  """One compile in its own process: a compiler that aborts (a failed CHECK in libtpu)
+  takes only that row down; its last fatal line is the row's error."""
+  command = [sys.executable, __file__, "--one", target_name, shape_name, dtype_name, kind]
+  result = subprocess.run(command, capture_output=True, text=True, check=False,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
+  for line in reversed(result.stdout.splitlines()):
+    if line.startswith("{"):
+      return json.loads(line)
+  fatal = [line for line in result.stderr.splitlines() if line.startswith(("F", "Check"))]
+  return {"ok": False, "error": f"compiler exited {result.returncode}: "
+          + (fatal[-1] if fatal else result.stderr[-400:])}
+
+
+def _one(target_name: str, shape_name: str, dtype_name: str, kind: str) -> None:
+  devices = topologies.parse_target(target_name).devices()
+  try:
+    row = {"ok": True, **compile_one(devices, kind, SHAPES[shape_name],
+                                     jnp.dtype(dtype_name))}
+  except Exception as err:  # Mosaic's or the compiler's message, reported as the row
+    row = {"ok": False, "error": f"{type(err).__name__}: {str(err)[:400]}"}
+  print(json.dumps(row), flush=True)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--targets", default="v5p-8,v6e-8")
@@ -82,25 +110,24 @@ def main(argv=None) -> int:
   # accept bfloat16 and float32 operands only (docs/scaling.md).
   parser.add_argument("--dtypes", default="bfloat16")
   parser.add_argument("--kinds", default="grouped,block_scaled")
+  parser.add_argument("--one", nargs=4, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # see commands/plan_target.py
   jax.config.update("jax_platforms", "cpu")
-  results, failed = [], 0
+  if args.one:
+    _one(*args.one)
+    return 0
+  results = []
   for target_name in args.targets.split(","):
-    devices = topologies.parse_target(target_name).devices()
     for shape_name in args.shapes.split(","):
       for dtype_name in args.dtypes.split(","):
         for kind in args.kinds.split(","):
           row = {"target": target_name, "shape": shape_name, "dtype": dtype_name,
-                 "kind": kind, "mkng": SHAPES[shape_name]}
-          try:
-            row.update(ok=True, **compile_one(devices, kind, SHAPES[shape_name],
-                                              jnp.dtype(dtype_name)))
-          except Exception as err:  # report Mosaic's message and go on
-            row.update(ok=False, error=f"{type(err).__name__}: {str(err)[:400]}")
-            failed += 1
+                 "kind": kind, "mkng": SHAPES[shape_name],
+                 **_compile_in_child(target_name, shape_name, dtype_name, kind)}
           results.append(row)
           print(("OK  " if row["ok"] else "FAIL") + " " + json.dumps(row), flush=True)
+  failed = sum(not row["ok"] for row in results)
   print(json.dumps({"compiled": len(results) - failed, "failed": failed}))
   return 1 if failed else 0
 
