@@ -62,8 +62,11 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
     report = target_lib.step_report(step, target)
     reports.append(report)
     print(target_lib.format_report(report, target))
-    volumes = hlo_comms.comm_volume(step.compiled.as_text(), target.num_devices)
-    print(hlo_comms.format_comm_table(volumes) + "\n", flush=True)
+    if report["collectives"] is None:
+      print(f"collectives not counted: {report['collectives_note']}\n", flush=True)
+    else:
+      volumes = hlo_comms.comm_volume(step.compiled.as_text(), target.num_devices)
+      print(hlo_comms.format_comm_table(volumes) + "\n", flush=True)
   state = memory.StateBytes.of(cfg, devices)
   main = reports[0]
   print(json.dumps({

@@ -18,7 +18,9 @@ What it reports, per device, all of it compiler estimates and none of it a measu
   flops, bytes      the compiled cost analysis;
   cost_model_s      the compiler's own time estimate (`optimal_seconds`);
   mfu_estimate      model FLOPs (the formula of roofline.py) / (cost_model_s x chip peak);
-  collectives       from the compiled HLO (hlo_comms: loop trip counts applied).
+  collectives       from the compiled HLO (hlo_comms: loop trip counts applied; None,
+                    with the reason, when one sits in a loop of data-dependent length,
+                    as in the engine's decode loop, which stops early on stop tokens).
 XLA's cost analysis counts a while loop's body once, so a scanned layer stack would be
 costed as one layer: the cost figures come from a second compile with the layer scans
 unrolled (`model.scan_unroll` = layers), the memory from the step as configured. Loops
@@ -181,7 +183,11 @@ def step_report(step: CompiledStep, target: topologies.Target) -> dict:
   cost = _cost(step.cost_compiled)
   seconds = float(cost.get("optimal_seconds", 0.0))
   peak = chip.peak_flops("bfloat16")
-  volumes = hlo_comms.comm_volume(step.compiled.as_text(), target.num_devices)
+  try:
+    collectives, note = hlo_comms.summary(
+        hlo_comms.comm_volume(step.compiled.as_text(), target.num_devices)), ""
+  except ValueError as err:  # a collective in a data-dependent loop (the decode loop's)
+    collectives, note = None, str(err)
   return {
       "step": step.label, "compile_seconds": round(step.seconds, 1),
       "memory": memory_lib.summary(mem, chip.memory_gb),
@@ -192,7 +198,7 @@ def step_report(step: CompiledStep, target: topologies.Target) -> dict:
       "cost_model_seconds": seconds,
       "mfu_estimate": step.model_flops / (seconds * peak) if seconds > 0 else None,
       "loops_costed_once": remaining_loops(step.cost_compiled),
-      "collectives": hlo_comms.summary(volumes)}
+      "collectives": collectives, "collectives_note": note}
 
 
 def format_report(report: dict, target: topologies.Target) -> str:
