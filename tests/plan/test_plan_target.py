@@ -86,9 +86,11 @@ def test_plan_memory_target_v5p8_tiny():
   up to the TPU's tile padding of small arrays."""
   env = dict(os.environ, PYTHONPATH=str(REPO))
   layers = 2  # tiny's; unrolled already, so the cost compile is the only compile
+  # moe_impl='pallas': the megablox kernels through Mosaic inside the sharded step (each
+  # token shard's rows in a shard_map: XLA cannot partition a Mosaic call).
   args = ["--config=configs/pretrain.py:tiny", "--memory", "--target=v5p-8",
           f"--config.model.scan_unroll={layers}", "--config.train.batch_size=8",
-          "--config.train.seq_len=64"]
+          "--config.train.seq_len=64", "--config.model.moe_impl=pallas"]
   result = subprocess.run([sys.executable, "-m", "c2jax.cli", "plan", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -113,3 +115,4 @@ def test_plan_memory_target_v5p8_tiny():
   exact = mem["param_bytes"] + mem["opt_state_bytes"] + batch_shard
   assert exact <= mem["argument_bytes"] <= 1.5 * exact
   assert "compiler estimate" in result.stdout
+  assert "moe_impl pallas" in result.stdout
