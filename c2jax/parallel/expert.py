@@ -260,3 +260,33 @@ def moe_forward(x_TxD, weights_TxK, indices_TxK, experts, plan: ExpertParallelPl
       out_specs=(tokens, P()), check_vma=False)(pad_rows(x_TxD), pad_rows(weights_TxK),
                                pad_rows(indices_TxK), valid_T, experts)
   return y_TxD[:num_tokens], dropped
+
+
+def token_axes_from_context() -> tuple[str, ...]:
+  """Mesh axes of size > 1 that split tokens (the 'batch' and 'length' rules) under the
+  ambient mesh; () with no mesh."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return ()
+  sizes = dict(mesh.shape)
+  return tuple(a for a in _mesh_axes_of(("batch", "length")) if sizes.get(a, 1) > 1)
+
+
+def token_local_forward(x_TxD, weights_TxK, indices_TxK, experts, token_axes, *,
+                        local_dispatch: Callable, quant: str = "none"):
+  """Routed-expert output without expert parallelism, each token shard dispatching its own
+  rows to every expert inside shard_map (the experts gathered whole, as FSDP does anyway).
+  For Pallas kernels compiled by Mosaic: a Mosaic custom call cannot be partitioned by
+  XLA, so it must see per-device arrays. T need not divide by the shards (rows padded)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  ways = math.prod(dict(mesh.shape)[a] for a in token_axes)
+  num_tokens = x_TxD.shape[0]
+  pad = -num_tokens % ways
+  pad_rows = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+  tokens = P(token_axes)
+  y_TxD = jax.shard_map(
+      lambda x, w, i, e: local_dispatch(x, w, i, e, quant=quant), mesh=mesh,
+      in_specs=(tokens, tokens, tokens, jax.tree.map(lambda _: P(), experts)),
+      out_specs=tokens, check_vma=False)(
+          pad_rows(x_TxD), pad_rows(weights_TxK), pad_rows(indices_TxK), experts)
+  return y_TxD[:num_tokens]

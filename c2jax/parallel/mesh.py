@@ -4,7 +4,7 @@ Axes, outermost first: data (pure data parallel), fsdp (data parallel with shard
 parameters), expert (expert parallel), context (sequence parallel), tensor.
 
 Across hosts or slices the mesh is hybrid: the slow network (between slices, or between
-processes where devices have no slice index) is spanned by the outer, data-like axes
+processes off TPU, whose hosts in one slice share the ICI torus) is spanned by the outer, data-like axes
 (data, then fsdp), whose collectives are the least frequent, so expert/context/tensor
 traffic stays on the fast network inside each granule (`dcn_shape`).
 """
@@ -87,10 +87,15 @@ def dcn_shape(sizes: dict[str, int], num_granules: int) -> dict[str, int]:
 
 
 def num_granules(devices) -> tuple[int, bool]:
-  """(slices or processes the devices belong to, whether the granule is the process)."""
+  """(slices or processes the devices belong to, whether the granule is the process).
+
+  TPU hosts of one slice share its ICI torus, so only slices are granules there; on other
+  platforms (GPU nodes, CPU processes) each process is one."""
   slices = {getattr(device, "slice_index", 0) for device in devices}
   if len(slices) > 1:
     return len(slices), False
+  if devices[0].platform == "tpu":
+    return 1, False
   return len({device.process_index for device in devices}), True
 
 

@@ -2,10 +2,12 @@
 
 Dense (no structured sparsity) tensor-core peaks per device, from the vendors' datasheets:
 NVIDIA H100 SXM5 and H200 SXM (Hopper), HGX B200 and HGX B300 (Blackwell, per GPU), and
-Google Cloud TPU v5p (per chip). `link_gb_s` is the scale-up interconnect bandwidth per
-device and direction (NVLink 4: 900 GB/s total -> 450; NVLink 5: 1.8 TB/s -> 900; TPU v5p
-ICI 4,800 Gbps total -> 300): the bound a collective cannot beat inside a node or slice.
-TPU v5p has no FP8 matmul unit (its 918 TOPS are int8), so its FP8 peak is None.
+Google Cloud TPU v4, v5e, v5p and v6e (per chip, Cloud TPU documentation). `link_gb_s` is
+the scale-up interconnect bandwidth per device and direction (NVLink 4: 900 GB/s total ->
+450; NVLink 5: 1.8 TB/s -> 900; TPU v5p ICI 4,800 Gbps total -> 300; v5e 400 GB/s
+bidirectional -> 200; v6e 800 GB/s -> 400; v4, whose page gives no per-chip figure, at
+v5e's per-link rate over its 6 links, an estimate): the bound a collective cannot beat
+inside a node or slice. The TPUs' int8 peaks are not FP8 matmul peaks, so FP8 is None.
 
 `measure_cpu()` adds this machine, whose peaks are measured (a large float32 matmul and a
 large array copy), so a roofline can be checked against a measured step where it runs.
@@ -39,7 +41,10 @@ ACCELERATORS: dict[str, Accelerator] = {
     "h200": Accelerator("H200 SXM", 989.4, 1978.9, 4.8, 141, 450),
     "b200": Accelerator("B200", 2250.0, 4500.0, 8.0, 180, 900),
     "b300": Accelerator("B300", 2250.0, 4500.0, 8.0, 288, 900),
+    "tpu_v4": Accelerator("TPU v4", 275.0, None, 1.2, 34.4, 150),  # 32 GiB
+    "tpu_v5e": Accelerator("TPU v5e", 197.0, None, 0.819, 16, 200),
     "tpu_v5p": Accelerator("TPU v5p", 459.0, None, 2.765, 95, 300),
+    "tpu_v6e": Accelerator("TPU v6e", 918.0, None, 1.638, 32, 400),
 }
 
 

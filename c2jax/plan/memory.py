@@ -86,9 +86,10 @@ def abstract_batch(cfg, sharding) -> dict[str, jax.ShapeDtypeStruct]:
           for key in jobs.BATCH_KEYS}
 
 
-def compile_train_step(cfg) -> tuple[jax.stages.Compiled, float]:
-  """(compiled train step, compile seconds) on a mesh over all of this process's devices."""
-  rt = loop.build_runtime(cfg)
+def compile_train_step(cfg, devices=None) -> tuple[jax.stages.Compiled, float]:
+  """(compiled train step, compile seconds) on a mesh over `devices` (default: all of this
+  process's; compile-only TPU devices for `c2jax plan --target`, see topologies.py)."""
+  rt = loop.build_runtime(cfg, devices)
   step = loop.make_train_step(rt)
   state = loop.abstract_state(rt)
   batch = abstract_batch(cfg, rt.batch_sharding)
@@ -98,12 +99,13 @@ def compile_train_step(cfg) -> tuple[jax.stages.Compiled, float]:
   return compiled, time.perf_counter() - begun
 
 
-def job_runtime(cfg):
-  """The runtime of a pretraining / SFT job or (task = 'rl') of the RL learner."""
+def job_runtime(cfg, devices=None):
+  """The runtime of a pretraining / SFT job or (task = 'rl') of the RL learner, on
+  `devices` (default: all of this process's)."""
   if cfg.get("task") == "rl":
-    job.validate(cfg, jax.device_count())
-    return learner_runtime.build(cfg)
-  return loop.build_runtime(cfg)
+    job.validate(cfg, jax.device_count() if devices is None else len(devices))
+    return learner_runtime.build(cfg, devices)
+  return loop.build_runtime(cfg, devices)
 
 
 def rl_batch_rows(cfg, rt) -> int:
@@ -128,9 +130,11 @@ def abstract_rl_batch(cfg, rt, rows: int) -> dict[str, jax.ShapeDtypeStruct]:
           for name, shape in shapes.items()}
 
 
-def compile_rl_step(cfg, rows: int | None = None) -> tuple[jax.stages.Compiled, float]:
-  """(compiled RL learner step, compile seconds) on a mesh over this process's devices."""
-  rt = job_runtime(cfg)
+def compile_rl_step(cfg, rows: int | None = None,
+                    devices=None) -> tuple[jax.stages.Compiled, float]:
+  """(compiled RL learner step, compile seconds) on a mesh over `devices` (default: this
+  process's)."""
+  rt = job_runtime(cfg, devices)
   step = learner_runtime.make_step(rt)
   state = runtime.abstract_state(rt)
   ref = state.params if cfg.rl.kl.coef > 0 else None
@@ -158,8 +162,8 @@ class StateBytes:
   opt_state_dtype: str
 
   @classmethod
-  def of(cls, cfg) -> StateBytes:
-    state = runtime.abstract_state(job_runtime(cfg))
+  def of(cls, cfg, devices=None) -> StateBytes:
+    state = runtime.abstract_state(job_runtime(cfg, devices))
 
     def shard_bytes(tree) -> int:
       return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
@@ -191,7 +195,7 @@ def memory_report(compiled: jax.stages.Compiled) -> MemoryReport:
   stats = compiled.memory_analysis()
   if stats is None:
     raise RuntimeError("this JAX backend gives no memory analysis for compiled programs; "
-                       "run the memory plan on CPU (JAX_PLATFORMS=cpu).")
+                       "plan on CPU (JAX_PLATFORMS=cpu) or for a TPU --target.")
   return MemoryReport(
       argument_bytes=int(stats.argument_size_in_bytes),
       output_bytes=int(stats.output_size_in_bytes),

@@ -75,7 +75,7 @@ def _put_rows(cache, rows, slot):
                       cache, rows)
 
 
-def _prefill(cfg, params, cache, slot, tokens_1xC, start, count, temperature, top_k, top_p,
+def prefill_chunk(cfg, params, cache, slot, tokens_1xC, start, count, temperature, top_k, top_p,
              seed):
   """Writes one slot's chunk; samples from the logits of its last real token."""
   positions_1xC = start + jnp.arange(tokens_1xC.shape[1], dtype=jnp.int32)[None]
@@ -192,7 +192,7 @@ class JaxEngine(Engine):
           functools.partial(speculative.decode, cfg, num_draft=num_draft_tokens),
           state_shardings, extra_outputs=4)
     else:
-      self._prefill_fn = self._jit(functools.partial(_prefill, cfg), state_shardings,
+      self._prefill_fn = self._jit(functools.partial(prefill_chunk, cfg), state_shardings,
                                    extra_outputs=3)
       self._decode_fn = self._jit(
           functools.partial(decode_loop.decode_steps, cfg, max_decode_steps),

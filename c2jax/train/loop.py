@@ -38,17 +38,18 @@ from c2jax.train.runtime import Runtime, abstract_state, init_state
 from c2jax.train.step import MTPWeights, loss_fn, train_step
 
 
-def build_runtime(cfg) -> runtime.Runtime:
-  """The runtime of a pretraining / SFT job: config validated against the devices, the
-  optimizer of config.train (schedule, weight decay, precision policy)."""
-  jobs.validate(cfg, jax.device_count())
+def build_runtime(cfg, devices=None) -> runtime.Runtime:
+  """The runtime of a pretraining / SFT job: config validated against the devices (default
+  all of this process's; `c2jax plan --target` passes compile-only ones), the optimizer of
+  config.train (schedule, weight decay, precision policy)."""
+  jobs.validate(cfg, jax.device_count() if devices is None else len(devices))
   t = cfg.train
   optimizer, _ = make_optimizer(
       learning_rate=t.learning_rate, total_steps=t.steps, warmup_steps=t.warmup_steps,
       schedule=t.schedule, weight_decay=t.weight_decay, b1=t.b1, b2=t.b2,
       clip_norm=t.clip_norm, end_lr_fraction=t.end_lr_fraction,
       state_dtype=cfg.model.opt_state_dtype)
-  return runtime.build_runtime(cfg, optimizer=optimizer, seed=t.seed)
+  return runtime.build_runtime(cfg, optimizer=optimizer, seed=t.seed, devices=devices)
 
 
 def device_batch(rt: Runtime, batch: dict) -> dict:

@@ -122,15 +122,16 @@ def batch_ways(sizes: dict[str, int], rules) -> int:
 
 
 def build_runtime(cfg, *, optimizer: optax.GradientTransformation, model_cfg=None,
-                  seed: int = 0) -> Runtime:
+                  seed: int = 0, devices=None) -> Runtime:
   """The runtime of a validated job config (its `parallel` and `model` sections).
 
   `optimizer` is the job's (its schedule and precision policy); `model_cfg` the model the
   step runs when it differs from cfg.model in implementation only (the RL learner's
-  router-replay filter); `seed` initialises fresh parameters.
+  router-replay filter); `seed` initialises fresh parameters; `devices` those the mesh
+  spans (default: all of this process's).
   """
   model_cfg = cfg.model if model_cfg is None else model_cfg
-  mesh = parallel.make_mesh(cfg.parallel.mesh)
+  mesh = parallel.make_mesh(cfg.parallel.mesh, devices)
   rules = parallel.rules_of(cfg.parallel)
   param_specs = model.param_axes(model_cfg)
   abstract_params = jax.eval_shape(lambda: model.init(model_cfg, jax.random.key(0)))

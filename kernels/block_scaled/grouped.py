@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from c2jax_kernels import platform as platform_lib
 from c2jax_kernels.block_scaled import formats
 from c2jax_kernels.block_scaled import fused_grouped
 from c2jax_kernels.block_scaled import matmul
@@ -108,7 +109,7 @@ def block_scaled_grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *, recipe='mx
     if not _fused_supports(recipe):
       raise ValueError(f"path='hopper_fused' implements recipe 'mxfp8' only, got "
                        f"{recipe!r}; use path='dequantize' for it.")
-    interpret = jax.default_backend() == 'cpu'  # Mosaic GPU interpret mode (tests)
+    interpret = platform_lib.target_platform() == 'cpu'  # Mosaic GPU interpret mode (tests)
     if not interpret and matmul.default_path() != 'hopper_fp8':
       raise ValueError(f"path='hopper_fused' runs WGMMA kernels that need a Hopper GPU "
                        f"(compute capability 9.x); this is {jax.devices()[0]}. Leave "

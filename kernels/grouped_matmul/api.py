@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from c2jax_kernels import platform as platform_lib
 from c2jax_kernels.grouped_matmul import megablox
 from c2jax_kernels.grouped_matmul import mosaic_gpu
 from c2jax_kernels.grouped_matmul import ragged
@@ -50,8 +51,9 @@ DEFAULT_IMPL_BY_PLATFORM = {'gpu': 'mosaic_gpu', 'cuda': 'mosaic_gpu',
 
 
 def default_impl(platform=None):
-  """The implementation used when `impl=None`, for `platform` (default: jax's backend)."""
-  platform = platform or jax.default_backend()
+  """The implementation used when `impl=None`, for `platform` (default: the target's,
+  platform.target_platform())."""
+  platform = platform or platform_lib.target_platform()
   if platform not in DEFAULT_IMPL_BY_PLATFORM:
     raise ValueError(f"No default grouped-matmul impl for platform {platform!r}; pass "
                      f"impl= one of {sorted(IMPLS)}.")
@@ -59,8 +61,9 @@ def default_impl(platform=None):
 
 
 def interpret_on_this_backend(impl):
-  """Pallas impls run in interpret mode when JAX's backend is the CPU."""
-  return IMPLS[impl].is_pallas and jax.default_backend() == 'cpu'
+  """Pallas impls run in interpret mode when the program compiles for the CPU (Mosaic
+  compiles them for a TPU or GPU target, even one with compile-only devices)."""
+  return IMPLS[impl].is_pallas and platform_lib.target_platform() == 'cpu'
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))

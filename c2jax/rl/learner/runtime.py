@@ -60,10 +60,12 @@ def make_optimizer(cfg):
   return optimizer
 
 
-def build(cfg) -> runtime.Runtime:
-  """The learner's runtime for a validated RL job config (c2jax.rl.job.validate)."""
+def build(cfg, devices=None) -> runtime.Runtime:
+  """The learner's runtime for a validated RL job config (c2jax.rl.job.validate), on
+  `devices` (default: all of this process's)."""
   return runtime.build_runtime(cfg, optimizer=make_optimizer(cfg),
-                               model_cfg=model_config(cfg), seed=cfg.learner.seed)
+                               model_cfg=model_config(cfg), seed=cfg.learner.seed,
+                               devices=devices)
 
 
 def rollouts_per_step(cfg) -> int:

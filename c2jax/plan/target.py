@@ -1,0 +1,229 @@
+"""`c2jax plan --target=<TPU slice>`: the real steps compiled by the TPU compiler, deviceless.
+
+    target = topologies.parse_target("v5p-8")
+    devices = target.devices()
+    step = compile_job_step(cfg, devices)             # train step, or the RL learner's
+    engine = compile_engine_steps(cfg, devices, slots=8, context=256, prefill=256)
+    report = step_report(step, target)
+
+Every step is the one the job runs (c2jax.train.loop / c2jax.rl.learner.runtime / the
+rollout engine's prefill and decode programs), jitted with the run's mesh, logical-axis
+rules, shardings, donation, remat, dtypes and moe_impl, traced under a mesh of the
+topology's compile-only devices (so Pallas kernels compile through Mosaic for the TPU,
+c2jax_kernels.target_platform) and compiled by libtpu's compiler. Nothing runs.
+
+What it reports, per device, all of it compiler estimates and none of it a measured speed:
+  memory            the TPU compiler's buffer assignment (arguments, outputs, aliases,
+                    temporaries, code), and whether the total fits the chip's HBM;
+  flops, bytes      the compiled cost analysis;
+  cost_model_s      the compiler's own time estimate (`optimal_seconds`);
+  mfu_estimate      model FLOPs (the formula of roofline.py) / (cost_model_s x chip peak);
+  collectives       from the compiled HLO (hlo_comms: loop trip counts applied; None,
+                    with the reason, when one sits in a loop of data-dependent length,
+                    as in the engine's decode loop, which stops early on stop tokens).
+XLA's cost analysis counts a while loop's body once, so a scanned layer stack would be
+costed as one layer: the cost figures come from a second compile with the layer scans
+unrolled (`model.scan_unroll` = layers), the memory from the step as configured. Loops
+that remain (blockwise attention tiles, the decode loop's steps) are still counted once;
+the report names how many there are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from c2jax import model
+from c2jax import parallel as parallel_lib
+from c2jax.plan import hlo_comms
+from c2jax.plan import memory as memory_lib
+from c2jax.plan import roofline
+from c2jax.plan import topologies
+from c2jax.rollout import decode_loop
+from c2jax.rollout import jax_engine
+from c2jax.rollout import sharding as engine_sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+  label: str
+  compiled: jax.stages.Compiled         # as configured: memory, collectives
+  cost_compiled: jax.stages.Compiled    # layer scans unrolled: FLOPs, time estimate
+  seconds: float                        # compile time, both compiles
+  model_flops: float                    # per device, the formula
+
+
+def _layers_unrolled(cfg):
+  unrolled = cfg.copy_and_resolve_references()
+  layers = max(cfg.model.num_layers, cfg.model.num_mtp_layers, 1)
+  if cfg.model.scan_unroll >= layers:
+    return None
+  unrolled.model.scan_unroll = layers
+  return unrolled
+
+
+def _twice(compile_fn, cfg) -> tuple:
+  """(as configured, with layers unrolled (or the same one), seconds)."""
+  begun = time.perf_counter()
+  compiled = compile_fn(cfg)
+  unrolled_cfg = _layers_unrolled(cfg)
+  cost = compiled if unrolled_cfg is None else compile_fn(unrolled_cfg)
+  return compiled, cost, time.perf_counter() - begun
+
+
+def compile_job_step(cfg, devices, rl_rows: int | None = None) -> CompiledStep:
+  """The job's step (train step; RL learner step for task = 'rl') for `devices`."""
+  devices = list(devices)
+  if cfg.get("task") == "rl":
+    rows = rl_rows or memory_lib.rl_batch_rows(cfg, memory_lib.job_runtime(cfg, devices))
+    fn = lambda c: memory_lib.compile_rl_step(c, rows, devices)[0]
+    tokens, seq_len, label = rows * cfg.actors.max_length, cfg.actors.max_length, \
+        "RL learner step"
+  else:
+    fn = lambda c: memory_lib.compile_train_step(c, devices)[0]
+    tokens, seq_len = cfg.train.batch_size * cfg.train.seq_len, cfg.train.seq_len
+    label = "train step"
+  compiled, cost, seconds = _twice(fn, cfg)
+  flops = roofline.train_flops_per_token(cfg.model, seq_len) * tokens / len(devices)
+  return CompiledStep(label, compiled, cost, seconds, flops)
+
+
+def engine_placement(parallel_cfg, devices, slots: int) -> engine_sharding.Placement:
+  """The engine's mesh over `devices`: the job's axis sizes with context folded into fsdp
+  (the engine never splits sequences), checked as the engine checks its own."""
+  sizes = parallel_lib.mesh.mesh_shape(parallel_cfg.mesh, len(devices))
+  engine_cfg = parallel_cfg.copy_and_resolve_references()
+  engine_cfg.mesh.update({**sizes, "fsdp": sizes["fsdp"] * sizes["context"], "context": 1})
+  engine_sharding.check_config(engine_cfg, slots)
+  return engine_sharding.Placement(parallel_lib.make_mesh(engine_cfg.mesh, devices),
+                                   parallel_lib.rules_of(engine_cfg))
+
+
+def _abstract(tree, shardings):
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                      tree, shardings)
+
+
+def _scalar(dtype, sharding, shape=()):
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+
+def _compile_engine(model_cfg, placement, *, slots: int, max_length: int, prefill: int,
+                    decode_steps: int) -> dict[str, jax.stages.Compiled]:
+  params = jax.eval_shape(functools.partial(model.init, model_cfg), jax.random.key(0))
+  params = _abstract(params, placement.param_shardings(model_cfg, params))
+  cache_shardings = placement.cache_shardings(model_cfg)
+  cache = _abstract(jax.eval_shape(functools.partial(
+      model.init_cache, model_cfg, slots, max_length)), cache_shardings)
+  rep = placement.replicated
+  i32, f32 = jnp.int32, jnp.float32
+  prefill_fn = jax.jit(functools.partial(jax_engine.prefill_chunk, model_cfg),
+                       donate_argnums=(1,), out_shardings=(cache_shardings, rep, rep, rep))
+  decode_fn = jax.jit(functools.partial(decode_loop.decode_steps, model_cfg, decode_steps),
+                      donate_argnums=(1,),
+                      out_shardings=(cache_shardings, rep, rep, rep, rep))
+  per_slot = lambda dtype: _scalar(dtype, rep, (slots,))
+  with placement.scope():
+    prefill_c = prefill_fn.lower(
+        params, cache, _scalar(i32, rep), _scalar(i32, rep, (1, prefill)), _scalar(i32, rep),
+        _scalar(i32, rep), _scalar(f32, rep), _scalar(i32, rep), _scalar(f32, rep),
+        _scalar(jnp.uint32, rep)).compile()
+    decode_c = decode_fn.lower(
+        params, cache, per_slot(i32), per_slot(i32), per_slot(jnp.bool_), per_slot(jnp.bool_),
+        per_slot(f32), per_slot(i32), per_slot(f32), per_slot(jnp.uint32),
+        _scalar(i32, rep, (slots, 1)), per_slot(i32)).compile()
+  return {"prefill": prefill_c, "decode": decode_c}
+
+
+def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int,
+                         decode_steps: int = jax_engine.DEFAULT_DECODE_STEPS
+                         ) -> list[CompiledStep]:
+  """The rollout engine's prefill (one slot, a chunk of `prefill` tokens) and decode
+  (`decode_steps` tokens for `slots` slots at `context` tokens) programs on `devices`."""
+  devices = list(devices)
+  placement = engine_placement(cfg.parallel, devices, slots)
+  max_length = context + decode_steps + prefill
+  kwargs = dict(slots=slots, max_length=max_length, prefill=prefill, decode_steps=decode_steps)
+  begun = time.perf_counter()
+  as_configured = _compile_engine(cfg.model, placement, **kwargs)
+  unrolled = _layers_unrolled(cfg)
+  costed = (as_configured if unrolled is None else
+            _compile_engine(unrolled.model, placement, **kwargs))
+  seconds = time.perf_counter() - begun
+  n = len(devices)
+  prefill_flops = roofline.train_flops_per_token(cfg.model, prefill) / 3 * prefill / n
+  decode_flops = roofline.decode_step_cost(cfg.model, slots, context, n).model_flops
+  return [
+      CompiledStep(f"engine prefill (1 x {prefill} tokens)", as_configured["prefill"],
+                   costed["prefill"], seconds / 2, prefill_flops),
+      CompiledStep(f"engine decode ({slots} slots x {decode_steps} steps, context "
+                   f"{context})", as_configured["decode"], costed["decode"], seconds / 2,
+                   decode_flops * decode_steps)]
+
+
+def _cost(compiled) -> dict:
+  analysis = compiled.cost_analysis()
+  return analysis[0] if isinstance(analysis, list) else analysis
+
+
+def remaining_loops(compiled) -> int:
+  """While loops in the compiled program (their bodies are costed once)."""
+  return compiled.as_text().count(" while(")
+
+
+def step_report(step: CompiledStep, target: topologies.Target) -> dict:
+  """The step's compiler estimates as one JSON-ready dict (see the module docstring)."""
+  chip = target.accelerator
+  mem = memory_lib.memory_report(step.compiled)
+  cost = _cost(step.cost_compiled)
+  seconds = float(cost.get("optimal_seconds", 0.0))
+  peak = chip.peak_flops("bfloat16")
+  try:
+    collectives, note = hlo_comms.summary(
+        hlo_comms.comm_volume(step.compiled.as_text(), target.num_devices)), ""
+  except ValueError as err:  # a collective in a data-dependent loop (the decode loop's)
+    collectives, note = None, str(err)
+  return {
+      "step": step.label, "compile_seconds": round(step.seconds, 1),
+      "memory": memory_lib.summary(mem, chip.memory_gb),
+      "fits": mem.fits(chip.memory_gb),
+      "flops": float(cost.get("flops", 0.0)),
+      "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+      "model_flops": step.model_flops,
+      "cost_model_seconds": seconds,
+      "mfu_estimate": step.model_flops / (seconds * peak) if seconds > 0 else None,
+      "loops_costed_once": remaining_loops(step.cost_compiled),
+      "collectives": collectives, "collectives_note": note}
+
+
+def format_report(report: dict, target: topologies.Target) -> str:
+  """A step's report as text: memory table, then the cost model's figures."""
+  chip = target.accelerator
+  m = report["memory"]
+  rows = [("per device (TPU compiler estimate)", "GB"),
+          ("arguments", f"{m['argument_bytes'] / 1e9:,.3f}"),
+          ("outputs", f"{m['output_bytes'] / 1e9:,.3f}"),
+          ("  of which aliased to donated arguments", f"{m['alias_bytes'] / 1e9:,.3f}"),
+          ("temporaries", f"{m['temp_bytes'] / 1e9:,.3f}"),
+          ("generated code", f"{m['code_bytes'] / 1e9:,.3f}"),
+          ("total", f"{m['total_bytes'] / 1e9:,.3f}")]
+  verdict = "fits" if report["fits"] else "does NOT fit"
+  mfu = report["mfu_estimate"]
+  lines = [
+      f"{report['step']} (compiled in {report['compile_seconds']:.1f} s)",
+      memory_lib.format_table(rows),
+      f"{verdict} in {chip.name}'s {chip.memory_gb:g} GB HBM",
+      f"cost analysis: {report['flops']:.4g} FLOPs, {report['bytes_accessed']:.4g} bytes "
+      f"accessed per device; model FLOPs {report['model_flops']:.4g}",
+      f"compiler's time estimate: {report['cost_model_seconds'] * 1e3:,.3f} ms per call "
+      f"(an estimate, not a measured speed); MFU it implies at {chip.bf16_tflops:g} "
+      f"TFLOP/s: " + ("-" if mfu is None else f"{mfu:.1%}")]
+  if report["loops_costed_once"]:
+    lines.append(f"({report['loops_costed_once']} while loop(s) remain after unrolling the "
+                 "layers; XLA's cost analysis counts their bodies once)")
+  return "\n".join(lines)

@@ -1,0 +1,18 @@
+"""The platform a traced program compiles for, which picks kernels and interpret mode.
+
+The running process's backend is not always the target: `c2jax plan --target=v5p-8`
+traces the steps in a CPU process for compile-only TPU devices. Every c2jax runtime (train,
+RL learner, engine, plan) traces its steps under `jax.set_mesh(mesh)`, and the mesh's
+abstract device names the platform its devices belong to; without a mesh in force, the
+target is JAX's default backend.
+"""
+
+import jax
+
+
+def target_platform() -> str:
+  """'cpu' | 'gpu' | 'tpu': the platform of the mesh in force, else JAX's backend."""
+  device = getattr(jax.sharding.get_abstract_mesh(), 'abstract_device', None)
+  if device is not None:
+    return device.platform
+  return jax.default_backend()

@@ -1,0 +1,118 @@
+"""`c2jax plan --target=<TPU slice>`: topology names, the Pallas kernels through Mosaic, and
+the tiny train step compiled by the real TPU compiler for compile-only v5p devices."""
+
+import importlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import pytest
+
+from c2jax.plan import shardings as plan
+from c2jax.plan import topologies
+
+pytest.importorskip("libtpu", reason='the TPU compiler: pip install -e ".[tpu-compile]"')
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name, chips, grid, accel", [
+    ("v5p-8", 4, (2, 2, 1), "TPU v5p"),
+    ("v5p-16", 8, (2, 2, 2), "TPU v5p"),
+    ("v5p-128", 64, (4, 4, 4), "TPU v5p"),
+    ("v5p-1024", 512, (8, 8, 8), "TPU v5p"),
+    ("v4-8", 4, (2, 2, 1), "TPU v4"),
+    ("v5e-16", 16, (4, 4), "TPU v5e"),
+    ("v5litepod-8", 8, (2, 4), "TPU v5e"),
+    ("v6e-256", 256, (16, 16), "TPU v6e"),
+])
+def test_cloud_names_give_cloud_slice_shapes(name, chips, grid, accel):
+  target = topologies.parse_target(name)
+  assert (target.chips, target.grid, target.accelerator.name) == (chips, grid, accel)
+
+
+@pytest.mark.parametrize("name", ["v5p-6", "v5p-4", "v7x-8", "h100", "v6e-3"])
+def test_bad_names_say_what_is_expected(name):
+  with pytest.raises(ValueError, match=r"e\.g\. v"):
+    topologies.parse_target(name)
+
+
+@pytest.fixture(scope="module")
+def v5p_devices():
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # as c2jax plan --target does
+  return topologies.parse_target("v5p-8", slices=2).devices()
+
+
+def test_multislice_devices_carry_their_slice(v5p_devices):
+  assert len(v5p_devices) == 8 and v5p_devices[0].platform == "tpu"
+  assert sorted({d.slice_index for d in v5p_devices}) == [0, 1]
+
+
+def test_tpu_granules_are_slices_not_hosts(v5p_devices):
+  """A v5p-16 slice spans two hosts on one ICI torus: one granule, a plain mesh; two
+  v5p-8 slices are two granules, joined over the data-like axes."""
+  from c2jax.parallel import mesh as mesh_lib
+
+  one_slice = topologies.parse_target("v5p-16").devices()
+  assert len({d.process_index for d in one_slice}) == 2
+  assert mesh_lib.num_granules(one_slice) == (1, False)
+  assert mesh_lib.num_granules(v5p_devices) == (2, False)
+  mesh = mesh_lib.make_mesh({"data": 1, "fsdp": -1, "expert": 2, "context": 1,
+                             "tensor": 1}, v5p_devices)
+  assert dict(mesh.shape)["fsdp"] == 4
+  # fsdp spans the slices: its two halves lie in different slices
+  fsdp_slices = {d.slice_index for d in mesh.devices[0, :, 0, 0, 0]}
+  assert fsdp_slices == {0, 1}
+
+
+def test_grouped_matmul_kernels_compile_through_mosaic(v5p_devices, monkeypatch):
+  """Forward, input-gradient and weight-gradient megablox kernels, picked by the mesh's
+  platform (not the CPU process's), compile as Mosaic custom calls."""
+  monkeypatch.syspath_prepend(str(REPO / "tools" / "bench"))
+  bench = importlib.import_module("compile_kernels_tpu")
+  # (The block-scaled recipe runs the same three kernels on dequantised operands; its
+  # fake-quantisation compiles slowly, so tools/bench/compile_kernels_tpu.py covers it.)
+  result = bench.compile_one(v5p_devices, "grouped", bench.SHAPES["tiny"], jnp.bfloat16)
+  assert result["mosaic_calls"] == 3, result
+  assert result["cost_model_s"] > 0 and result["temp_bytes"] > 0
+
+
+def test_plan_memory_target_v5p8_tiny():
+  """The tiny train step for v5p-8: the JSON fields, and per-device arguments that are the
+  sharding plan's parameter and optimizer shards (fsdp over 4 chips) plus the batch shard,
+  up to the TPU's tile padding of small arrays."""
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  layers = 2  # tiny's; unrolled already, so the cost compile is the only compile
+  # moe_impl='pallas': the megablox kernels through Mosaic inside the sharded step (each
+  # token shard's rows in a shard_map: XLA cannot partition a Mosaic call).
+  args = ["--config=configs/pretrain.py:tiny", "--memory", "--target=v5p-8",
+          f"--config.model.scan_unroll={layers}", "--config.train.batch_size=8",
+          "--config.train.seq_len=64", "--config.model.moe_impl=pallas"]
+  result = subprocess.run([sys.executable, "-m", "c2jax.cli", "plan", *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = json.loads(result.stdout.strip().splitlines()[-1])
+  for key in ("target", "device_kind", "memory", "fits", "flops", "cost_model_seconds",
+              "mfu_estimate", "collectives"):
+    assert key in out, key
+  assert (out["target"], out["device_kind"], out["devices"]) == ("v5p-8", "TPU v5", 4)
+  assert out["mesh"]["fsdp"] == 4 and out["fits"] is True
+  assert out["flops"] > 0 and 0 < out["cost_model_seconds"] < 1
+  assert 0 < out["mfu_estimate"] < 1
+  assert out["collectives"]["all-gather"]["executions"] > 0  # fsdp gathers its params
+
+  from configs import pretrain
+
+  cfg = pretrain.get_config("tiny")
+  summary = plan.summarize(plan.param_plans(cfg.model, cfg.parallel, 4))
+  mem = out["memory"]
+  assert mem["param_bytes"] == summary["param_bytes_per_device"]
+  assert mem["param_bytes"] < summary["param_bytes_total"] / 2  # sharded, not copied
+  batch_shard = 5 * (8 // 4) * 64 * 4  # five int32/float32 [B, L] fields, B over fsdp
+  exact = mem["param_bytes"] + mem["opt_state_bytes"] + batch_shard
+  assert exact <= mem["argument_bytes"] <= 1.5 * exact
+  assert "compiler estimate" in result.stdout
+  assert "moe_impl pallas" in result.stdout
