@@ -25,6 +25,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import tempfile
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -45,7 +46,7 @@ def maxtext_command(python: str, target: str, per_device_batch: int, seq_len: in
       capture_output=True, text=True, check=True).stdout.strip()
   return [python, "-m", "maxtext.trainers.pre_train.train_compile",
           f"{configs}/configs/base.yml", "run_name=compile_vs_c2jax",
-          "base_output_directory=/tmp/maxtext_compile", f"compile_topology={target}",
+          f"base_output_directory={os.path.join(tempfile.gettempdir(), 'maxtext_compile')}", f"compile_topology={target}",
           "compile_topology_num_slices=1", f"per_device_batch_size={per_device_batch}",
           f"max_target_length={seq_len}", "dataset_type=synthetic", "scan_layers=false",
           "remat_policy=full", "enable_checkpointing=false", *SMALL_OVERRIDES]
