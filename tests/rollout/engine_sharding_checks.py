@@ -30,7 +30,11 @@ from tests.model.conftest import MLA_OVERRIDES, draw_params, random_params, tiny
 VOCAB, SLOTS, MAX_LENGTH, BUCKETS = 16, 8, 48, (16,)
 MESHES = {"fsdp8": dict(fsdp=8), "data2_expert4": dict(data=2, expert=4)}
 SPECULATIVE_MESH = "fsdp4_tensor2", dict(fsdp=4, tensor=2)
-SWAP_AT = 3  # decode steps before the staged update is installed
+SWAP_AT = 3  # engine steps before the staged update is installed
+# Tokens per decode call: small enough that a generation of 10 tokens spans several
+# calls, so the swap after SWAP_AT steps lands mid-generation on every engine (with the
+# default of up to 64, every request would finish in one call, before the swap).
+DECODE_STEPS = 2
 
 
 def parallel_cfg(**sizes):
@@ -131,7 +135,9 @@ def check(num_draft: int):
   def engine(par=None):
     return JaxEngine(cfg, params, num_slots=SLOTS, max_length=MAX_LENGTH,
                      prefill_buckets=BUCKETS, num_draft_tokens=num_draft, seed=0,
-                     parallel=par)
+                     parallel=par,
+                     **({} if num_draft else dict(decode_steps=DECODE_STEPS,
+                                                  max_decode_steps=DECODE_STEPS)))
 
   single = engine()
   reference, _ = run(single, host_updated)
