@@ -9,11 +9,11 @@ flag names. Configs are ml-collections files: `--config=configs/<file>.py:<arg>`
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from absl import app, flags, logging
 
+from c2jax import compile_cache
 from c2jax.verbs import VERBS
 
 
@@ -25,17 +25,8 @@ def usage() -> str:
 
 
 def enable_compilation_cache() -> None:
-  """Persist compiled XLA programs across runs (a resumed job or the next phase starts fast).
-
-  C2JAX_XLA_CACHE=DIR picks the directory, C2JAX_XLA_CACHE=off disables it.
-  """
-  location = os.environ.get("C2JAX_XLA_CACHE", "~/.cache/c2jax/xla")
-  if location.lower() in ("off", "0", "none", ""):
-    return
-  import jax
-
-  jax.config.update("jax_compilation_cache_dir", os.path.expanduser(location))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  """Persist compiled XLA programs across runs (see c2jax.compile_cache)."""
+  compile_cache.enable()
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -7,6 +7,8 @@ abstract device names the platform its devices belong to; without a mesh in forc
 target is JAX's default backend.
 """
 
+import importlib
+
 import jax
 
 
@@ -16,3 +18,15 @@ def target_platform() -> str:
   if device is not None:
     return device.platform
   return jax.default_backend()
+
+
+class LazyModule:
+  """A module imported on first attribute access. The Mosaic GPU kernels use it for
+  `jax.experimental.pallas.mosaic_gpu`, whose import costs about half a second that every
+  process importing the model would otherwise pay, GPU or not."""
+
+  def __init__(self, name: str):
+    self._name = name
+
+  def __getattr__(self, attr: str):
+    return getattr(importlib.import_module(self._name), attr)

@@ -9,6 +9,9 @@ import os
 import tempfile
 
 os.environ.setdefault("C2JAX_XLA_CACHE", os.path.join(tempfile.gettempdir(), "c2jax-test-xla-cache"))
+# Cache every program, however fast it compiles: the suite's processes compile the same
+# small programs over and over, and on 2 cores those add up.
+os.environ.setdefault("C2JAX_XLA_CACHE_MIN_SECS", "0")
 
 from c2jax import cli  # noqa: E402
 

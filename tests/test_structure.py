@@ -19,7 +19,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # c2jax (`c2jax` itself is its __init__). pipeline and preemption are the library homes
 # of `c2jax pipeline` and preemption handling, arriving from parallel branches.
 LAYERS = (
-    ("c2jax", "config", "storage", "host_memory", "toolcalls", "verbs", "preemption"),
+    ("c2jax", "config", "storage", "host_memory", "toolcalls", "verbs", "preemption",
+     "compile_cache"),
     ("parallel", "quant"),
     ("model", "data", "env"),
     ("rollout", "hf"),

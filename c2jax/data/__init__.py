@@ -11,7 +11,6 @@
 
 from c2jax.data import chat, chat_template
 from c2jax.data.corpus import BuildOptions, build
-from c2jax.data.pipeline import chat_dataset, pretrain_dataset
 from c2jax.data.cache import Prepared, default_config, prepare, prepare_from_config
 from c2jax.data.reader import Corpus
 from c2jax.data.records import repository_text
@@ -23,3 +22,15 @@ __all__ = [
     "build", "chat", "chat_dataset", "chat_template", "default_config", "load_model_tokenizer",
     "prepare", "prepare_from_config", "pretrain_dataset", "repository_text", "train_bpe",
 ]
+
+_PIPELINES = ("chat_dataset", "pretrain_dataset")
+
+
+def __getattr__(name):
+  # The grain pipelines are imported on first use: grain (with orbax) takes most of a
+  # second to import, and tokenizing, templates and the corpus (what actors, servers and
+  # evals use) need none of it.
+  if name in _PIPELINES:
+    from c2jax.data import pipeline  # pylint: disable=g-import-not-at-top
+    return getattr(pipeline, name)
+  raise AttributeError(f"module 'c2jax.data' has no attribute {name!r}")

@@ -8,12 +8,21 @@ per repository (a repository's files are contiguous and in path order in its sha
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import pathlib
-
-import grain
+import typing
 
 from c2jax.data import corpus, records
+
+if typing.TYPE_CHECKING:
+  import grain
+
+
+def _grain():
+  # Imported when a dataset is first built: grain (with orbax) takes most of a second to
+  # import, and the many processes that only tokenize (actors, servers) never need it.
+  return importlib.import_module("grain")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +70,7 @@ class Corpus:
     if not entries:
       raise ValueError(f"corpus {self.directory} has no {split} documents (see "
                        f"{corpus.SUMMARY}); add sources or change the held-out fraction.")
-    return grain.sources.ArrayRecordDataSource(
+    return _grain().sources.ArrayRecordDataSource(
         [str(self.directory / e["shard"]) for e in entries])
 
   def repositories(self, split: str) -> list[RepositoryEntry]:
@@ -75,12 +84,12 @@ class Corpus:
 
   def file_documents(self, split: str) -> grain.MapDataset:
     """One element per file: {repository, path, text (with its path header)}."""
-    return grain.MapDataset.source(self.source(split)).map(_file_document)
+    return _grain().MapDataset.source(self.source(split)).map(_file_document)
 
   def repository_documents(self, split: str) -> grain.MapDataset:
     """One element per repository: {repository, text (files in path order)}."""
     source = self.source(split)
-    return grain.MapDataset.source(self.repositories(split)).map(_RepositoryText(source))
+    return _grain().MapDataset.source(self.repositories(split)).map(_RepositoryText(source))
 
   def texts(self, split: str, max_bytes: int | None = None):
     """Yields file-document texts in corpus order, up to about `max_bytes` (tokenizer

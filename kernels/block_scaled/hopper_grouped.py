@@ -35,7 +35,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from c2jax_kernels.platform import LazyModule
+
+plgpu = LazyModule("jax.experimental.pallas.mosaic_gpu")  # imported on first use
 
 SCALE_BLOCK = 32  # MXFP8 block = one FP8 WGMMA K-step (32 bytes per row: 32B swizzle)
 _BLOCK_ROWS = 64  # WGMMA M of one warpgroup

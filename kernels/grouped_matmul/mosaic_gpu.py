@@ -27,7 +27,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from c2jax_kernels.platform import LazyModule
+
+plgpu = LazyModule("jax.experimental.pallas.mosaic_gpu")  # imported on first use
 
 _MAX_CONCURRENT_STEPS = 4
 _SMEM_BUDGET_BYTES = 200 * 1024  # of the 227 KiB an H100/H200/B200 block may use

@@ -30,6 +30,7 @@ import sys
 import time
 import zlib
 
+from c2jax import compile_cache
 from c2jax.rl.actors import infra
 from c2jax.rl.actors import rollouts
 
@@ -226,6 +227,7 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     if os.getppid() != args.parent_pid:
       return 1  # the parent died before we could arm the signal
+  compile_cache.enable()  # actors start without the cli: every one would compile anew
   return run(args.workdir, args.actor_id, args.weights, args.parent_pid)
 
 

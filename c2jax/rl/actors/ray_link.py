@@ -28,6 +28,7 @@ import tempfile
 
 import ml_collections
 
+from c2jax import compile_cache
 from c2jax.rl.actors import infra
 from c2jax.rl.actors import rollouts
 from c2jax.rl.queue.group_store import Group
@@ -165,6 +166,7 @@ def run_actor(hub, config_json: str, tokenizer, actor_id: str, weights_url: str)
 
   from c2jax.rl.actors import actor  # pylint: disable=g-import-not-at-top
 
+  compile_cache.enable()
   cfg = ml_collections.ConfigDict(json.loads(config_json))
   repos = RepoCache(ray, hub, actor_id)
   try:
