@@ -14,6 +14,7 @@ indices (c2jax/serve/capture.py), so external agent harnesses' episodes can be t
 
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import flags
@@ -41,6 +42,13 @@ _API_KEY = flags.DEFINE_string("api_key", None, "Requests must send 'Authorizati
 _MAX_BODY_MB = flags.DEFINE_float("max_body_mb", 8.0, "Largest request body accepted, in "
                                   "MiB; a larger one is answered 413 before it is read.")
 
+_PROFILE_STEPS = flags.DEFINE_string(
+    "profile_steps", "", "FIRST,LAST: a jax.profiler trace of these engine steps (each a "
+    "decode call over every live request), for TensorBoard's profile plugin or Perfetto.")
+_PROFILE_DIR = flags.DEFINE_string(
+    "profile_dir", None, "Where --profile_steps writes its trace. Default: "
+    "MODEL/profile/serve when --model is a local directory.")
+
 USAGE = ("usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N "
          "--max_length N --mesh AXIS=SIZE,...]")
 
@@ -60,10 +68,23 @@ def main(argv: list[str]) -> int:
     print(f"c2jax serve: --slots = {_SLOTS.value} and --max_length = {_MAX_LENGTH.value}; "
           "use at least 1 slot and 2 tokens.", file=sys.stderr)
     return 2
+  try:
+    profile_steps = _profile_steps(_PROFILE_STEPS.value)
+  except ValueError as e:
+    print(f"c2jax serve: --profile_steps {_PROFILE_STEPS.value!r}: {e}", file=sys.stderr)
+    return 2
+  profile_dir = _PROFILE_DIR.value
+  if profile_steps is not None and not profile_dir:
+    if not os.path.isdir(_MODEL.value):
+      print("c2jax serve: --profile_steps needs --profile_dir when --model is not a local "
+            "directory.", file=sys.stderr)
+      return 2
+    profile_dir = os.path.join(_MODEL.value, "profile", "serve")
   # Heavy imports after the flags are checked, so a typo fails fast.
   from c2jax.rollout import JaxEngine, jax_engine, sharding  # pylint: disable=g-import-not-at-top
   from c2jax.serve import (app, auth, loading, server,  # pylint: disable=g-import-not-at-top
                            validation)
+  from c2jax.train import profiling  # pylint: disable=g-import-not-at-top
   try:
     mesh = sharding.parse_mesh(_MESH.value) if _MESH.value else None
     if mesh is not None:
@@ -89,7 +110,8 @@ def main(argv: list[str]) -> int:
                         vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value,
                         limits=validation.Limits(
                             max_body_bytes=int(_MAX_BODY_MB.value * 2**20)),
-                        api_key=auth.resolve_key(_API_KEY.value))
+                        api_key=auth.resolve_key(_API_KEY.value),
+                        trace=profiling.StepTrace(profile_steps, profile_dir or "."))
   follower = None
   if _FOLLOW.value:
     from c2jax.serve import follow  # pylint: disable=g-import-not-at-top
@@ -100,3 +122,17 @@ def main(argv: list[str]) -> int:
     if follower is not None:
       follower.stop()
   return 0
+
+
+def _profile_steps(text: str) -> tuple[int, int] | None:
+  """'3,5' -> (3, 5); '' -> None."""
+  if not text.strip():
+    return None
+  parts = text.split(",")
+  try:
+    first, last = (int(p) for p in parts)
+  except ValueError:
+    raise ValueError("use FIRST,LAST (two engine step numbers, e.g. 3,5).") from None
+  if not 1 <= first <= last:
+    raise ValueError("use 1 <= FIRST <= LAST.")
+  return first, last

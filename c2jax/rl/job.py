@@ -34,6 +34,7 @@ from c2jax.rl import config as rl_config
 from c2jax.rollout import sharding as engine_sharding
 from c2jax.train import accumulate
 from c2jax.train import metrics as train_metrics
+from c2jax.train import profiling
 
 def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -81,6 +82,7 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
                                           at_start=True))
   c.parallel = parallel.default_parallel_config()
   c.metrics = train_metrics.default_config()
+  c.profile = profiling.default_config()
   # The learner reads token t's log-prob at t - 1, a shift along the sequence: context
   # shards stay contiguous (c2jax.rl.learner.runtime).
   c.parallel.context_load_balance = False
@@ -96,6 +98,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
   rl_config.validate(cfg.rl)
   agent_config.validate(cfg.agent)
   train_metrics.validate(cfg.metrics)
+  profiling.validate(cfg.profile)
   agent_config.check_tokenizer(cfg.agent, cfg.data, cfg.model.vocab_size)
   for key in ("learner.steps", "learner.learning_rate", "learner.groups_per_step",
               "learner.microbatches",

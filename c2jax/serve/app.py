@@ -33,12 +33,13 @@ class Service:
   def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, *,
                vocab_size: int, capture_path: str | None = None,
                limits: validation.Limits = validation.Limits(),
-               api_key: str | None = None):
+               api_key: str | None = None, trace=None):
+    """trace: a c2jax.train.profiling.StepTrace of chosen engine steps (or None)."""
     self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
     self.vocab_size = vocab_size
     self.limits = limits
     self.api_key = api_key  # None: no authentication (auth.py)
-    self.loop = EngineLoop(engine)
+    self.loop = EngineLoop(engine, trace)
     self.capture = capture_lib.CaptureWriter(capture_path) if capture_path else None
     self.turns = prompts.TurnMemory()
     self.created = int(time.time())

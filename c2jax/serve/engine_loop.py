@@ -22,6 +22,7 @@ from collections.abc import Callable
 from absl import logging
 
 from c2jax.rollout import Engine, Request
+from c2jax.train import profiling
 
 Event = tuple
 
@@ -45,8 +46,10 @@ class Stream:
 class EngineLoop:
   """Runs `engine` on a daemon thread until `stop()`."""
 
-  def __init__(self, engine: Engine):
+  def __init__(self, engine: Engine, trace: profiling.StepTrace | None = None):
+    """trace: `c2jax serve --profile_steps`: a jax.profiler trace of those engine steps."""
     self.engine = engine
+    self.trace = trace
     self._inbox: collections.deque[Stream] = collections.deque()
     self._cancels: collections.deque[Stream] = collections.deque()
     self._jobs: collections.deque = collections.deque()  # (fn, deliver) to run
@@ -118,6 +121,8 @@ class EngineLoop:
         self._admit(stream)
       if self.engine.busy:
         self._step()
+    if self.trace is not None:
+      self.trace.close()
     for stream in list(self._live.values()) + list(self._inbox):
       stream.deliver(("error", RuntimeError("the server is shutting down.")))
 
@@ -136,8 +141,11 @@ class EngineLoop:
       self.engine.cancel(stream.seq_id)
 
   def _step(self) -> None:
+    if self.trace is not None:
+      self.trace.before(self.steps + 1)
     try:
-      finished = self.engine.step()
+      with profiling.span("serve/step"):
+        finished = self.engine.step()
     except Exception as e:  # pylint: disable=broad-except
       # A failed step leaves the engine's state unknown: fail every live request loudly
       # rather than hang them, and keep the thread alive for the log line.
@@ -151,6 +159,8 @@ class EngineLoop:
           pass
       return
     self.steps += 1
+    if self.trace is not None:
+      self.trace.after(self.steps)
     now = time.time()
     done = {g.seq_id: g for g in finished}
     for seq_id, stream in list(self._live.items()):

@@ -20,7 +20,7 @@ from c2jax import data, parallel
 from c2jax.model import config as model_config
 from c2jax.model import lineage, variants
 from c2jax.parallel import context
-from c2jax.train import accumulate, metrics
+from c2jax.train import accumulate, metrics, profiling
 from c2jax.train.optimizer import SCHEDULES
 
 BATCH_KEYS = ("inputs", "targets", "positions", "segment_ids", "loss_mask")
@@ -67,6 +67,7 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.train = train_defaults()
   c.parallel = parallel.default_parallel_config()
   c.metrics = metrics.default_config()
+  c.profile = profiling.default_config()
   c.init_from = ""
   # Model keys this phase changes on purpose when it starts from init_from (dotted, e.g.
   # 'rope.factor'); every other architecture key is inherited (c2jax/model/lineage.py).
@@ -91,6 +92,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
   configlib.check_keys(cfg.data, reference.data, "data.")
   configlib.check_choice(cfg, "train.schedule", SCHEDULES)
   metrics.validate(cfg.metrics)
+  profiling.validate(cfg.profile)
   for key in ("train.steps", "train.batch_size", "train.microbatches", "train.seq_len", "train.learning_rate",
               "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
               "train.eval_batches", "data.vocab_size"):

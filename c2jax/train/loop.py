@@ -30,7 +30,7 @@ from c2jax import preemption
 from c2jax.parallel import context as context_lib
 from c2jax.parallel import distributed
 from c2jax.train import checkpoint as checkpoint_lib
-from c2jax.train import jobs, model_source, runtime
+from c2jax.train import jobs, model_source, profiling, runtime
 from c2jax.train.init_params import initial_params
 from c2jax.train.metrics import MetricsWriter
 from c2jax.train.optimizer import make_optimizer
@@ -130,6 +130,8 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
   preempted = None
   preemption.clear(workdir)
   stop = preemption.StopRequest(jax_processes=True).install()
+  trace = profiling.trace_of(cfg.profile,
+                             workdir / "profile" / f"process_{jax.process_index()}")
   try:
     if t.eval_every and start == 0:
       # The starting point of every curve: held-out loss before the first update.
@@ -137,13 +139,17 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
       eval_rows.append(writer.write(0, row))
       print("eval " + json.dumps({"step": 0, **row}), flush=True)
     for step in range(start + 1, t.steps + 1):
-      with rt.scope():
-        state, metrics = step_fn(state, device_batch(rt, next(iterator)))
+      trace.before(step)
+      with profiling.span("train/data"):
+        batch = device_batch(rt, next(iterator))
+      with rt.scope(), profiling.span("train/step"):
+        state, metrics = step_fn(state, batch)
       late.push(step, metrics)
       stopping = stop.reached(step)  # every process calls it once per step
       if step % t.checkpoint_every == 0 or step == t.steps or stopping:
         late.flush()  # a non-finite loss stops the run before this step is saved
-        ckpt.save(step, state, iterator.get_state(), cfg.to_dict(), force=True)
+        with profiling.span("train/checkpoint"):
+          ckpt.save(step, state, iterator.get_state(), cfg.to_dict(), force=True)
       if step % t.log_every == 0 or step == t.steps:
         done = step - start
         rate = done * tokens_per_step / (time.time() - begun)
@@ -153,9 +159,11 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
               f"ETA {eta:,.0f}s", flush=True)
       if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
         late.flush()
-        row = run_evals(rt, eval_step, state.params, datasets, step)
+        with profiling.span("train/eval"):
+          row = run_evals(rt, eval_step, state.params, datasets, step)
         eval_rows.append(writer.write(step, row))
         print("eval " + json.dumps({"step": step, **row}), flush=True)
+      trace.after(step, state)  # the step's checkpoint and eval are in its trace
       if stopping and step < t.steps:
         preempted = step
         if distributed.is_leader():
@@ -165,6 +173,7 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
         break
     late.flush()
   finally:
+    trace.close()
     stop.uninstall()
     ckpt.close()
     writer.close()

@@ -12,17 +12,18 @@ import pytest
 
 from c2jax.rl.tasks import curriculum
 from c2jax.rl.queue.group_queue import GroupQueue
+from c2jax.train import profiling
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def _rl(workdir, data_cache, steps):
+def _rl(workdir, data_cache, steps, *extra):
   command = [sys.executable, "-m", "c2jax.cli", "rl", "--config=configs/rl.py:test",
              f"--workdir={workdir}", f"--config.data.cache_dir={data_cache}",
              "--config.data.vocab_size=1024", "--config.data.max_total_bytes=3000000",
              "--config.data.tokenizer_train_bytes=300000", f"--config.learner.steps={steps}",
              "--config.rl.curriculum.sampling=running", "--config.rl.curriculum.lookahead=2",
-             "--config.rl.curriculum.probe_samples=0", "--config.tasks.train_count=3"]
+             "--config.rl.curriculum.probe_samples=0", "--config.tasks.train_count=3", *extra]
   proc = subprocess.run(command, cwd=REPO, env=dict(os.environ, JAX_PLATFORMS="cpu"),
                         capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -36,8 +37,16 @@ def _curriculum_state(workdir, step):
 @pytest.mark.slow
 def test_running_curriculum_feeds_the_pool_and_resumes_from_the_checkpoint(tmp_path):
   workdir, data_cache = tmp_path / "run", tmp_path / "data"
-  first = _rl(workdir, data_cache, steps=2)
+  # The first run also traces its steps: the learner's, and the actor's rollouts for them.
+  first = _rl(workdir, data_cache, 2, "--config.profile.steps=(1, 2)")
   assert "statistics from the prior; 2 drawn" in first
+  learner = profiling.span_totals(workdir / "profile" / "learner")
+  assert {name: learner[name][0] for name in ("learner/wait", "learner/step",
+                                              "learner/publish")} == {
+      "learner/wait": 2, "learner/step": 2, "learner/publish": 2}
+  assert learner["learner/checkpoint"][0] >= 1
+  actor = profiling.span_totals(workdir / "profile" / "actor0")
+  assert actor["actor/rollout"][0] >= 1 and actor["actor/weights"][0] >= 1
   second = _rl(workdir, data_cache, steps=3)  # resumes at step 2
   assert "resuming from step 2" in second and "statistics from the checkpoint" in second
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from c2jax.model import mtp
-from c2jax.rl import trainer
+from c2jax.rl import leader
 from c2jax.rollout import weights as weights_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -23,9 +23,9 @@ def test_draft_metrics_pool_the_groups_counts():
   info = [{"verify_steps": 10, "accepted_drafts": 6, "draft_tokens": 2},
           {"verify_steps": 30, "accepted_drafts": 2, "draft_tokens": 2},
           {"solved": [True]}]  # a group rolled out without speculation
-  metrics = trainer._draft_metrics(info)  # pylint: disable=protected-access
+  metrics = leader.draft_metrics(info)
   assert metrics == {"draft_tokens_per_step": 1.0 + 8 / 40, "draft_acceptance": 8 / 80}
-  assert trainer._draft_metrics([{"solved": [True]}]) == {}  # pylint: disable=protected-access
+  assert leader.draft_metrics([{"solved": [True]}]) == {}
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 from c2jax import hf
 from c2jax.serve import loading
 from c2jax.train import checkpoint as checkpoint_lib
+from c2jax.train import profiling
 
 openai = pytest.importorskip("openai")
 
@@ -75,7 +76,8 @@ def test_cli_serves_a_run(run_dir, tmp_path):
   process = subprocess.Popen(
       [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
        f"--model={run_dir}", "--port=0", "--slots=2", "--max_length=96",
-       f"--capture={capture}"],
+       f"--capture={capture}", "--profile_steps=1,1",
+       f"--profile_dir={tmp_path / 'profile'}"],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
   try:
     deadline, url = time.time() + 120, None
@@ -96,6 +98,8 @@ def test_cli_serves_a_run(run_dir, tmp_path):
     assert response.system_fingerprint == "c2jax-v30"
     [line] = capture.read_text().splitlines()
     assert json.loads(line)["id"] == response.id
+    # --profile_steps=1,1: the first engine step's trace, written before its reply.
+    assert profiling.span_totals(tmp_path / "profile")["serve/step"][0] == 1
   finally:
     process.terminate()
     process.wait(30)

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from c2jax.train import profiling
+
 from train_testlib import REPO, job_command, losses, run_job, signal_at_step, summary
 
 pytestmark = pytest.mark.slow
@@ -19,8 +21,11 @@ PRETRAIN = "configs/pretrain.py:tiny"
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory, data_cache):
   workdir = tmp_path_factory.mktemp("reference")
+  # Steps 4..6 are traced: every test comparing losses with this run also shows that a
+  # trace changes none of them.
   run_job("pretrain", PRETRAIN, workdir, data_cache, "--config.train.steps=12",
-          "--config.train.checkpoint_every=4", "--config.train.eval_every=6")
+          "--config.train.checkpoint_every=4", "--config.train.eval_every=6",
+          "--config.profile.steps=(4, 6)")
   return workdir
 
 
@@ -35,6 +40,18 @@ def test_metrics_evals_and_tensorboard(reference_run):
   assert any((reference_run / "tensorboard").iterdir())
   assert sorted(int(p.name) for p in (reference_run / "checkpoints").iterdir()
                 if p.name.isdigit()) == [4, 8, 12]
+
+
+def test_profile_traces_the_chosen_steps(reference_run):
+  """profile.steps=(4, 6): one trace of steps 4..6 in WORKDIR/profile/process_0, with
+  the host spans of those steps only (the checkpoint at 4, the eval at 6)."""
+  logdir = reference_run / "profile" / "process_0"
+  [run] = list((logdir / "plugins" / "profile").iterdir())
+  assert list(run.glob("*.xplane.pb"))  # TensorBoard's profile plugin reads this
+  spans = profiling.span_totals(logdir)
+  assert {name: count for name, (count, _) in spans.items()} == {
+      "train/data": 3, "train/step": 3, "train/checkpoint": 1, "train/eval": 1}
+  assert all(ms > 0 for _, ms in spans.values())
 
 
 def test_sigkill_then_resume_gives_identical_losses(tmp_path, data_cache, reference_run):

@@ -31,6 +31,7 @@ import time
 import zlib
 
 from c2jax import compile_cache
+from c2jax.train import profiling
 from c2jax.rl.actors import infra
 from c2jax.rl.actors import rollouts
 
@@ -142,29 +143,45 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
     if parent_pid is not None and os.getppid() != parent_pid:
       raise SystemExit(f"{actor_id}: the learner (pid {parent_pid}) is gone; stopping.")
     if external is None:
-      sync()
+      with profiling.span("actor/weights"):
+        sync()
 
+  # config.profile.steps = (a, b): trace the rollouts made with policy versions a-1..b-1,
+  # the ones learner steps a..b start from (a trace per process, on this machine's disk;
+  # Ray actors, whose run directory is remote, do not trace).
+  root = getattr(dirs, "root", None)
+  trace = profiling.trace_of(cfg.profile, pathlib.Path(root or ".") / "profile" / actor_id)
+  if root is None:
+    trace.steps = None
+  if trace.steps is not None:
+    # The learner stops its actors with SIGTERM: end the loop so the trace is written.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
   print(f"{actor_id}: ready with weights version {version}", flush=True)
-  while True:
-    on_step()
-    leased = pool.lease(actor_id)
-    if leased is None:
-      if pool.exhausted():
-        print(f"{actor_id}: no prompts left; exiting.", flush=True)
-        return 0
-      time.sleep(0.2)
-      continue
-    task_id, payload = leased
-    if repos is not None:
-      payload = repos.localize(payload)
-    try:
-      outcome = roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id, task_id,
-                                payload, on_step, external=external)
-    finally:
+  try:
+    while True:
+      on_step()
+      leased = pool.lease(actor_id)
+      if leased is None:
+        if pool.exhausted():
+          print(f"{actor_id}: no prompts left; exiting.", flush=True)
+          return 0
+        time.sleep(0.2)
+        continue
+      task_id, payload = leased
       if repos is not None:
-        repos.forget(payload)
-    if outcome == "engine_error":
-      return 1  # the engine's state is suspect: exit, and the learner restarts us
+        payload = repos.localize(payload)
+      trace.before(engine.version + 1)
+      try:
+        outcome = roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id,
+                                  task_id, payload, on_step, external=external)
+      finally:
+        if repos is not None:
+          repos.forget(payload)
+      trace.after(engine.version + 1)
+      if outcome == "engine_error":
+        return 1  # the engine's state is suspect: exit, and the learner restarts us
+  finally:
+    trace.close()
 
 
 def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, task_id: str,
@@ -184,12 +201,13 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
   drafting = _DraftCounter(engine, cfg.actors.num_draft_tokens)
   try:
     seeds = rollouts.rollout_seeds(task_id, group_size, cfg.learner.seed)
-    if external is not None:
-      trajectories = external.run_group(task, seeds)
-    else:
-      trajectories = agent_loop.run_episodes(
-          engine, tokenizer, cfg.agent, [task] * group_size, seeds=seeds, on_step=on_step,
-          sandbox_factory=sandbox_factory, infra_retries=cfg.rl.infra.retries)
+    with profiling.span("actor/rollout"):
+      if external is not None:
+        trajectories = external.run_group(task, seeds)
+      else:
+        trajectories = agent_loop.run_episodes(
+            engine, tokenizer, cfg.agent, [task] * group_size, seeds=seeds, on_step=on_step,
+            sandbox_factory=sandbox_factory, infra_retries=cfg.rl.infra.retries)
     # Behaviour graders run here (a failed judge endpoint is a RolloutError too).
     group, metrics = rollouts.make_group(cfg.rl, task_id, trajectories)
   except agent_loop.RolloutError as err:
@@ -206,7 +224,8 @@ def roll_out_prompt(cfg, dirs, engine, tokenizer, pool, queue, actor_id: str, ta
     infra.record(dirs, actor_id, infra_retries=retried)
   group.info["actor"] = actor_id
   group.info.update(drafting.counts())
-  queue.put(group)
+  with profiling.span("actor/queue"):
+    queue.put(group)  # blocks while the queue is full (back-pressure)
   pool.complete(actor_id, task_id)
   print(f"{actor_id}: {task_id} reward {metrics['reward']:+.3f} pass "
         f"{metrics['pass_rate']:.2f} in {time.monotonic() - started:.1f}s "
