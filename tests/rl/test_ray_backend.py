@@ -1,11 +1,12 @@
-"""`actors.backend = 'ray'` end to end on a local Ray cluster: two actors in Ray worker
-processes reach the run only through Ray (leases, repositories, groups, infra counts)
-and a file:// URL (weights); the learner checkpoints to another file:// URL. One actor's
-worker is killed mid-rollout: its prompt goes back to the pool and the actor restarts."""
+"""`actors.backend = 'ray'` end to end on a Ray cluster of two nodes on this machine
+(tests/ray_testlib.py): two actors, one on each node, reach the run only through Ray
+(leases, repositories, groups, infra counts) and a file:// URL (weights); the learner
+checkpoints to another file:// URL. The second node is lost while both actors are
+mid-rollout (its raylet and workers killed): its actor's prompt goes back to the pool, the
+actor is restarted, and the run finishes with every group trained exactly once."""
 
 import os
 import pathlib
-import signal
 import threading
 import time
 
@@ -18,46 +19,36 @@ from c2jax import config as configlib  # pylint: disable=g-import-not-at-top
 from c2jax.rl import trainer  # pylint: disable=g-import-not-at-top
 from c2jax.rl.queue.group_queue import GroupQueue  # pylint: disable=g-import-not-at-top
 from c2jax.rl.queue.group_store import Group  # pylint: disable=g-import-not-at-top
+from tests import ray_testlib  # pylint: disable=g-import-not-at-top
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 2
 
 
 @pytest.fixture
-def local_ray():
-  # Workers import this checkout's c2jax, as the driver does.
-  path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-           runtime_env={"env_vars": {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}})
-  yield
-  ray.shutdown()
+def two_nodes(monkeypatch):
+  """A head and a second node of one CPU each: each runs one actor (1 CPU apiece)."""
+  with ray_testlib.two_nodes(monkeypatch, head_cpus=1, node_cpus=1) as nodes:
+    yield nodes
 
 
-def _actor_workers() -> list[int]:
-  """Pids of Ray worker processes running an actor (Ray titles them ray::run_actor)."""
-  pids = []
-  for proc in pathlib.Path("/proc").iterdir():
-    try:
-      if proc.name.isdigit() and (proc / "cmdline").read_bytes().startswith(b"ray::run_actor"):
-        pids.append(int(proc.name))
-    except OSError:
-      continue
-  return pids
-
-
-def _kill_one_actor_mid_rollout(workdir: pathlib.Path, killed: list, stop: threading.Event):
+def _lose_node2_mid_rollout(cluster, node2, workdir: pathlib.Path, lost: list,
+                            stop: threading.Event):
+  """Removes the second node once it runs an actor and both actors hold a lease."""
   leased = workdir / "pool" / "leased"
   while not stop.is_set():
-    if leased.exists() and any(leased.rglob("*.json")) and _actor_workers():
-      pid = _actor_workers()[0]
-      os.kill(pid, signal.SIGKILL)
-      killed.append(pid)
+    if (ray_testlib.busy_cpus(node2.node_id, 1) and leased.exists()
+        and len(list(leased.glob("*/*.json"))) == 2):
+      cluster.remove_node(node2, allow_graceful=False)
+      lost.append(time.time())
       return
     time.sleep(0.1)
 
 
 @pytest.mark.slow
-def test_ray_actors_feed_the_learner_without_a_shared_disk(tmp_path, local_ray, capsys):
+def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_path, two_nodes,
+                                                                        capsys):
+  cluster, node2 = two_nodes
   cfg = configlib.load_config_file(str(REPO / "configs/rl.py"), "test")
   cfg.data.cache_dir = str(tmp_path / "data")
   cfg.data.vocab_size = 1024
@@ -72,8 +63,9 @@ def test_ray_actors_feed_the_learner_without_a_shared_disk(tmp_path, local_ray, 
   cfg.learner.checkpoint_dir = f"file://{bucket}/ckpt/"
   workdir = tmp_path / "run"
 
-  killed, stop = [], threading.Event()
-  killer = threading.Thread(target=_kill_one_actor_mid_rollout, args=(workdir, killed, stop))
+  lost, stop = [], threading.Event()
+  killer = threading.Thread(target=_lose_node2_mid_rollout,
+                            args=(cluster, node2, workdir, lost, stop))
   killer.start()
   try:
     summary = trainer.train(cfg, str(workdir))
@@ -83,7 +75,9 @@ def test_ray_actors_feed_the_learner_without_a_shared_disk(tmp_path, local_ray, 
 
   assert summary["step"] == STEPS
   output = capsys.readouterr().out
-  assert killed and " died (status 1); " in output and "restart 1/" in output, output[-3000:]
+  assert lost, "the second node never ran an actor mid-rollout"
+  assert " died (status 1); " in output and "restart 1/" in output, output[-3000:]
+  assert len([n for n in ray.nodes() if n["Alive"]]) == 1
   # Checkpoints and weights went to the URLs, not into the run directory (nor into a
   # directory named 'file:' under the working directory).
   assert str(STEPS) in os.listdir(bucket / "ckpt")

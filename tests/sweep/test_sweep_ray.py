@@ -9,6 +9,7 @@ import pytest
 from c2jax import sweep
 
 ray = pytest.importorskip("ray")
+from tests import ray_testlib  # pylint: disable=g-import-not-at-top
 pytestmark = pytest.mark.slow
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -26,13 +27,11 @@ def get_sweep(arg=None):
 
 @pytest.fixture(scope="module")
 def local_ray():
-  # Workers import this checkout's c2jax, as the driver does. Ray's memory monitor is off:
-  # on a shared test machine it kills these small workers for other processes' memory.
-  path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+  env = ray_testlib.worker_env()
   saved = os.environ.get("RAY_memory_monitor_refresh_ms")
-  os.environ["RAY_memory_monitor_refresh_ms"] = "0"
+  os.environ["RAY_memory_monitor_refresh_ms"] = env["RAY_memory_monitor_refresh_ms"]
   ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-           runtime_env={"env_vars": {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}})
+           runtime_env={"env_vars": env})
   yield
   ray.shutdown()
   if saved is None:

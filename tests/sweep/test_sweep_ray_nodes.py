@@ -1,7 +1,6 @@
-"""`c2jax sweep --backend=ray` on a two-node Ray cluster on this machine (Ray's own
-multi-node harness, ray.cluster_utils.Cluster: a head and a second node, each its own
-raylet with its own resources): points run on both nodes, and when the second node is
-lost mid-run (its raylet and workers killed) its points rerun on the head."""
+"""`c2jax sweep --backend=ray` on a two-node Ray cluster on this machine
+(tests/ray_testlib.py): points run on both nodes, and when the second node is lost mid-run
+(its raylet and workers killed) its points rerun on the head."""
 
 import json
 import os
@@ -14,8 +13,7 @@ import pytest
 from c2jax import sweep
 
 ray = pytest.importorskip("ray")
-from ray import cluster_utils  # pylint: disable=g-import-not-at-top
-from ray._private import state as ray_state  # pylint: disable=g-import-not-at-top
+from tests import ray_testlib  # pylint: disable=g-import-not-at-top
 
 pytestmark = pytest.mark.slow
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -34,30 +32,9 @@ def get_sweep(arg=None):
 
 @pytest.fixture
 def two_nodes(monkeypatch):
-  """(cluster, second node): a head of 1 CPU and a node of 2; both stopped afterwards."""
-  # Workers import this checkout's c2jax. Ray's memory monitor is off: on a shared test
-  # machine it kills small workers for other processes' memory.
-  path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-  for name, value in (("PYTHONPATH", path), ("JAX_PLATFORMS", "cpu"),
-                      ("RAY_memory_monitor_refresh_ms", "0")):
-    monkeypatch.setenv(name, value)
-  cluster = cluster_utils.Cluster(initialize_head=True, head_node_args=dict(
-      num_cpus=1, resources={"head": 1}, include_dashboard=False))
-  try:
-    node2 = cluster.add_node(num_cpus=2, resources={"node2": 2})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    yield cluster, node2
-  finally:
-    ray.shutdown()
-    cluster.shutdown()  # kills exactly the processes this cluster started
-
-
-def _busy_cpus(node_id: str) -> float:
-  """CPUs in use on the second node (one per point); 0 until its resources are reported
-  (its 'node2' resource, which nothing uses, is always listed; a used-up CPU is not)."""
-  available = ray_state.available_resources_per_node().get(node_id, {})
-  return 2.0 - available.get("CPU", 0.0) if "node2" in available else 0.0
+  """A head of 1 CPU and a second node of 2."""
+  with ray_testlib.two_nodes(monkeypatch, head_cpus=1, node_cpus=2) as nodes:
+    yield nodes
 
 
 def test_points_use_both_nodes_and_survive_losing_one(two_nodes, tmp_path):
@@ -77,7 +54,7 @@ def test_points_use_both_nodes_and_survive_losing_one(two_nodes, tmp_path):
     deadline = time.time() + 900
     while time.time() < deadline:
       # Two points launched at once: the head has one CPU, so one runs on the second node.
-      if _busy_cpus(node2.node_id) and launched() >= 2:
+      if ray_testlib.busy_cpus(node2.node_id, 2) and launched() >= 2:
         time.sleep(2)
         cluster.remove_node(node2, allow_graceful=False)
         lost.append(launched())
