@@ -117,16 +117,21 @@ def test_comm_volume_of_compiled_collectives_matches_hand_derivation(compiled_pr
   assert compiled_programs["to_all"] == {"all-to-all": [1, 256, 192.0]}
 
 
-@pytest.fixture(scope="module")
-def tiny_plan():
-  command = [sys.executable, "-m", "c2jax.cli", "plan", "--config=configs/pretrain.py:tiny",
-             "--memory", "--mesh=fsdp=2,expert=2", "--config.train.batch_size=4",
-             "--config.train.seq_len=32", "--config.model.num_layers=4",
+def _plan(*args):
+  """`c2jax plan ARGS --memory --device_memory_gb=0.001`: (its output, its JSON line)."""
+  command = [sys.executable, "-m", "c2jax.cli", "plan", *args, "--memory",
              "--device_memory_gb=0.001"]
   out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400,
                        env={**os.environ, "PYTHONPATH": str(REPO)})
   assert out.returncode == 0, out.stderr[-3000:]
   return out.stdout, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def tiny_plan():
+  return _plan("--config=configs/pretrain.py:tiny", "--mesh=fsdp=2,expert=2",
+               "--config.train.batch_size=4", "--config.train.seq_len=32",
+               "--config.model.num_layers=4")
 
 
 def test_memory_plan_reports_sharded_state_and_batch(tiny_plan):
@@ -175,14 +180,9 @@ def test_mesh_flag_is_checked():
 
 @pytest.fixture(scope="module")
 def rl_plan():
-  command = [sys.executable, "-m", "c2jax.cli", "plan", "--config=configs/rl.py:test",
-             "--memory", "--mesh=fsdp=2,expert=2,context=2", "--config.actors.max_length=32",
-             "--config.agent.max_turn_tokens=8", "--config.rl.kl.coef=0.01",
-             "--device_memory_gb=0.001"]
-  out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=400,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
-  assert out.returncode == 0, out.stderr[-3000:]
-  return out.stdout, json.loads(out.stdout.strip().splitlines()[-1])
+  return _plan("--config=configs/rl.py:test", "--mesh=fsdp=2,expert=2,context=2",
+               "--config.actors.max_length=32", "--config.agent.max_turn_tokens=8",
+               "--config.rl.kl.coef=0.01")
 
 
 def test_memory_plan_of_the_rl_learner_step(rl_plan):

@@ -1,5 +1,7 @@
 """Helpers shared by the RL tests."""
 
+import pathlib
+
 import numpy as np
 
 from c2jax.env import tasks as tasks_lib
@@ -37,3 +39,16 @@ def random_segment(model_cfg, rng: np.random.Generator, length: int) -> dict:
               sampler_logprobs=(-2.0 - rng.random(length) * mask).astype(np.float32),
               versions=np.zeros(length, np.int32),
               router_indices=rng.integers(0, experts, (length, layers, k)).astype(np.int32))
+
+
+def actor_pids(workdir) -> list[int]:
+  """Pids of the local actor processes of the `c2jax rl` run in `workdir`."""
+  pids = []
+  for proc in pathlib.Path("/proc").iterdir():
+    try:
+      cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+      continue
+    if b"c2jax.rl.actors.actor" in cmdline and f"--workdir={workdir}".encode() in cmdline:
+      pids.append(int(proc.name))
+  return pids

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from c2jax.rl.queue.group_queue import GroupQueue
+from tests.rl import rl_testlib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 4
@@ -41,18 +42,6 @@ def _wait_for(condition, what, process=None, timeout=420):
     time.sleep(0.2)
 
 
-def _actor_pids(workdir):
-  pids = []
-  for proc in pathlib.Path("/proc").iterdir():
-    try:
-      cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-      continue
-    if b"c2jax.rl.actors.actor" in cmdline and f"--workdir={workdir}".encode() in cmdline:
-      pids.append(int(proc.name))
-  return pids
-
-
 def _leased(workdir):
   leased = pathlib.Path(workdir) / "pool" / "leased"
   return leased.exists() and any(any(d.iterdir()) for d in leased.iterdir())
@@ -72,19 +61,19 @@ def test_rl_survives_actor_and_learner_kills_without_losing_or_repeating_groups(
     try:
       # An actor mid-rollout (holding a leased prompt) is killed; the learner gives the
       # prompt back to the pool and restarts the actor.
-      _wait_for(lambda: _leased(workdir) and _actor_pids(workdir), "a leased prompt", learner)
-      [actor] = _actor_pids(workdir)
+      _wait_for(lambda: _leased(workdir) and rl_testlib.actor_pids(workdir), "a leased prompt", learner)
+      [actor] = rl_testlib.actor_pids(workdir)
       os.kill(actor, signal.SIGKILL)
       # Then the learner itself dies after its second checkpoint.
       _wait_for(lambda: len(_checkpoints(workdir)) >= 2, "two checkpoints", learner)
       os.kill(learner.pid, signal.SIGKILL)
       learner.wait()
-      _wait_for(lambda: not _actor_pids(workdir), "the actors to die with the learner",
+      _wait_for(lambda: not rl_testlib.actor_pids(workdir), "the actors to die with the learner",
                 timeout=30)
       resumed = _start(workdir, data_cache, log)
       assert resumed.wait(timeout=600) == 0
     finally:
-      for pid in _actor_pids(workdir) + ([learner.pid] if learner.poll() is None else []):
+      for pid in rl_testlib.actor_pids(workdir) + ([learner.pid] if learner.poll() is None else []):
         os.kill(pid, signal.SIGKILL)
   output = log_path.read_text(errors="replace")
   # The curriculum probed every prompt once, before the first step, and only then.

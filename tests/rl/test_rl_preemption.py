@@ -16,20 +16,16 @@ import sys
 import time
 
 import jax
-import numpy as np
 import pytest
 
 from c2jax import config as configlib
 from c2jax.env import procgen
-from c2jax.env import tasks as tasks_lib
 from c2jax.rl import job
 from c2jax.rl.actors import rollouts
 from c2jax.rl.learner import runtime as learner_runtime
-from c2jax.rl.queue.group_store import Group
-from c2jax.train import checkpoint as checkpoint_lib
 from c2jax.train import runtime
 from tests.rl import test_rl_processes as setup
-from tests.rl.rl_testlib import random_segment
+from tests.rl import rl_testlib
 from tests.subprocess_checks import child_env
 
 pytestmark = pytest.mark.slow  # `c2jax rl` processes compile the tiny RL step
@@ -56,24 +52,8 @@ def prepared(tmp_path_factory):
 
   def prepare(name):
     """A run directory at step 0 (checkpoint, held-out task) with STEPS groups queued."""
-    workdir = root / name
-    dirs = rollouts.RunDirs(workdir)
-    dirs.heldout.parent.mkdir(parents=True)
-    tasks_lib.save_jsonl(heldout, str(dirs.heldout))
-    dirs.pool()
-    queue = dirs.queue(cfg)
-    queue.capacity = STEPS
-    rng = np.random.default_rng(0)
-    info = dict(solved=[True, False], sampled_tokens=[10, 8], total_tokens=[20, 14],
-                turns=[1, 2], thinking_tokens=[0, 0])
-    for i in range(STEPS):
-      queue.put(Group(f"g{i}", 0, np.float32([1, 0]), np.float32([0.5, -0.5]),
-                      [random_segment(cfg.model, rng, n) for n in (24, 11, 14)],
-                      np.int32([0, 0, 1]), dict(info)))
-    saver = checkpoint_lib.Checkpointer(dirs.checkpoints, async_save=False)
-    saver.save(0, state, {}, {"config": json.loads(cfg.to_json())}, force=True)
-    saver.close()
-    return workdir
+    setup._prepare_run(root / name, cfg, state, heldout, STEPS)  # pylint: disable=protected-access
+    return root / name
 
   return root, config_file, prepare
 
@@ -127,14 +107,8 @@ def test_sigterm_checkpoints_the_step_and_the_rerun_continues_exactly(prepared):
 
 
 def _actor_pid(workdir):
-  for proc in pathlib.Path("/proc").iterdir():
-    try:
-      cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-      continue
-    if b"c2jax.rl.actors.actor" in cmdline and f"--workdir={workdir}".encode() in cmdline:
-      return int(proc.name)
-  return None
+  pids = rl_testlib.actor_pids(workdir)
+  return pids[0] if pids else None
 
 
 def test_an_actor_killed_while_the_queue_is_full_is_restarted_within_the_bound(prepared):

@@ -61,7 +61,7 @@ def _write_sources(root: pathlib.Path) -> None:
   tokenizer_lib.train_bpe(texts, 300).save(root / "tokenizer.json")
 
 
-def _groups(cfg) -> list[Group]:
+def _groups(cfg, steps: int = STEPS) -> list[Group]:
   """One group of two rollouts per step (one rollout in two segments)."""
   rng = np.random.default_rng(0)
   info = dict(solved=[True, False], sampled_tokens=[10, 8], total_tokens=[20, 14],
@@ -69,18 +69,19 @@ def _groups(cfg) -> list[Group]:
   return [Group(f"g{i}", 0, np.float32([1, 0]), np.float32([0.5, -0.5]),
                 [random_segment(cfg.model, rng, n) for n in (24, 11, 14)],
                 np.int32([0, 0, 1]), dict(info))
-          for i in range(STEPS)]
+          for i in range(steps)]
 
 
-def _prepare_run(workdir: pathlib.Path, cfg, state, heldout) -> None:
-  """A run directory as `c2jax rl` leaves it at step 0, with the groups queued."""
+def _prepare_run(workdir: pathlib.Path, cfg, state, heldout, steps: int = STEPS) -> None:
+  """A run directory as `c2jax rl` leaves it at step 0, with `steps` groups queued (one
+  per step; test_rl_preemption.py reuses it)."""
   dirs = rollouts.RunDirs(workdir)
   dirs.heldout.parent.mkdir(parents=True)
   tasks_lib.save_jsonl(heldout, str(dirs.heldout))
   dirs.pool()
   queue = dirs.queue(cfg)
-  queue.capacity = STEPS
-  for group in _groups(cfg):
+  queue.capacity = steps
+  for group in _groups(cfg, steps):
     queue.put(group)
   saver = checkpoint_lib.Checkpointer(dirs.checkpoints, async_save=False)
   saver.save(0, state, {}, {"config": json.loads(cfg.to_json())}, force=True)

@@ -226,23 +226,12 @@ def jax_to_numpy(tree):
 
 
 def _hf_worker(args) -> None:
-  import torch
-  from transformers import AutoModelForCausalLM
-  torch.manual_seed(0)
-  hf_model = AutoModelForCausalLM.from_pretrained(args.hf_worker, torch_dtype=torch.float32)
-  hf_model.eval()
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  import bench_decode_peers  # pylint: disable=g-import-not-at-top  (imports no jax at the top)
+
   batch = int(args.batches)
-  vocab = hf_model.config.vocab_size
-  inputs = torch.randint(0, vocab, (batch, args.prompt_len))
-
-  def timed(new):
-    start = time.perf_counter()
-    with torch.no_grad():
-      hf_model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
-                        max_new_tokens=new, min_new_tokens=new, use_cache=True,
-                        pad_token_id=0)
-    return time.perf_counter() - start
-
+  timed, _ = bench_decode_peers.hf_builder(
+      {"hf_dir": args.hf_worker, "batch": batch, "prompt_len": args.prompt_len})
   timed(2)  # warm-up
   # Decode-only: the difference to a one-token generate removes the prefill.
   decode = timed(args.new_tokens) - timed(1)

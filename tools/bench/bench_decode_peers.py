@@ -248,7 +248,10 @@ def _tunix_builder(request: dict):
   return timed, params
 
 
-def _hf_builder(request: dict):
+def hf_builder(request: dict):
+  """transformers' greedy generate of `request['batch']` random prompts: (timed(count),
+  parameter count); timed(count) is the seconds one generate of `count` tokens takes.
+  bench_decode.py's HF side uses it too."""
   import torch
   from transformers import AutoModelForCausalLM
   model = AutoModelForCausalLM.from_pretrained(request["hf_dir"], dtype=torch.float32).eval()
@@ -272,7 +275,7 @@ def _worker(peer: str) -> None:
   for line in sys.stdin:
     message = json.loads(line)
     if message["op"] == "build":
-      timed, params = {"tunix": _tunix_builder, "hf": _hf_builder}[peer](message)
+      timed, params = {"tunix": _tunix_builder, "hf": hf_builder}[peer](message)
       reply = {"params": int(params)}
     else:
       reply = {"seconds": timed(message["count"])}
