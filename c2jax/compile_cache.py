@@ -22,6 +22,11 @@ def enable() -> None:
     return
   import jax  # pylint: disable=g-import-not-at-top  (keeps this module free of jax)
 
+  raw = os.environ.get("C2JAX_XLA_CACHE_MIN_SECS", "1")
+  try:
+    min_secs = float(raw)
+  except ValueError:
+    raise ValueError(f"C2JAX_XLA_CACHE_MIN_SECS={raw!r} is not a number of seconds; set "
+                     "e.g. 1 (the default), or 0 to cache every program.") from None
   jax.config.update("jax_compilation_cache_dir", os.path.expanduser(location))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                    float(os.environ.get("C2JAX_XLA_CACHE_MIN_SECS", "1")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", min_secs)

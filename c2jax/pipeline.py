@@ -17,6 +17,9 @@ copied into each job. A finished stage records its result in ROOT/<stage>/RESULT
 it was run to (steps, suite, ...); a rerun reports that recorded result instead of running
 the stage again, and a stage whose target changed (e.g. more steps) continues from where it
 stopped. ROOT/summary.json holds every stage's result, rewritten after each stage.
+SIGTERM or SIGINT stops the stage in flight the way its own command stops (a checkpoint of
+the step it was on): the pipeline then records nothing for that stage, starts no other,
+marks ROOT as preempted (c2jax.preemption) and returns; rerunning resumes that stage.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import pathlib
 import time
 
 from c2jax import config as configlib
+from c2jax import preemption
 from c2jax.agent import solver
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
@@ -110,6 +114,7 @@ def run(cfg, root: str | pathlib.Path) -> dict:
   summary, also written to ROOT/summary.json."""
   root = pathlib.Path(root).expanduser().absolute()
   prepare(cfg, root)
+  preemption.clear(root)
   summary = {}
   for stage in cfg.stages:
     workdir = root / stage
@@ -124,6 +129,15 @@ def run(cfg, root: str | pathlib.Path) -> dict:
       start = time.time()
       result = _run_stage(cfg, stage, workdir)
       result["seconds"] = round(time.time() - start, 1)
+      if result.get("preempted"):
+        # Stopped by SIGTERM/SIGINT: not finished, so no record and no next stage; the
+        # stage resumes from its checkpoint when the same command is rerun.
+        summary[stage] = result
+        _write_json(root / SUMMARY, summary)
+        preemption.mark(root, stage=stage)
+        print(f"preemption: the pipeline stopped in stage {stage}; rerun the same command "
+              "to resume", flush=True)
+        return {**summary, "preempted": stage}
       _write_json(workdir / RESULT, {"target": target, "result": result})
     summary[stage] = result
     print(f"=== {stage} done: {json.dumps(result, default=float)}", flush=True)
@@ -142,12 +156,13 @@ def _run_stage(cfg, stage: str, workdir: pathlib.Path) -> dict:
             # The held-out pass rate (and best-of-k) of the last evaluation, and every one.
             "eval": evals[max(evals)] if evals else None,
             "evals": {str(step): evals[step] for step in sorted(evals)},
-            "idle_fraction": summary["idle_fraction"]}
+            "idle_fraction": summary["idle_fraction"], "preempted": summary["preempted"]}
   if stage == "eval":
     summary = _named(eval_runner.run, "eval", cfg.eval, str(workdir))
     overall = summary["overall"]
     result = {"suite": summary["suite"], "run": cfg.eval.policy.run,
-              "eval": {k: v for k, v in overall.items() if not isinstance(v, (dict, list))}}
+              "eval": {k: v for k, v in overall.items() if not isinstance(v, (dict, list))},
+              "preempted": bool(summary.get("preempted"))}
     if "metrics" in summary:  # a scored suite's own numbers (perplexity, ...)
       result["metrics"] = summary["metrics"]
     return result

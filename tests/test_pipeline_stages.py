@@ -45,3 +45,31 @@ def test_a_bad_chain_is_refused_naming_the_key(tmp_path, change, key, message):
   with pytest.raises(configlib.ConfigError, match=message) as err:
     pipeline.prepare(cfg, tmp_path)
   assert err.value.key == key
+
+
+def test_a_preempted_stage_is_not_recorded_and_stops_the_pipeline(tmp_path, monkeypatch):
+  """A stage stopped by SIGTERM (its job returns `preempted`) gets no result record, the
+  stages after it do not start, ROOT is marked preempted (what a sweep reads), and the
+  rerun resumes that stage, then goes on."""
+  from c2jax import preemption  # pylint: disable=g-import-not-at-top
+
+  ran = []
+
+  def stage_job(cfg, stage, workdir):
+    ran.append(stage)
+    if stage == "longctx" and ran.count("longctx") == 1:
+      return {"steps": 3, "preempted": 3}
+    return {"steps": 5, "preempted": None}
+
+  monkeypatch.setattr(pipeline, "_run_stage", stage_job)
+  cfg = tiny()
+  cfg.stages = ("pretrain", "longctx", "sft")
+  monkeypatch.setattr(pipeline, "prepare", lambda cfg, root: None)
+  summary = pipeline.run(cfg, tmp_path)
+  assert summary["preempted"] == "longctx" and ran == ["pretrain", "longctx"]
+  assert (tmp_path / "pretrain" / pipeline.RESULT).exists()
+  assert not (tmp_path / "longctx" / pipeline.RESULT).exists()
+  assert preemption.was_preempted(tmp_path)
+  summary = pipeline.run(cfg, tmp_path)
+  assert ran == ["pretrain", "longctx", "longctx", "sft"]  # pretrain from its record
+  assert "preempted" not in summary and not preemption.was_preempted(tmp_path)

@@ -125,12 +125,11 @@ def main(argv: list[str]) -> int:
 
 
 def _profile_steps(text: str) -> tuple[int, int] | None:
-  """'3,5' -> (3, 5); '' -> None."""
+  """'3,5' -> (3, 5); '' -> None. (The flag's own wording of profiling.steps_of's check.)"""
   if not text.strip():
     return None
-  parts = text.split(",")
   try:
-    first, last = (int(p) for p in parts)
+    first, last = (int(part) for part in text.split(","))
   except ValueError:
     raise ValueError("use FIRST,LAST (two engine step numbers, e.g. 3,5).") from None
   if not 1 <= first <= last:

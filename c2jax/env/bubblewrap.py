@@ -305,11 +305,13 @@ class BubblewrapSandbox(sandbox_lib.Sandbox):
     global _warned_no_quota
     if not self.disk_quota_enforced and not _warned_no_quota:
       _warned_no_quota = True
+      tmp = (f'/tmp ({self.limits.disk_mb} MB) and each file' if _tmpfs_size_supported()
+             else 'each file (this bubblewrap is older than 0.5: /tmp has no --size)')
       logging.warning(
           'Sandbox disk quota not enforced on the workspace (disk_mb=%d): mounting its '
           'size-limited file system needs root (CAP_SYS_ADMIN), loop devices and '
-          'mkfs.ext4. Only /tmp (%d MB) and each file (max_file_mb=%d) are bounded.',
-          self.limits.disk_mb, self.limits.disk_mb, self.limits.max_file_mb)
+          'mkfs.ext4. Only %s (max_file_mb=%d) are bounded.',
+          self.limits.disk_mb, tmp, self.limits.max_file_mb)
 
   @property
   def disk_quota_enforced(self) -> bool:

@@ -41,7 +41,10 @@ class CgroupSet:
         parent = os.path.join(_ROOT, _PREFIX)
         os.makedirs(parent, exist_ok=True)
         # Controllers must be enabled on the parent before children can use them.
-        _write(os.path.join(parent, 'cgroup.subtree_control'), '+memory +pids +cpu')
+        # Only what is used: a parent without the cpu controller (systemd user delegation
+        # before v252, some containers) refuses the whole write when '+cpu' is in it.
+        _write(os.path.join(parent, 'cgroup.subtree_control'),
+               '+memory +pids' + (' +cpu' if quota is not None else ''))
         path = os.path.join(parent, name)
         os.mkdir(path)
         self.dirs.append(path)

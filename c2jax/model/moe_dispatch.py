@@ -258,7 +258,8 @@ def select(moe_impl: str, quant: str, num_tokens: int, top_k: int, num_experts: 
 
 
 def pallas_impl(platform: str | None = None) -> str:
-  """The grouped-matmul impl behind moe_impl='pallas' on `platform` (default: JAX's)."""
+  """The grouped-matmul impl behind moe_impl='pallas' on `platform` (default: the
+  platform the step compiles for, kernels.target_platform())."""
   impl = kernels.default_grouped_matmul_impl(platform)
   return impl if GROUPED_MATMUL_IMPLS[impl].is_pallas else _PALLAS_FALLBACK_IMPL
 

@@ -136,15 +136,18 @@ def _compile_engine(model_cfg, placement, *, slots: int, max_length: int, prefil
     decode_c = decode_fn.lower(
         params, cache, per_slot(i32), per_slot(i32), per_slot(jnp.bool_), per_slot(jnp.bool_),
         per_slot(f32), per_slot(i32), per_slot(f32), per_slot(jnp.uint32),
-        _scalar(i32, rep, (slots, 1)), per_slot(i32)).compile()
+        _scalar(i32, rep, (slots, 1)), per_slot(i32), _scalar(i32, rep)).compile()
   return {"prefill": prefill_c, "decode": decode_c}
 
 
 def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int,
-                         decode_steps: int = jax_engine.DEFAULT_DECODE_STEPS
+                         decode_steps: int = jax_engine.DEFAULT_MAX_DECODE_STEPS
                          ) -> list[CompiledStep]:
   """The rollout engine's prefill (one slot, a chunk of `prefill` tokens) and decode
-  (`decode_steps` tokens for `slots` slots at `context` tokens) programs on `devices`."""
+  (up to `decode_steps` tokens for `slots` slots at `context` tokens) programs on
+  `devices`: the programs JaxEngine compiles (its decode call runs up to
+  `max_decode_steps` tokens, the count of a call being a runtime operand), with the
+  FLOPs of a call that runs all of them."""
   devices = list(devices)
   placement = engine_placement(cfg.parallel, devices, slots)
   max_length = context + decode_steps + prefill

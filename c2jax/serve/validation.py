@@ -61,18 +61,20 @@ async def read_payload(http: fastapi.Request, limits: Limits):
     except ValueError:
       raise APIError(400, f"Content-Length {declared[:40]!r} is not a number.") from None
     if size > limits.max_body_bytes:
-      raise _too_large(size, limits)
+      raise _too_large(size, limits, counted=False)
   chunks, size = [], 0
   async for chunk in http.stream():
     size += len(chunk)
     if size > limits.max_body_bytes:
-      raise _too_large(size, limits)
+      raise _too_large(size, limits, counted=True)
     chunks.append(chunk)
   return await run_in_threadpool(parse_payload, b"".join(chunks), limits)
 
 
-def _too_large(size: int, limits: Limits) -> APIError:
-  return APIError(413, f"the request body has {'at least ' if size else ''}{size} bytes; this "
+def _too_large(size: int, limits: Limits, counted: bool) -> APIError:
+  """counted: the size was counted while the body streamed in (it has at least that
+  many bytes), not declared by Content-Length."""
+  return APIError(413, f"the request body has {'at least ' if counted else ''}{size} bytes; this "
                   f"server takes at most {limits.max_body_bytes} (c2jax serve "
                   "--max_body_mb). Send a shorter prompt.", None, "request_too_large")
 

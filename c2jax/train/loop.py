@@ -177,7 +177,9 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
     stop.uninstall()
     ckpt.close()
     writer.close()
-  return {"steps": t.steps, "final_loss": late.last.get("loss"), "evals": eval_rows,
+  # `steps`: the step the run reached (the last one, or where a signal stopped it).
+  return {"steps": t.steps if preempted is None else preempted,
+          "final_loss": late.last.get("loss"), "evals": eval_rows,
           "workdir": str(workdir), "preempted": preempted}
 
 

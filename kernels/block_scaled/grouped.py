@@ -18,7 +18,8 @@ Paths (GROUPED_PATHS), one math:
   'dequantize'    the above: portable (CPU, TPU, any GPU), the reference.
   'hopper_fused'  fused_grouped.py: FP8 E4M3 operands through WGMMA, per-block scales
                   applied to the FP32 accumulator inside Pallas Mosaic GPU kernels (MXFP8
-                  only; Mosaic GPU interpret mode when JAX's backend is the CPU).
+                  only; Mosaic GPU interpret mode when the step compiles for the CPU,
+                  platform.target_platform()).
 default_grouped_path picks 'hopper_fused' on compute capability 9.x for the 'mxfp8'
 recipe and 'dequantize' everywhere else (sm_100: see fused_grouped.py's docstring).
 `rows` (token index of each sorted row) quantises lhs per token before the dispatch gather

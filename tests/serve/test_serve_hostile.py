@@ -149,6 +149,8 @@ def test_bodies_over_the_limit_get_413_before_they_are_read(served):
                     f"application/json\r\nContent-Length: {BODY_LIMIT + 1}\r\n\r\n") as sock:
     status, reply = _response_status(sock)  # nothing of the body was sent
   assert status == 413 and b"request_too_large" in reply
+  # A declared length is exact: the reply gives it, not "at least".
+  assert b"has %d bytes" % (BODY_LIMIT + 1) in reply and b"at least" not in reply
   # Without a Content-Length (chunked), the server stops once the limit is passed.
   with _raw_request(served, f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nContent-Type: "
                     "application/json\r\nTransfer-Encoding: chunked\r\n\r\n") as sock:

@@ -83,6 +83,12 @@ class Actors(abc.ABC):
         except ActorFailure as failure:
           self._failure = failure  # raised on the learner's thread by its next check()
           return
+        except Exception as err:  # pylint: disable=broad-except
+          # Anything else (the run directory unwritable, no process could be started)
+          # must not end the watching silently: the learner raises it at its next check.
+          self._failure = ActorFailure(
+              f"the actor watcher failed: {type(err).__name__}: {err}")
+          return
 
     self._watching.clear()
     self._watcher = threading.Thread(target=loop, name="actor-watcher", daemon=True)
