@@ -92,8 +92,10 @@ class _EpisodeScheduler:
   def __init__(self, engine, cfg, episodes: list[Episode],
                pool: concurrent.futures.Executor, *, infra_retries: int,
                on_step: Callable[[], None] | None,
-               on_result: Callable[[int, Trajectory | RolloutError], None] | None):
+               on_result: Callable[[int, Trajectory | RolloutError], None] | None,
+               should_start: Callable[[], bool] | None = None):
     self.engine, self.cfg, self.episodes, self.pool = engine, cfg, episodes, pool
+    self.should_start = should_start
     self.infra_retries, self.on_step, self.on_result = infra_retries, on_step, on_result
     self.waiting = list(range(len(episodes)))[::-1]  # popped from the end: task order
     self.by_seq: dict[int, int] = {}  # engine sequence -> episode, while a request is pending
@@ -200,7 +202,8 @@ class _EpisodeScheduler:
   # ---- episode steps -------------------------------------------------------------------
   def start_more(self) -> None:
     """Starts waiting episodes (sandbox + prompt, in a worker) while slots are free."""
-    while self.waiting and self.live < self.engine.num_slots:
+    while (self.waiting and self.live < self.engine.num_slots
+           and (self.should_start is None or self.should_start())):
       index = self.waiting.pop()
       self.live += 1
       self.submit_work("started", index, self.episodes[index].start_work)
@@ -364,8 +367,8 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
                  seeds: Sequence[int | None] | None = None,
                  on_step: Callable[[], None] | None = None,
                  sandbox_factory=None, infra_retries: int = 0,
-                 on_result: Callable[[int, Trajectory | RolloutError], None] | None = None
-                 ) -> list[Trajectory]:
+                 on_result: Callable[[int, Trajectory | RolloutError], None] | None = None,
+                 should_start: Callable[[], bool] | None = None) -> list[Trajectory]:
   """Runs every task to the end (concurrently, at most engine.num_slots at a time) and
   returns their trajectories in task order. `cfg` is the agent config section.
 
@@ -376,6 +379,8 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
   episode is reported the moment it ends (evaluation streams results to disk), and one
   that failed beyond its retries, or whose prompt does not fit (PromptTooLongError), is
   reported there instead of being raised; the returned list then holds None for it.
+  Once `should_start()` is False (evaluation was asked to stop), no further episode
+  starts; those never started are not reported and hold None.
   """
   seeds = list(seeds) if seeds is not None else [None] * len(tasks)
   if len(seeds) != len(tasks):
@@ -384,6 +389,7 @@ def run_episodes(engine, tokenizer, cfg, tasks: Sequence[tasks_lib.Task], *,
   episodes = [Episode(cfg, tokenizer, t, s, factory) for t, s in zip(tasks, seeds)]
   with concurrent.futures.ThreadPoolExecutor(cfg.tool_threads) as pool:
     scheduler = _EpisodeScheduler(engine, cfg, episodes, pool, infra_retries=infra_retries,
-                                  on_step=on_step, on_result=on_result)
+                                  on_step=on_step, on_result=on_result,
+                                  should_start=should_start)
     scheduler.run()
   return scheduler.outcome()

@@ -68,7 +68,7 @@ class EnginePolicy:
     policy.model_cfg, policy.params = model_cfg, params  # for scored (base-model) suites
     return policy
 
-  def run(self, jobs, on_done) -> None:
+  def run(self, jobs, on_done, should_start=None) -> None:
     def report(index, result):
       if isinstance(result, agent_loop.PromptTooLongError):
         # The policy cannot read the task: its failure, not the infrastructure's.
@@ -82,7 +82,8 @@ class EnginePolicy:
 
     agent_loop.run_episodes(self.engine, self.tokenizer, self.agent_cfg,
                             [job.task for job in jobs], seeds=[job.seed for job in jobs],
-                            sandbox_factory=self.sandbox_factory, on_result=report)
+                            sandbox_factory=self.sandbox_factory, on_result=report,
+                            should_start=should_start)
 
   def close(self) -> None:
     pass

@@ -7,7 +7,9 @@ counts them as the model's failures.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+from collections.abc import Callable
 
 from c2jax.env import tasks as tasks_lib
 
@@ -66,3 +68,36 @@ def final_answer(messages: list[dict]) -> str:
 def tool_call_names(messages: list[dict]) -> list[str]:
   return [call["function"]["name"] for m in messages if m.get("role") == "assistant"
           for call in m.get("tool_calls") or []]
+
+
+_NOT_STARTED = object()
+
+
+def run_in_threads(episode_fn, jobs, on_done, concurrency: int,
+                   should_start: Callable[[], bool] | None = None, fatal=()) -> None:
+  """Runs `episode_fn(job)` for every job on `concurrency` threads, reporting each outcome
+  with `on_done(job, outcome)` as it ends; an exception is the job's InfraError (a sandbox
+  that dies mid-episode raises from anywhere in the tools or grader). Once
+  `should_start()` is False (a stop was requested), jobs not yet begun are skipped and not
+  reported: a rerun runs them. An exception of a type in `fatal` cancels the rest and is
+  raised."""
+  def guarded(job):
+    if should_start is not None and not should_start():
+      return _NOT_STARTED
+    return episode_fn(job)
+
+  with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+    futures = {pool.submit(guarded, job): job for job in jobs}
+    for future in concurrent.futures.as_completed(futures):
+      try:
+        outcome = future.result()
+      except fatal:
+        for other in futures:
+          other.cancel()
+        raise
+      except InfraError as e:
+        outcome = e
+      except Exception as e:  # pylint: disable=broad-except
+        outcome = InfraError(f"{type(e).__name__}: {e}")
+      if outcome is not _NOT_STARTED:
+        on_done(futures[future], outcome)

@@ -17,7 +17,6 @@ Bad credentials or an unknown model stop the run with an error naming the config
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import time
@@ -202,21 +201,9 @@ class OpenAIPolicy:
                    "content": "\n".join(o.render() for o in observations)})
     return turn, observations, sent
 
-  def run(self, jobs, on_done) -> None:
-    with concurrent.futures.ThreadPoolExecutor(self.cfg.concurrency) as pool:
-      futures = {pool.submit(self.episode, job): job for job in jobs}
-      for future in concurrent.futures.as_completed(futures):
-        try:
-          outcome = future.result()
-        except EndpointConfigError:
-          for other in futures:
-            other.cancel()
-          raise
-        except episode_lib.InfraError as e:
-          outcome = e
-        except Exception as e:  # pylint: disable=broad-except
-          outcome = episode_lib.InfraError(f"{type(e).__name__}: {e}")
-        on_done(futures[future], outcome)
+  def run(self, jobs, on_done, should_start=None) -> None:
+    episode_lib.run_in_threads(self.episode, jobs, on_done, self.cfg.concurrency,
+                               should_start, fatal=(EndpointConfigError,))
 
   def close(self) -> None:
     self.client.close()

@@ -12,7 +12,6 @@ Plans are chosen by metadata['oracle'], else metadata['source'].
 
 from __future__ import annotations
 
-import concurrent.futures
 import re
 import time
 
@@ -155,18 +154,8 @@ class OraclePolicy:
         turns=sum(m["role"] == "assistant" for m in messages), tool_calls=len(calls),
         wall_s=time.monotonic() - started)
 
-  def run(self, jobs, on_done) -> None:
-    with concurrent.futures.ThreadPoolExecutor(self.concurrency) as pool:
-      futures = {pool.submit(self.episode, job): job for job in jobs}
-      for future in concurrent.futures.as_completed(futures):
-        try:
-          outcome = future.result()
-        except episode_lib.InfraError as e:
-          outcome = e
-        except Exception as e:  # pylint: disable=broad-except
-          # A sandbox that dies mid-episode raises from anywhere in the tools or grader.
-          outcome = episode_lib.InfraError(f"{type(e).__name__}: {e}")
-        on_done(futures[future], outcome)
+  def run(self, jobs, on_done, should_start=None) -> None:
+    episode_lib.run_in_threads(self.episode, jobs, on_done, self.concurrency, should_start)
 
   def close(self) -> None:
     pass

@@ -122,10 +122,10 @@ def _progress(total: int, initial: int, enabled: bool, label: str):
 def evaluate_tasks(policy, tasks, workdir, *, samples: int = 1, ks=(1,), seed: int = 0,
                    reward: str = "binary", retries: int = 2, retry_backoff_s: float = 1.0,
                    suite_name: str = "tasks", progress: bool = True,
-                   stop: preemption.StopRequest | None = None, in_flight: int = 1) -> dict:
+                   stop: preemption.StopRequest | None = None) -> dict:
   """Runs `samples` episodes per task (skipping those done in workdir), writes
   results.jsonl, transcripts.jsonl and summary.json; returns the summary. With `stop`,
-  the jobs run in waves of `in_flight` and none starts once a stop is requested (the
+  no episode starts once a stop is requested (those running finish and are recorded; the
   summary then says `preempted`)."""
   workdir = pathlib.Path(workdir)
   with results.ResultsStore(workdir) as store:
@@ -161,17 +161,14 @@ def evaluate_tasks(policy, tasks, workdir, *, samples: int = 1, ks=(1,), seed: i
                         refresh=False)
 
     stopped = lambda: stop is not None and stop.requested
-    wave = max(1, in_flight) if stop is not None else max(1, len(jobs))
     try:
       pending, round_number = jobs, 0
       while pending and not stopped():
         if round_number:
           time.sleep(retry_backoff_s * round_number)
         retry.clear()
-        for start in range(0, len(pending), wave):
-          if stopped():
-            break  # unfinished and retried jobs are run by the next rerun
-          policy.run(pending[start:start + wave], on_done)
+        # Unstarted and retried jobs left by a stop are run by the next rerun.
+        policy.run(pending, on_done, should_start=lambda: not stopped())
         pending, round_number = list(retry), round_number + 1
     finally:
       bar.close()
@@ -218,9 +215,7 @@ def run(cfg, workdir: str) -> dict:
           policy, tasks, workdir, samples=cfg.eval.samples, ks=tuple(cfg.eval.ks),
           seed=cfg.eval.seed, reward=cfg.eval.reward, retries=cfg.policy.retries,
           retry_backoff_s=cfg.policy.retry_backoff_s, suite_name=suite.name,
-          progress=cfg.eval.progress, stop=stop,
-          in_flight=(cfg.policy.slots if cfg.policy.kind == "engine"
-                     else cfg.policy.concurrency))
+          progress=cfg.eval.progress, stop=stop)
   finally:
     stop.uninstall()
     policy.close()

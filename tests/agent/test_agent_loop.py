@@ -61,6 +61,24 @@ def test_stops_at_max_turns(tmp_path, tokenizer):
   assert trajectory.stats.tests_total == 1 and trajectory.stats.tests_passed == 0
 
 
+def test_no_episode_starts_once_should_start_says_no(tmp_path, tokenizer):
+  """Evaluation asked to stop: the episodes started run to their end and are reported;
+  the rest never start (None, not reported), for a rerun to run."""
+  task = small_task(tmp_path)
+  engine = FakeEngine(vocab_size=tokenizer.vocab_size, num_slots=1, max_length=1024,
+                      num_moe_layers=LAYERS, experts_per_token=TOP_K)
+  reported, started = [], []
+
+  def should_start():
+    started.append(1)
+    return len(started) == 1  # the first episode may start, no other
+
+  trajectories = loop.run_episodes(engine, tokenizer, agent_cfg(max_turns=1), [task] * 3,
+                                   seeds=[1, 2, 3], should_start=should_start,
+                                   on_result=lambda i, r: reported.append(i))
+  assert reported == [0] and trajectories[0] is not None and trajectories[1:] == [None, None]
+
+
 def test_fake_engine_records_match_its_logprobs_and_weights_change_in_flight(tmp_path,
                                                                              tokenizer):
   """Sampled tokens with the engine's log-probs and versions; a weight swap from on_step

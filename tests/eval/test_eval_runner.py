@@ -71,11 +71,14 @@ def test_sigterm_stops_cleanly_keeps_results_and_the_rerun_finishes(tmp_path):
     assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
     time.sleep(0.05)
   proc.send_signal(signal.SIGTERM)
+  seen = path.read_text().count("\n")  # recorded by then (more may be written meanwhile)
   out, err = proc.communicate(timeout=120)
   assert proc.returncode == 0, err[-3000:]
   before = _lines(workdir)
-  # The episodes in flight finished and were recorded; nothing else started.
-  assert 1 <= len(before) < 16 and len(before) % 2 == 0, (len(before), out[-2000:])
+  # The episodes in flight (at most concurrency = 2) finished and were recorded; nothing
+  # else started.
+  assert seen <= len(before) <= seen + 2 and len(before) < 16, (seen, len(before),
+                                                                out[-2000:])
   assert json.loads((workdir / results.SUMMARY).read_text())["preempted"] is True
   done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
   assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -95,7 +98,7 @@ class FlakyPolicy:
     self.failures, self.label = failures, "flaky"
     self.calls = collections.Counter()
 
-  def run(self, jobs, on_done):
+  def run(self, jobs, on_done, should_start=None):
     good = []
     for job in jobs:
       self.calls[job.key] += 1
@@ -103,7 +106,7 @@ class FlakyPolicy:
         on_done(job, episode.InfraError("endpoint: HTTP 503"))
       else:
         good.append(job)
-    self.inner.run(good, on_done)
+    self.inner.run(good, on_done, should_start)
 
   def close(self):
     pass
