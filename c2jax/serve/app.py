@@ -27,6 +27,19 @@ from c2jax.serve.engine_loop import EngineLoop, Stream
 _DISCONNECT_POLL_S = 0.25
 
 
+
+def checked_chat_prompt(service: "Service", request: schema.ChatRequest):
+  """(tool specs, prompt ids) of a chat request, after the checks every chat route
+  makes first (/v1/chat/completions and /tokenize alike): the tool schemas, and the
+  length of the messages and tool descriptions against the engine's context."""
+  validation.check_tool_schemas(request.tools)
+  specs = prompts.tool_specs(request)
+  texts = [message.text(i) for i, message in enumerate(request.messages)]
+  texts += [tool.function.description for tool in request.tools or ()]
+  validation.check_text_length(service.tokenizer, service.engine.max_length, texts,
+                               "messages")
+  return specs, prompts.chat_prompt(service.tokenizer, request, specs, service.turns)
+
 class Service:
   """What the app serves: one engine (driven by its own thread), its tokenizer, a name."""
 

@@ -13,8 +13,8 @@ from starlette.exceptions import HTTPException
 
 from c2jax.rollout import Request
 from c2jax.serve import auth, completions, prompts, schema, tokenizer_routes, validation
-from c2jax.serve.app import (Pending, Service, alternatives, error_response,
-                             logprob_entries, new_id, read_json, sse, usage)
+from c2jax.serve.app import (Pending, Service, alternatives, checked_chat_prompt,
+                             error_response, logprob_entries, new_id, read_json, sse, usage)
 from c2jax.serve.output import Output
 
 
@@ -29,13 +29,7 @@ def _chat_setup(service: Service, payload):
     if request.stream or not request.logprobs:
       raise schema.APIError(400, "top_logprobs needs logprobs = true and is not "
                             "available with stream = true.", "top_logprobs")
-  validation.check_tool_schemas(request.tools)
-  specs = prompts.tool_specs(request)
-  texts = [message.text(i) for i, message in enumerate(request.messages)]
-  texts += [tool.function.description for tool in request.tools or ()]
-  validation.check_text_length(service.tokenizer, service.engine.max_length, texts,
-                               "messages")
-  prompt = prompts.chat_prompt(service.tokenizer, request, specs, service.turns)
+  specs, prompt = checked_chat_prompt(service, request)
   specials = service.tokenizer.specials
   stop_ids = (service.tokenizer.token_id(specials.end), service.tokenizer.eos_id)
   sampling = service.sampling(request, request.limit(), len(prompt), stop_ids)

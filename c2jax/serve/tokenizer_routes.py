@@ -18,8 +18,8 @@ from __future__ import annotations
 import fastapi
 from starlette.concurrency import run_in_threadpool
 
-from c2jax.serve import prompts, schema, validation
-from c2jax.serve.app import Service, read_json
+from c2jax.serve import schema, validation
+from c2jax.serve.app import Service, checked_chat_prompt, read_json
 
 
 class _TokenizeText(schema.Body):
@@ -55,11 +55,7 @@ def tokenize(service: Service, payload) -> dict:
       raise schema.APIError(400, "add_generation_prompt = false is not supported: the "
                             "chat prompt ends in the assistant marker, as served.",
                             "add_generation_prompt")
-    validation.check_tool_schemas(request.tools)
-    texts = [message.text(i) for i, message in enumerate(request.messages)]
-    validation.check_text_length(service.tokenizer, max_length, texts, "messages")
-    ids = prompts.chat_prompt(service.tokenizer, request, prompts.tool_specs(request),
-                              service.turns).tolist()
+    ids = checked_chat_prompt(service, request)[1].tolist()
   else:
     validation.check_text_length(service.tokenizer, max_length, [request.prompt], "prompt")
     ids = service.tokenizer.encode(request.prompt).tolist()

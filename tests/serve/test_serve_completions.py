@@ -144,7 +144,10 @@ def test_tokenize_and_detokenize(served, root):
       ("/detokenize", {"tokens": "abc"}, 400, "tokens"),
       ("/tokenize", {"prompt": "x", "model": "other"}, 404, "model"),
       ("/tokenize", {"prompt": "\ud800"}, 400, "prompt"),
-      ("/tokenize", {"prompt": "x" * 10**6}, 400, "prompt")]:
+      ("/tokenize", {"prompt": "x" * 10**6}, 400, "prompt"),
+      # Tool descriptions count towards the context, as in /v1/chat/completions.
+      ("/tokenize", {"messages": messages(USERS[0]), "tools": [{"type": "function",
+        "function": {"name": "f", "description": "x" * 10**6}}]}, 400, "messages")]:
     # json.dumps escapes the lone surrogate as JSON allows.
     reply = httpx.post(root + path, content=json.dumps(body).encode(),
                        headers={"Content-Type": "application/json"})
