@@ -24,11 +24,6 @@ def usage() -> str:
   return "\n".join(lines)
 
 
-def enable_compilation_cache() -> None:
-  """Persist compiled XLA programs across runs (see c2jax.compile_cache)."""
-  compile_cache.enable()
-
-
 def run(argv: list[str] | None = None) -> None:
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
@@ -44,7 +39,7 @@ def run(argv: list[str] | None = None) -> None:
     print(f"c2jax {verb}: {(module.__doc__ or VERBS[verb][1]).strip()}\n")
     print(flags.FLAGS.module_help(module.__name__))
     sys.exit(0)
-  enable_compilation_cache()
+  compile_cache.enable()  # persist compiled programs across runs and processes
   rest = argv[2:]
   quiet = not any(arg.startswith(("--verbosity", "-v")) for arg in rest)
 

@@ -13,6 +13,6 @@ os.environ.setdefault("C2JAX_XLA_CACHE", os.path.join(tempfile.gettempdir(), "c2
 # small programs over and over, and on 2 cores those add up.
 os.environ.setdefault("C2JAX_XLA_CACHE_MIN_SECS", "0")
 
-from c2jax import cli  # noqa: E402
+from c2jax import compile_cache  # noqa: E402
 
-cli.enable_compilation_cache()
+compile_cache.enable()

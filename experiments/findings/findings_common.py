@@ -111,9 +111,9 @@ def load_config(config_file: str, variant: str):
 
 def start_jax() -> None:
   """The persistent XLA cache, as `c2jax` sets it up (C2JAX_XLA_CACHE)."""
-  from c2jax import cli  # pylint: disable=g-import-not-at-top
+  from c2jax import compile_cache  # pylint: disable=g-import-not-at-top
 
-  cli.enable_compilation_cache()
+  compile_cache.enable()
 
 
 def run_job(kind: str, cfg, workdir: pathlib.Path) -> dict:

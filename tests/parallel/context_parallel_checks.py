@@ -22,7 +22,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from c2jax import cli, parallel  # noqa: E402
+from c2jax import compile_cache, parallel  # noqa: E402
 from c2jax.model import attention, variants  # noqa: E402
 from c2jax.parallel import context  # noqa: E402
 from c2jax.train import jobs, loop, step  # noqa: E402
@@ -154,7 +154,7 @@ def train(meshes: list[dict]) -> dict:
 
 
 if __name__ == "__main__":
-  cli.enable_compilation_cache()
+  compile_cache.enable()
   which = sys.argv[1]
   if which == "attention":
     result = {"mla": attention_layer("mla", (2, 4)), "gqa": attention_layer("gqa", (2,))}

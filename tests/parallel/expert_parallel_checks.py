@@ -21,7 +21,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import c2jax_kernels as kernels  # noqa: E402
-from c2jax import cli, parallel  # noqa: E402
+from c2jax import compile_cache, parallel  # noqa: E402
 from c2jax.model import moe, moe_dispatch, variants  # noqa: E402
 from c2jax.parallel import expert  # noqa: E402
 from c2jax.train import jobs, loop  # noqa: E402
@@ -211,6 +211,6 @@ def _bias(params):
 
 
 if __name__ == "__main__":
-  cli.enable_compilation_cache()
+  compile_cache.enable()
   checks = {"dispatch": run_dispatch, "train": run_train}
   print(json.dumps(checks[sys.argv[1]]()))

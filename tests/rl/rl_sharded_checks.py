@@ -22,7 +22,7 @@ import json  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from c2jax import cli  # noqa: E402
+from c2jax import compile_cache  # noqa: E402
 from c2jax.parallel import distributed  # noqa: E402
 from c2jax.rl import job  # noqa: E402
 from c2jax.rl.learner import step as learner
@@ -154,5 +154,5 @@ def run_distributed():
 
 if __name__ == "__main__":
   if sys.argv[1] == "meshes":
-    cli.enable_compilation_cache()
+    compile_cache.enable()
   print(json.dumps({"meshes": run_meshes, "distributed": run_distributed}[sys.argv[1]]()))
