@@ -65,8 +65,8 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
     if report["collectives"] is None:
       print(f"collectives not counted: {report['collectives_note']}\n", flush=True)
     else:
-      volumes = hlo_comms.comm_volume(step.compiled.as_text(), target.num_devices)
-      print(hlo_comms.format_comm_table(volumes) + "\n", flush=True)
+      print(hlo_comms.format_comm_table(step.comm_volumes(target.num_devices)) + "\n",
+            flush=True)
   state = memory.StateBytes.of(cfg, devices)
   main = reports[0]
   print(json.dumps({

@@ -36,7 +36,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from c2jax import model
 from c2jax import parallel as parallel_lib
@@ -56,6 +55,15 @@ class CompiledStep:
   cost_compiled: jax.stages.Compiled    # layer scans unrolled: FLOPs, time estimate
   seconds: float                        # compile time, both compiles
   model_flops: float                    # per device, the formula
+
+  def comm_volumes(self, num_devices: int) -> dict:
+    """hlo_comms.comm_volume of the compiled step, parsed once (the HLO text of a large
+    model is big); raises ValueError as comm_volume does."""
+    cached = self.__dict__.get("_volumes")  # frozen: kept beside the fields, not in them
+    if cached is None or cached[0] != num_devices:
+      cached = (num_devices, hlo_comms.comm_volume(self.compiled.as_text(), num_devices))
+      self.__dict__["_volumes"] = cached
+    return cached[1]
 
 
 def _layers_unrolled(cfg):
@@ -187,8 +195,7 @@ def step_report(step: CompiledStep, target: topologies.Target) -> dict:
   seconds = float(cost.get("optimal_seconds", 0.0))
   peak = chip.peak_flops("bfloat16")
   try:
-    collectives, note = hlo_comms.summary(
-        hlo_comms.comm_volume(step.compiled.as_text(), target.num_devices)), ""
+    collectives, note = hlo_comms.summary(step.comm_volumes(target.num_devices)), ""
   except ValueError as err:  # a collective in a data-dependent loop (the decode loop's)
     collectives, note = None, str(err)
   return {
