@@ -16,6 +16,7 @@ import time
 import uuid
 
 import fastapi
+import numpy as np
 from fastapi import responses
 
 from c2jax.data.tokenizer import Tokenizer
@@ -186,20 +187,30 @@ async def on_engine(service: Service, fn):
     raise schema.APIError(400, str(e)) from e
 
 
-async def alternatives(service: Service, prompt, tokens, k: int, temperature: float):
-  """For each sampled token, the k most likely tokens at its position (teacher-forced
-  under the same weights and temperature) as OpenAI top_logprobs entries."""
-  sequence = list(prompt) + list(tokens)
-  # One compiled top-k for every k asked (each k would compile its own program).
-  top = min(20, service.vocab_size)
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on logprobs / top_logprobs
+
+
+async def sampled_top_logprobs(service: Service, prompt, tokens, temperature: float):
+  """(ids, log-probs), each [len(tokens), MAX_TOP_LOGPROBS or the vocabulary]: at each
+  sampled token's position, the most likely tokens teacher-forced under the same weights
+  and temperature. One compiled top-k serves every k a request asks for (each k would
+  compile its own program); callers keep the first k."""
+  sequence = np.concatenate([np.asarray(prompt, np.int32), np.asarray(tokens, np.int32)])
+  top = min(MAX_TOP_LOGPROBS, service.vocab_size)
   ids, values = await on_engine(
       service, lambda engine: engine.top_logprobs(sequence, top, temperature))
-  ids, values = ids[:, :k], values[:, :k]
   first = len(prompt) - 1  # the position whose next-token distribution sampled tokens[0]
+  return ids[first:first + len(tokens)], values[first:first + len(tokens)]
+
+
+async def alternatives(service: Service, prompt, tokens, k: int, temperature: float):
+  """For each sampled token, the k most likely tokens at its position as OpenAI chat
+  top_logprobs entries."""
+  ids, values = await sampled_top_logprobs(service, prompt, tokens, temperature)
   return [[{"token": service.token_text(int(i)), "logprob": float(v),
             "bytes": list(service.token_bytes(int(i)))}
-           for i, v in zip(ids[first + n], values[first + n])]
-          for n in range(len(tokens))]
+           for i, v in zip(row_ids[:k], row_values[:k])]
+          for row_ids, row_values in zip(ids, values)]
 
 
 class ClientGone(Exception):

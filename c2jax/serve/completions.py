@@ -23,14 +23,13 @@ import asyncio
 import dataclasses
 
 import fastapi
-import numpy as np
 
 from c2jax.rollout import Request, SamplingParams
 from c2jax.serve import schema
-from c2jax.serve.app import ClientGone, Pending, Service, on_engine
+from c2jax.serve.app import (MAX_TOP_LOGPROBS, ClientGone, Pending, Service, on_engine,
+                             sampled_top_logprobs)
 from c2jax.serve.output import Output
 
-MAX_LOGPROBS = 20  # OpenAI's bound on logprobs / top_logprobs
 _POLL_S = 0.25
 
 
@@ -87,7 +86,7 @@ def _cancel(tasks, pendings) -> None:
 
 def _top_k(service: Service) -> int:
   # One compiled top-k for every request (each k would compile its own program).
-  return min(MAX_LOGPROBS, service.vocab_size)
+  return min(MAX_TOP_LOGPROBS, service.vocab_size)
 
 
 def _tops(service: Service, ids, values, count: int, chosen=None, chosen_logprob=None):
@@ -128,11 +127,8 @@ async def _sampled_tops(service: Service, prompt, tokens, logprobs, count: int,
                         temperature: float) -> list[dict]:
   if not count or not len(tokens):
     return [_tops(service, (), (), 0, t, v) for t, v in zip(tokens, logprobs)]
-  sequence = np.concatenate([prompt, tokens]).astype(np.int32)
-  ids, values = await on_engine(
-      service, lambda engine: engine.top_logprobs(sequence, _top_k(service), temperature))
-  first = len(prompt) - 1  # the position whose distribution sampled tokens[0]
-  return [_tops(service, ids[first + m], values[first + m], count, t, v)
+  ids, values = await sampled_top_logprobs(service, prompt, tokens, temperature)
+  return [_tops(service, ids[m], values[m], count, t, v)
           for m, (t, v) in enumerate(zip(tokens, logprobs))]
 
 
