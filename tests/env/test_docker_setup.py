@@ -5,6 +5,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -14,10 +15,20 @@ SCRIPT = pathlib.Path(__file__).resolve().parents[2] / 'tools' / 'setup_docker.s
 def test_without_privileges_it_says_why_and_goes_on(tmp_path):
   if os.getuid() != 0 or not shutil.which('setpriv'):
     pytest.skip('needs root and setpriv to run the script as an unprivileged user')
-  result = subprocess.run(
-      ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', 'bash', str(SCRIPT)],
-      env={'PATH': os.environ['PATH'], 'DOCKER_HOST': f'unix://{tmp_path}/no.sock'},
-      capture_output=True, text=True, timeout=60, check=False)
+  # A copy the unprivileged user can read: the checkout (and pytest's tmp_path) may sit
+  # under a directory only root may enter (a mktemp -d clone is 0700).
+  readable = pathlib.Path(tempfile.mkdtemp(prefix='c2jax-setup-docker-'))
+  try:
+    readable.chmod(0o755)
+    script = readable / SCRIPT.name
+    shutil.copyfile(SCRIPT, script)
+    script.chmod(0o644)
+    result = subprocess.run(
+        ['setpriv', '--reuid=65534', '--regid=65534', '--clear-groups', 'bash', str(script)],
+        env={'PATH': os.environ['PATH'], 'DOCKER_HOST': f'unix://{readable}/no.sock'},
+        capture_output=True, text=True, timeout=60, check=False)
+  finally:
+    shutil.rmtree(readable, ignore_errors=True)
   assert result.returncode == 0, result.stderr
   assert 'no Docker engine reachable and not root' in result.stderr
 
