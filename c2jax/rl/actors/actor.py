@@ -150,9 +150,8 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
   # the ones learner steps a..b start from (a trace per process, on this machine's disk;
   # Ray actors, whose run directory is remote, do not trace).
   root = getattr(dirs, "root", None)
-  trace = profiling.trace_of(cfg.profile, pathlib.Path(root or ".") / "profile" / actor_id)
-  if root is None:
-    trace.steps = None
+  trace = (profiling.trace_of(cfg.profile, pathlib.Path(root) / "profile" / actor_id)
+           if root is not None else profiling.StepTrace(None, "."))
   if trace.steps is not None:
     # The learner stops its actors with SIGTERM: end the loop so the trace is written.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
