@@ -63,6 +63,13 @@ setup(
         # compiler, which compiles for compile-only TPU devices on any machine. The version
         # jax pins for its own `tpu` extra (jax 0.12.0.1 -> libtpu 0.0.50.*).
         "tpu-compile": ["libtpu==0.0.50.*"],
+        # `c2jax plan --target=h100-8` (h200, b200): XLA's GPU compiler through the CUDA
+        # plugin of the same jax release, with ptxas and nvJitLink, compiling for
+        # compile-only GPUs on a machine without one. Install it in a virtualenv of its own
+        # (tools/setup_gpu_compile.sh): with the plugin present, every JAX process probes
+        # for a GPU at start.
+        "gpu-compile": ["jax-cuda12-plugin==0.12.0.1", "nvidia-cuda-nvcc-cu12",
+                        "nvidia-nvjitlink-cu12"],
         # Rollout actors and sweep points as Ray tasks across machines:
         # --config.actors.backend=ray, c2jax sweep --backend=ray.
         "ray": ["ray>=2.9"],

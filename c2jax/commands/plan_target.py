@@ -1,7 +1,8 @@
-"""`c2jax plan --memory/--roofline --target=<TPU slice>`: the steps through the TPU compiler.
+"""`c2jax plan --memory/--roofline --target=<TPU slice | GPUs>`: the steps through the
+accelerator's compiler.
 
 The printing side of c2jax/plan/target.py (which says what is compiled and how); this
-process's own backend stays the CPU, the steps compile for the slice's compile-only devices.
+process's own backend stays the CPU, the steps compile for the target's compile-only devices.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
   print(f"target {target.label()}: {target.num_devices} x {devices[0].device_kind} "
         f"(topology {target.topology_name}, compile-only devices); mesh {sizes}; remat "
         f"{cfg.model.remat}; moe_impl {cfg.model.moe_impl}; dtype {cfg.model.dtype}, "
-        f"params {cfg.model.param_dtype}. Every figure below is a TPU compiler estimate, "
-        "not a measured speed.\n", flush=True)
+        f"params {cfg.model.param_dtype}. Every figure below is a {target.compiler} "
+        "estimate, not a measured speed.\n", flush=True)
+  costed = target.has_cost_model
   try:
-    steps = [target_lib.compile_job_step(cfg, devices, rl_rows)]
+    steps = [target_lib.compile_job_step(cfg, devices, rl_rows, costed=costed)]
   except ValueError as err:
     raise SystemExit(f"c2jax plan: {err}") from None
   if engine:
@@ -56,7 +58,8 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
     ways = target_lib.engine_placement(cfg.parallel, devices, len(devices)).slot_ways()
     slots = -(-decode_batch // ways) * ways  # slots split evenly over the batch axes
     steps += target_lib.compile_engine_steps(cfg, devices, slots=slots, context=context,
-                                             prefill=prefill_len or min(context, 512))
+                                             prefill=prefill_len or min(context, 512),
+                                             costed=costed)
   reports = []
   for step in steps:
     report = target_lib.step_report(step, target)

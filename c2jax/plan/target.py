@@ -1,4 +1,5 @@
-"""`c2jax plan --target=<TPU slice>`: the real steps compiled by the TPU compiler, deviceless.
+"""`c2jax plan --target=<TPU slice | GPUs>`: the real steps compiled by the accelerator's own
+compiler (libtpu's, or XLA's GPU compiler through the CUDA plugin), deviceless.
 
     target = topologies.parse_target("v5p-8")
     devices = target.devices()
@@ -9,14 +10,16 @@
 Every step is the one the job runs (c2jax.train.loop / c2jax.rl.learner.runtime / the
 rollout engine's prefill and decode programs), jitted with the run's mesh, logical-axis
 rules, shardings, donation, remat, dtypes and moe_impl, traced under a mesh of the
-topology's compile-only devices (so Pallas kernels compile through Mosaic for the TPU,
-c2jax_kernels.target_platform) and compiled by libtpu's compiler. Nothing runs.
+topology's compile-only devices (so Pallas kernels compile through Mosaic for the TPU or
+Mosaic GPU, c2jax_kernels.target_platform) and compiled by that platform's compiler.
+Nothing runs.
 
 What it reports, per device, all of it compiler estimates and none of it a measured speed:
-  memory            the TPU compiler's buffer assignment (arguments, outputs, aliases,
+  memory            the compiler's buffer assignment (arguments, outputs, aliases,
                     temporaries, code), and whether the total fits the chip's HBM;
-  flops, bytes      the compiled cost analysis;
-  cost_model_s      the compiler's own time estimate (`optimal_seconds`);
+  flops, bytes      the compiled cost analysis (None for GPU targets: XLA's GPU compiler
+                    has none for compile-only devices);
+  cost_model_s      the compiler's own time estimate (`optimal_seconds`; TPU only);
   mfu_estimate      model FLOPs (the formula of roofline.py) / (cost_model_s x chip peak);
   collectives       from the compiled HLO (hlo_comms: loop trip counts applied; None,
                     with the reason, when one sits in a loop of data-dependent length,
@@ -75,16 +78,18 @@ def _layers_unrolled(cfg):
   return unrolled
 
 
-def _twice(compile_fn, cfg) -> tuple:
-  """(as configured, with layers unrolled (or the same one), seconds)."""
+def _twice(compile_fn, cfg, costed: bool) -> tuple:
+  """(as configured, with layers unrolled (or the same one), seconds); `costed=False` (a
+  compiler without a cost model) skips the unrolled compile."""
   begun = time.perf_counter()
   compiled = compile_fn(cfg)
-  unrolled_cfg = _layers_unrolled(cfg)
+  unrolled_cfg = _layers_unrolled(cfg) if costed else None
   cost = compiled if unrolled_cfg is None else compile_fn(unrolled_cfg)
   return compiled, cost, time.perf_counter() - begun
 
 
-def compile_job_step(cfg, devices, rl_rows: int | None = None) -> CompiledStep:
+def compile_job_step(cfg, devices, rl_rows: int | None = None, *,
+                     costed: bool = True) -> CompiledStep:
   """The job's step (train step; RL learner step for task = 'rl') for `devices`."""
   devices = list(devices)
   if cfg.get("task") == "rl":
@@ -96,7 +101,7 @@ def compile_job_step(cfg, devices, rl_rows: int | None = None) -> CompiledStep:
     fn = lambda c: memory_lib.compile_train_step(c, devices)[0]
     tokens, seq_len = cfg.train.batch_size * cfg.train.seq_len, cfg.train.seq_len
     label = "train step"
-  compiled, cost, seconds = _twice(fn, cfg)
+  compiled, cost, seconds = _twice(fn, cfg, costed)
   flops = roofline.train_flops_per_token(cfg.model, seq_len) * tokens / len(devices)
   return CompiledStep(label, compiled, cost, seconds, flops)
 
@@ -149,8 +154,8 @@ def _compile_engine(model_cfg, placement, *, slots: int, max_length: int, prefil
 
 
 def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int,
-                         decode_steps: int = jax_engine.DEFAULT_MAX_DECODE_STEPS
-                         ) -> list[CompiledStep]:
+                         decode_steps: int = jax_engine.DEFAULT_MAX_DECODE_STEPS,
+                         costed: bool = True) -> list[CompiledStep]:
   """The rollout engine's prefill (one slot, a chunk of `prefill` tokens) and decode
   (up to `decode_steps` tokens for `slots` slots at `context` tokens) programs on
   `devices`: the programs JaxEngine compiles (its decode call runs up to
@@ -162,7 +167,7 @@ def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int
   kwargs = dict(slots=slots, max_length=max_length, prefill=prefill, decode_steps=decode_steps)
   begun = time.perf_counter()
   as_configured = _compile_engine(cfg.model, placement, **kwargs)
-  unrolled = _layers_unrolled(cfg)
+  unrolled = _layers_unrolled(cfg) if costed else None
   costed = (as_configured if unrolled is None else
             _compile_engine(unrolled.model, placement, **kwargs))
   seconds = time.perf_counter() - begun
@@ -177,9 +182,10 @@ def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int
                    decode_flops * decode_steps)]
 
 
-def _cost(compiled) -> dict:
+def _cost(compiled) -> dict | None:
   analysis = compiled.cost_analysis()
-  return analysis[0] if isinstance(analysis, list) else analysis
+  analysis = analysis[0] if isinstance(analysis, list) and analysis else analysis
+  return analysis or None  # the GPU compiler's is empty for compile-only devices
 
 
 def remaining_loops(compiled) -> int:
@@ -187,12 +193,12 @@ def remaining_loops(compiled) -> int:
   return compiled.as_text().count(" while(")
 
 
-def step_report(step: CompiledStep, target: topologies.Target) -> dict:
+def step_report(step: CompiledStep, target: topologies.AnyTarget) -> dict:
   """The step's compiler estimates as one JSON-ready dict (see the module docstring)."""
   chip = target.accelerator
   mem = memory_lib.memory_report(step.compiled)
   cost = _cost(step.cost_compiled)
-  seconds = float(cost.get("optimal_seconds", 0.0))
+  seconds = None if cost is None else float(cost.get("optimal_seconds", 0.0))
   peak = chip.peak_flops("bfloat16")
   try:
     collectives, note = hlo_comms.summary(step.comm_volumes(target.num_devices)), ""
@@ -202,20 +208,20 @@ def step_report(step: CompiledStep, target: topologies.Target) -> dict:
       "step": step.label, "compile_seconds": round(step.seconds, 1),
       "memory": memory_lib.summary(mem, chip.memory_gb),
       "fits": mem.fits(chip.memory_gb),
-      "flops": float(cost.get("flops", 0.0)),
-      "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+      "flops": None if cost is None else float(cost.get("flops", 0.0)),
+      "bytes_accessed": None if cost is None else float(cost.get("bytes accessed", 0.0)),
       "model_flops": step.model_flops,
       "cost_model_seconds": seconds,
-      "mfu_estimate": step.model_flops / (seconds * peak) if seconds > 0 else None,
+      "mfu_estimate": step.model_flops / (seconds * peak) if seconds else None,
       "loops_costed_once": remaining_loops(step.cost_compiled),
       "collectives": collectives, "collectives_note": note}
 
 
-def format_report(report: dict, target: topologies.Target) -> str:
+def format_report(report: dict, target: topologies.AnyTarget) -> str:
   """A step's report as text: memory table, then the cost model's figures."""
   chip = target.accelerator
   m = report["memory"]
-  rows = [("per device (TPU compiler estimate)", "GB"),
+  rows = [(f"per device ({target.compiler} estimate)", "GB"),
           ("arguments", f"{m['argument_bytes'] / 1e9:,.3f}"),
           ("outputs", f"{m['output_bytes'] / 1e9:,.3f}"),
           ("  of which aliased to donated arguments", f"{m['alias_bytes'] / 1e9:,.3f}"),
@@ -227,7 +233,12 @@ def format_report(report: dict, target: topologies.Target) -> str:
   lines = [
       f"{report['step']} (compiled in {report['compile_seconds']:.1f} s)",
       memory_lib.format_table(rows),
-      f"{verdict} in {chip.name}'s {chip.memory_gb:g} GB HBM",
+      f"{verdict} in {chip.name}'s {chip.memory_gb:g} GB HBM"]
+  if report["cost_model_seconds"] is None:
+    lines.append(f"model FLOPs {report['model_flops']:.4g} per device; no cost analysis "
+                 f"(the {target.compiler} gives none for compile-only devices)")
+    return "\n".join(lines)
+  lines += [
       f"cost analysis: {report['flops']:.4g} FLOPs, {report['bytes_accessed']:.4g} bytes "
       f"accessed per device; model FLOPs {report['model_flops']:.4g}",
       f"compiler's time estimate: {report['cost_model_seconds'] * 1e3:,.3f} ms per call "

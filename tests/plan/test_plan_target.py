@@ -1,4 +1,4 @@
-"""`c2jax plan --target=<TPU slice>`: topology names, the Pallas kernels through Mosaic, and
+"""`c2jax plan --target=<TPU slice>`: topology names (GPU names: test_plan_gpu_target.py), the Pallas kernels through Mosaic, and
 the tiny train step compiled by the real TPU compiler for compile-only v5p devices."""
 
 import importlib

@@ -1,7 +1,10 @@
-"""Compile c2jax's TPU Pallas kernels through Mosaic (not the interpreter) for TPU slices.
+"""Compile c2jax's Pallas kernels through Mosaic (not the interpreter) for TPU slices, and
+through Mosaic GPU for compile-only NVIDIA GPUs.
 
   PYTHONPATH=. python tools/bench/compile_kernels_tpu.py --targets v5p-8,v6e-8 \
-      --shapes small,deepseek_v3,kimi_k25 --dtypes bfloat16,float8_e4m3fn
+      --shapes small,deepseek_v3,kimi_k25
+  JAX_PLATFORMS=cpu PYTHONPATH=. .venv-gpu/bin/python tools/bench/compile_kernels_tpu.py \
+      --targets h100-8,b200-8 --shapes small,deepseek_v3,kimi_k25    # the gpu-compile venv
 
 For each target and MoE shape it compiles, with libtpu's compiler and compile-only devices
 (c2jax/plan/topologies.py; pip install -e ".[tpu-compile]"), the grouped matmul's forward
@@ -9,6 +12,9 @@ For each target and MoE shape it compiles, with libtpu's compiler and compile-on
 gradient (tgmm): c2jax_kernels.grouped_matmul with impl=None under a mesh of the target's
 devices, which picks 'megablox' and Mosaic for the TPU, plus the block-scaled (MXFP8
 recipe) grouped matmul, whose TPU path runs the same kernels on dequantised operands.
+For a GPU target (h100-8, b200-8: XLA's GPU compiler, the gpu-compile extra) the same
+calls pick 'mosaic_gpu' (the grouped matmul written for Hopper's warpgroup MMA, lowered
+to sm_90a / sm_100a device code); the GPU compiler gives no cost estimate.
 Each compile runs in its own process (a compiler abort fails one row only); it prints
 one line per compile (OK with the compiler's memory and time estimate, or the error) and a JSON summary last; the exit status is 1 when any compile failed.
 Shapes are one expert layer's per-device work: M = tokens x top-k routed rows.
@@ -65,17 +71,17 @@ def compile_one(devices, kind: str, shape: tuple[int, int, int, int], dtype) -> 
           jax.ShapeDtypeStruct((g,), jnp.int32, sharding=rep))
   begun = time.perf_counter()
   with jax.set_mesh(mesh):
-    if kernels.target_platform() != "tpu":
-      raise RuntimeError("the mesh's devices are not TPU devices")
+    if kernels.target_platform() not in ("tpu", "gpu", "cuda"):
+      raise RuntimeError("the mesh's devices are not TPU or GPU devices")
     compiled = jax.jit(_loss(kind, dtype)).lower(*args).compile()
   text = compiled.as_text()
   cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
+  cost = (cost[0] if isinstance(cost, list) and cost else cost) or {}
   mem = compiled.memory_analysis()
   return {"compile_s": round(time.perf_counter() - begun, 1),
-          "mosaic_calls": text.count("tpu_custom_call"),
+          "mosaic_calls": text.count("tpu_custom_call") + text.count('"mosaic_gpu'),
           "temp_bytes": int(mem.temp_size_in_bytes),
-          "cost_model_s": float(cost.get("optimal_seconds", 0.0))}
+          "cost_model_s": cost.get("optimal_seconds")}
 
 
 def _compile_in_child(target_name: str, shape_name: str, dtype_name: str, kind: str) -> dict:

@@ -1,0 +1,118 @@
+"""`c2jax plan --target=h100-8`: GPU target names, the chip description XLA's GPU compiler
+reads, the error without the CUDA plugin, and (where an interpreter with the plugin is
+named) the tiny train step compiled by XLA's GPU compiler for compile-only H100s."""
+
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from c2jax.plan import shardings as plan
+from c2jax.plan import topologies
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+ENV = "C2JAX_GPU_COMPILE_PYTHON"
+HOW = (f"set {ENV} to a Python with c2jax and its gpu-compile extra, e.g. `bash "
+       f"tools/setup_gpu_compile.sh && export {ENV}=$PWD/.venv-gpu/bin/python`")
+
+
+@pytest.mark.parametrize("name, gpus, topology, kind", [
+    ("h100-1", 1, "1x1x1", "H100 SXM"),
+    ("h100-4", 4, "1x1x4", "H100 SXM"),
+    ("h100-8", 8, "1x1x8", "H100 SXM"),
+    ("H100-16", 16, "1x2x8", "H100 SXM"),
+    ("h200-64", 64, "1x8x8", "H200 SXM"),
+    ("b200-8", 8, "1x1x8", "B200"),
+])
+def test_gpu_names_give_nodes_of_eight(name, gpus, topology, kind):
+  target = topologies.parse_target(name)
+  assert (target.num_devices, target.topology_name, target.accelerator.name) == (
+      gpus, topology, kind)
+  assert target.compiler == "GPU compiler" and not target.has_cost_model
+
+
+@pytest.mark.parametrize("name, slices, error", [
+    ("h100-3", 1, r"1, 2 or 4 on one node, else whole nodes of 8"),
+    ("h100-12", 1, r"whole nodes of 8 \(e\.g\. h100-8, h100-32\)"),
+    ("h100-8", 2, r"slices are TPU multi-slice"),
+    ("a100-8", 1, r"e\.g\. h100-8, h200-8, b200-8"),
+])
+def test_bad_gpu_names_say_what_is_expected(name, slices, error):
+  with pytest.raises(ValueError, match=error):
+    topologies.parse_target(name, slices)
+
+
+def test_the_chip_description_carries_the_datasheet():
+  text = topologies.GPUS["b200"].target_config((9, 10, 2))
+  fields = dict(re.findall(r"^\s*(\w+): ([\w.\"]+)$", text, re.M))
+  assert fields["core_count"] == "148" and fields["device_memory_size"] == str(180 * 10**9)
+  assert fields["memory_bandwidth"] == str(8 * 10**12)
+  assert "cuda_compute_capability { major: 10 minor: 0 }" in text
+  assert 'platform_name: "CUDA"' in text and 'device_description_str: "NVIDIA B200"' in text
+  assert "dnn_version_info { major: 9 minor: 10 patch: 2 }" in text
+  assert text.count("{") == text.count("}")
+
+
+def _has_cuda_plugin() -> bool:
+  try:
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:  # no jax_plugins package at all
+    return False
+
+
+@pytest.mark.skipif(_has_cuda_plugin(), reason="this interpreter has the CUDA plugin")
+def test_without_the_cuda_plugin_it_names_the_extra():
+  result = subprocess.run(
+      [sys.executable, "-m", "c2jax.cli", "plan", "--config=configs/pretrain.py:tiny",
+       "--memory", "--target=h100-8"], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode != 0
+  assert "--target=h100-8: XLA's GPU compiler (the CUDA plugin) is not installed" in (
+      result.stderr)
+  assert 'pip install -e ".[gpu-compile]"' in result.stderr
+
+
+def _gpu_python() -> str:
+  python = os.environ.get(ENV, "")
+  if not python:
+    pytest.skip(f"deviceless GPU compile: {HOW}.")
+  if not pathlib.Path(python).is_file():
+    pytest.fail(f"{ENV}={python} is not a file ({HOW}), or unset it to skip.")
+  return python
+
+
+def test_plan_memory_target_h100_tiny():
+  """The tiny train step for eight compile-only H100s: the JSON fields (no cost model on
+  GPU: FLOPs and time are null), and per-device arguments that are the plan's parameter
+  and optimizer shards (fsdp over 8) plus the batch shard."""
+  python = _gpu_python()
+  args = ["--config=configs/pretrain.py:tiny", "--memory", "--target=h100-8",
+          "--config.train.batch_size=8", "--config.train.seq_len=64"]
+  result = subprocess.run([python, "-m", "c2jax.cli", "plan", *args], cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=900, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = json.loads(result.stdout.strip().splitlines()[-1])
+  assert (out["target"], out["device_kind"], out["devices"]) == (
+      "h100-8", "NVIDIA H100 80GB HBM3", 8)
+  assert out["mesh"]["fsdp"] == 8 and out["fits"] is True
+  assert out["flops"] is None and out["cost_model_seconds"] is None
+  assert out["mfu_estimate"] is None
+  assert out["collectives"]["all-gather"]["executions"] > 0  # fsdp gathers its params
+  assert out["collectives"]["reduce-scatter"]["executions"] > 0  # and scatters its grads
+
+  from configs import pretrain
+
+  cfg = pretrain.get_config("tiny")
+  summary = plan.summarize(plan.param_plans(cfg.model, cfg.parallel, 8))
+  mem = out["memory"]
+  assert mem["param_bytes"] == summary["param_bytes_per_device"]
+  batch_shard = 5 * (8 // 8) * 64 * 4  # five int32/float32 [B, L] fields, B over fsdp
+  exact = mem["param_bytes"] + mem["opt_state_bytes"] + batch_shard
+  assert exact <= mem["argument_bytes"] <= 1.5 * exact
+  assert "GPU compiler estimate" in result.stdout
