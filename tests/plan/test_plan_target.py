@@ -1,5 +1,6 @@
-"""`c2jax plan --target=<TPU slice>`: topology names (GPU names: test_plan_gpu_target.py), the Pallas kernels through Mosaic, and
-the tiny train step compiled by the real TPU compiler for compile-only v5p devices."""
+"""`c2jax plan --target=<TPU slice>`: topology names, the Pallas kernels through Mosaic, and
+the tiny train step compiled by the real TPU compiler for compile-only v5p devices (GPU
+targets: test_plan_gpu_target.py)."""
 
 import importlib
 import json
