@@ -59,7 +59,7 @@ setup(
                  "ipykernel>=6.29", "nbformat>=5.9", "wandb>=0.18"],
         # experiments/notebooks/ (scaling-law fits): pip install -e .[notebooks]
         "notebooks": ["scipy>=1.11", "ipykernel>=6.29", "nbclient>=0.10", "nbformat>=5.9"],
-        # `c2jax plan --target=v5p-8` and tools/bench/compile_kernels_tpu.py: libtpu's TPU
+        # `c2jax plan --target=v5p-8` and tools/bench/compile_kernels.py: libtpu's TPU
         # compiler, which compiles for compile-only TPU devices on any machine. The version
         # jax pins for its own `tpu` extra (jax 0.12.0.1 -> libtpu 0.0.50.*).
         "tpu-compile": ["libtpu==0.0.50.*"],

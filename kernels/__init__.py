@@ -5,6 +5,7 @@
   impls: grouped_matmul_impls(), default per platform: default_grouped_matmul_impl().
 - target_platform(): the platform a traced step compiles for (the mesh in force's
   devices, else JAX's backend); it picks the default impls and Pallas interpret mode.
+  target_device(): one of those devices (a GPU's compute capability picks GPU paths).
 - quantize(x, fmt, axis=-1) -> QuantizedArray; dequantize(q, dtype=None); fmt in
   BLOCK_FORMATS ('mxfp8_e4m3', 'mxfp8_e5m2', 'nvfp4') (kernels/block_scaled/formats.py).
 - block_scaled_matmul(a, b, *, recipe='mxfp8', path=None, preferred_element_type=None)
@@ -24,6 +25,7 @@ from c2jax_kernels.block_scaled import quantize
 from c2jax_kernels.grouped_matmul import IMPLS as _GROUPED_MATMUL_IMPLS
 from c2jax_kernels.grouped_matmul import default_impl as default_grouped_matmul_impl
 from c2jax_kernels.grouped_matmul import grouped_matmul
+from c2jax_kernels.platform import target_device
 from c2jax_kernels.platform import target_platform
 
 
@@ -35,4 +37,4 @@ def grouped_matmul_impls():
 __all__ = ['BLOCK_FORMATS', 'BLOCK_SCALED_RECIPES', 'QuantizedArray',
            'block_scaled_grouped_matmul', 'block_scaled_matmul', 'default_grouped_matmul_impl',
            'dequantize', 'grouped_matmul', 'grouped_matmul_impls', 'quantize',
-           'target_platform']
+           'target_device', 'target_platform']

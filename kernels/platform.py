@@ -20,6 +20,29 @@ def target_platform() -> str:
   return jax.default_backend()
 
 
+def target_device():
+  """A device the traced program compiles for: the first of the concrete mesh in force
+  (compile-only devices under `c2jax plan --target`), else JAX's first device. Kernels read
+  a GPU's compute capability from it."""
+  # jax.sharding.get_mesh() refuses to run under jit, where kernels choose their path;
+  # the mesh it returns is this one.
+  from jax._src import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  mesh = mesh_lib.get_concrete_mesh()
+  if mesh is not None and not mesh.empty:  # the empty mesh's devices are array(None)
+    return mesh.devices.flat[0]
+  return jax.devices()[0]
+
+
+def gpu_major(device=None) -> int | None:
+  """The compute capability's major version of an NVIDIA device (9: Hopper, 10:
+  Blackwell), None for other devices (CPU, TPU, ROCm's gfx names)."""
+  device = device or target_device()
+  if device.platform != 'gpu':
+    return None
+  major = str(getattr(device, 'compute_capability', '')).split('.')[0]
+  return int(major) if major.isdigit() else None
+
+
 class LazyModule:
   """A module imported on first attribute access. The Mosaic GPU kernels use it for
   `jax.experimental.pallas.mosaic_gpu`, whose import costs about half a second that every

@@ -81,6 +81,6 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
       "cost_model_seconds": main["cost_model_seconds"],
       "mfu_estimate": main["mfu_estimate"], "collectives": main["collectives"],
       "compile_seconds": main["compile_seconds"],
-      "loops_costed_once": main["loops_costed_once"],
+      "loops_costed_once": main["loops_costed_once"], "mosaic_calls": main["mosaic_calls"],
       "engine": {r["step"]: r for r in reports[1:]}}))
   return 0

@@ -133,7 +133,7 @@ def select_attention(requested: str, call: AttentionCall, *, strict: bool = True
 
 
 def _capability() -> tuple[int, int] | None:
-  device = jax.devices()[0]
+  device = kernels.target_device()  # the GPU the step compiles for, compile-only ones too
   text = getattr(device, "compute_capability", None)
   if not text:
     return None

@@ -260,8 +260,11 @@ def select(moe_impl: str, quant: str, num_tokens: int, top_k: int, num_experts: 
 def pallas_impl(platform: str | None = None) -> str:
   """The grouped-matmul impl behind moe_impl='pallas' on `platform` (default: the
   platform the step compiles for, kernels.target_platform())."""
+  platform = platform or kernels.target_platform()
   impl = kernels.default_grouped_matmul_impl(platform)
-  return impl if GROUPED_MATMUL_IMPLS[impl].is_pallas else _PALLAS_FALLBACK_IMPL
+  if GROUPED_MATMUL_IMPLS[impl].is_pallas or platform != "cpu":
+    return impl  # a GPU without a kernel of its generation (B200: 'tiled') keeps its default
+  return _PALLAS_FALLBACK_IMPL  # CPU: the TPU kernel in interpret mode
 
 
 def pallas(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,

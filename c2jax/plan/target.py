@@ -21,6 +21,7 @@ What it reports, per device, all of it compiler estimates and none of it a measu
                     has none for compile-only devices);
   cost_model_s      the compiler's own time estimate (`optimal_seconds`; TPU only);
   mfu_estimate      model FLOPs (the formula of roofline.py) / (cost_model_s x chip peak);
+  mosaic_calls      Pallas kernels in the program, compiled through Mosaic / Mosaic GPU;
   collectives       from the compiled HLO (hlo_comms: loop trip counts applied; None,
                     with the reason, when one sits in a loop of data-dependent length,
                     as in the engine's decode loop, which stops early on stop tokens).
@@ -193,6 +194,13 @@ def remaining_loops(compiled) -> int:
   return compiled.as_text().count(" while(")
 
 
+def mosaic_calls(compiled) -> int:
+  """Pallas kernels compiled through Mosaic (TPU) or Mosaic GPU in the program."""
+  text = compiled.as_text()
+  return text.count('custom_call_target="tpu_custom_call"') + text.count(
+      'custom_call_target="mosaic_gpu')
+
+
 def step_report(step: CompiledStep, target: topologies.AnyTarget) -> dict:
   """The step's compiler estimates as one JSON-ready dict (see the module docstring)."""
   chip = target.accelerator
@@ -214,6 +222,7 @@ def step_report(step: CompiledStep, target: topologies.AnyTarget) -> dict:
       "cost_model_seconds": seconds,
       "mfu_estimate": step.model_flops / (seconds * peak) if seconds else None,
       "loops_costed_once": remaining_loops(step.cost_compiled),
+      "mosaic_calls": mosaic_calls(step.compiled),
       "collectives": collectives, "collectives_note": note}
 
 
@@ -229,9 +238,11 @@ def format_report(report: dict, target: topologies.AnyTarget) -> str:
           ("generated code", f"{m['code_bytes'] / 1e9:,.3f}"),
           ("total", f"{m['total_bytes'] / 1e9:,.3f}")]
   verdict = "fits" if report["fits"] else "does NOT fit"
+  kernels = f"; {report['mosaic_calls']} Pallas kernel call(s) through Mosaic" if report[
+      "mosaic_calls"] else ""
   mfu = report["mfu_estimate"]
   lines = [
-      f"{report['step']} (compiled in {report['compile_seconds']:.1f} s)",
+      f"{report['step']} (compiled in {report['compile_seconds']:.1f} s{kernels})",
       memory_lib.format_table(rows),
       f"{verdict} in {chip.name}'s {chip.memory_gb:g} GB HBM"]
   if report["cost_model_seconds"] is None:

@@ -113,7 +113,8 @@ def block_scaled_grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *, recipe='mx
     interpret = platform_lib.target_platform() == 'cpu'  # Mosaic GPU interpret mode (tests)
     if not interpret and matmul.default_path() != 'hopper_fp8':
       raise ValueError(f"path='hopper_fused' runs WGMMA kernels that need a Hopper GPU "
-                       f"(compute capability 9.x); this is {jax.devices()[0]}. Leave "
+                       f"(compute capability 9.x); this is {platform_lib.target_device()}. "
+                       "Leave "
                        "path=None to pick the path for this device.")
     return fused_grouped.fused_grouped_matmul(
         lhs_MxK, rhs_GxKxN, group_sizes_G, rows=rows,

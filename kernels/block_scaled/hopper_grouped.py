@@ -251,7 +251,11 @@ def fp8_tgmm(lhs_KxM, lhs_scales_KxNB, rhs_NxM, rhs_scales_NxNB, group_sizes_G, 
           token_ids = (block0 + i) * SCALE_BLOCK + plgpu.broadcasted_iota(
               jnp.int32, (block_rows, SCALE_BLOCK), 1, layout=plgpu.Layout.WGMMA)
           keep = (token_ids >= start) & (token_ids < end)
-          lhs_smem[...] = jnp.where(keep, lhs_smem[...], 0).astype(lhs_smem.dtype)
+          # Mosaic GPU has no select on 8-bit values: through float16 (the one type FP8
+          # converts to in hardware), which holds every E4M3 value exactly, so kept values
+          # come back unchanged.
+          wide = lhs_smem[...].astype(jnp.float16)
+          lhs_smem[...] = jnp.where(keep, wide, 0).astype(lhs_smem.dtype)
           plgpu.commit_smem()
 
         partial = _block_product(lhs_smem, rhs_smem, block_rows, block_cols)

@@ -24,6 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from c2jax_kernels import platform as platform_lib
 from c2jax_kernels.block_scaled import formats
 from c2jax_kernels.block_scaled import hopper
 
@@ -74,13 +75,10 @@ _GPU_PATHS = {9: 'hopper_fp8', 10: 'scaled_matmul'}
 
 
 def default_path(device=None):
-  """The path for `device` (default: the first JAX device); see the module docstring."""
-  device = device or jax.devices()[0]
-  if device.platform != 'gpu':
-    return 'dequantize'
+  """The path for `device` (default: the device the program compiles for,
+  platform.target_device()); see the module docstring."""
   # NVIDIA devices report e.g. '9.0'; ROCm reports a gfx name, which gets the portable path.
-  major = str(getattr(device, 'compute_capability', '')).split('.')[0]
-  return _GPU_PATHS.get(int(major), 'dequantize') if major.isdigit() else 'dequantize'
+  return _GPU_PATHS.get(platform_lib.gpu_major(device), 'dequantize')
 
 
 def quantized_gemm(lhs_MxC, lhs_axis, rhs, rhs_axis, fmt, path):

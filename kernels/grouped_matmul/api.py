@@ -39,7 +39,8 @@ class GroupedMatmulImpl:
 IMPLS = {
     'mosaic_gpu': GroupedMatmulImpl(mosaic_gpu.gmm, mosaic_gpu.tgmm, is_pallas=True),
     'megablox': GroupedMatmulImpl(megablox.gmm, megablox.tgmm, is_pallas=True),
-    # lax.ragged_dot: native on GPU/TPU, the `tiled` loop on CPU (XLA has no CPU lowering).
+    # lax.ragged_dot: native on TPU; XLA's GPU compiler expands it into a dense product per
+    # group; the `tiled` loop on CPU (XLA has no CPU lowering).
     'ragged_dot': GroupedMatmulImpl(ragged.gmm, ragged.tgmm, is_pallas=False),
     # A fori_loop of row-tile matmuls in plain XLA, any platform (tiled.py).
     'tiled': GroupedMatmulImpl(tiled.gmm, tiled.tgmm, is_pallas=False),
@@ -48,16 +49,28 @@ IMPLS = {
 
 DEFAULT_IMPL_BY_PLATFORM = {'gpu': 'mosaic_gpu', 'cuda': 'mosaic_gpu',
                             'tpu': 'megablox', 'cpu': 'ragged_dot'}
+# The Mosaic GPU kernel issues Hopper's warpgroup MMA (wgmma), which neither earlier nor
+# later generations have (ptxas rejects it for sm_100). Other GPUs (NVIDIA or ROCm) get
+# 'tiled': XLA's GPU compiler expands ragged_dot into one dense product per group (the
+# GPU compiler's buffers for DeepSeek-V3's expert layer on a B200, forward and both
+# gradients: ragged_dot 30.1 GB of temporaries, tiled 2.0 GB; docs/scaling.md).
+_MOSAIC_GPU_MAJORS = (9,)
+_OTHER_GPUS = 'tiled'
 
 
 def default_impl(platform=None):
   """The implementation used when `impl=None`, for `platform` (default: the target's,
-  platform.target_platform())."""
+  platform.target_platform()); on GPUs by the target device's compute capability."""
   platform = platform or platform_lib.target_platform()
   if platform not in DEFAULT_IMPL_BY_PLATFORM:
     raise ValueError(f"No default grouped-matmul impl for platform {platform!r}; pass "
                      f"impl= one of {sorted(IMPLS)}.")
-  return DEFAULT_IMPL_BY_PLATFORM[platform]
+  impl = DEFAULT_IMPL_BY_PLATFORM[platform]
+  device = platform_lib.target_device()
+  if impl == 'mosaic_gpu' and device.platform == 'gpu':  # else: no device to ask
+    if platform_lib.gpu_major(device) not in _MOSAIC_GPU_MAJORS:
+      return _OTHER_GPUS
+  return impl
 
 
 def interpret_on_this_backend(impl):
@@ -121,8 +134,9 @@ def grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *, impl=None,
     lhs_MxK: [M, K] rows sorted by group.
     rhs_GxKxN: [G, K, N] one weight matrix per group.
     group_sizes_G: [G] integer rows per group (may be 0), summing to at most M.
-    impl: one of IMPLS, or None for the platform default (gpu: 'mosaic_gpu',
-      tpu: 'megablox', cpu: 'ragged_dot'). Pallas impls run interpreted on CPU.
+    impl: one of IMPLS, or None for the platform default (Hopper: 'mosaic_gpu', other
+      GPUs: 'tiled', tpu: 'megablox', cpu: 'ragged_dot'). Pallas impls run
+      interpreted on CPU.
     preferred_element_type: output dtype (accumulation is float32); default lhs dtype.
 
   Returns:

@@ -48,8 +48,8 @@ def _check_operands(dtype, interpret):
   if not interpret and jnp.dtype(dtype).itemsize != 2:
     raise ValueError(
         f"impl='mosaic_gpu' on GPU takes bfloat16/float16 operands, got "
-        f"{jnp.dtype(dtype).name}. Cast the operands, or use impl='ragged_dot' for "
-        "float32 matmuls.")
+        f"{jnp.dtype(dtype).name}. Cast the operands (model.dtype='bfloat16'), or use "
+        "impl='tiled' (model.moe_impl='ragged' runs ragged_dot) for float32 matmuls.")
 
 
 def _pick_block(dim, what):

@@ -91,6 +91,17 @@ def test_pallas_default_kernel_per_platform():
   assert moe_dispatch.pallas_impl("cpu") == "megablox"
 
 
+def test_pallas_on_a_gpu_without_a_kernel_of_its_generation(monkeypatch):
+  """A B200 (sm_100) has no Mosaic GPU kernel here: moe_impl='pallas' runs the GPU
+  default ('tiled'), never the TPU's megablox."""
+  import types
+
+  from c2jax_kernels import platform as platform_lib
+  blackwell = types.SimpleNamespace(platform="gpu", compute_capability="10.0")
+  monkeypatch.setattr(platform_lib, "target_device", lambda: blackwell)
+  assert moe_dispatch.pallas_impl("gpu") == "tiled"
+
+
 @pytest.mark.parametrize("dispatch", ["ragged", "pallas"])
 def test_sorted_dispatch_matches_dense(dispatch):
   y_ref, grads_ref = run("dense")

@@ -1,6 +1,7 @@
 """`c2jax plan --target=h100-8`: GPU target names, the chip description XLA's GPU compiler
 reads, the error without the CUDA plugin, and (where an interpreter with the plugin is
-named) the tiny train step compiled by XLA's GPU compiler for compile-only H100s."""
+named) the tiny train step, Mosaic GPU kernels included, compiled by XLA's GPU compiler
+for compile-only H100s."""
 
 import importlib.util
 import json
@@ -116,3 +117,21 @@ def test_plan_memory_target_h100_tiny():
   exact = mem["param_bytes"] + mem["opt_state_bytes"] + batch_shard
   assert exact <= mem["argument_bytes"] <= 1.5 * exact
   assert "GPU compiler estimate" in result.stdout
+
+
+def test_mosaic_gpu_kernels_compile_to_device_code_for_h100_and_b200():
+  """The grouped matmul and the MXFP8 block-scaled one (FP8 WGMMA), forward and both
+  gradients, through Mosaic GPU for sm_90a (ptxas runs during the compile); a B200 takes
+  the 'tiled' loop, not the Hopper kernel that ptxas rejects for sm_100a."""
+  python = _gpu_python()
+  result = subprocess.run(
+      [python, "tools/bench/compile_kernels.py", "--targets", "h100-8,b200-8", "--shapes",
+       "tiny", "--kinds", "grouped,block_scaled"], cwd=REPO,
+      env=dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"),
+      capture_output=True, text=True, timeout=900, check=False)
+  assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+  rows = [json.loads(line[5:]) for line in result.stdout.splitlines()
+          if line.startswith(("OK ", "FAIL"))]
+  calls = {(row["target"], row["kind"]): row["mosaic_calls"] for row in rows}
+  assert calls == {("h100-8", "grouped"): 3, ("h100-8", "block_scaled"): 3,
+                   ("b200-8", "grouped"): 0, ("b200-8", "block_scaled"): 0}

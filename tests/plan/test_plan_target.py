@@ -69,13 +69,16 @@ def test_tpu_granules_are_slices_not_hosts(v5p_devices):
   assert fsdp_slices == {0, 1}
 
 
+# The suite's persistent cache looks the program up first; an executable for compile-only
+# devices cannot be loaded from it (no client), which JAX reports and then compiles.
+@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
 def test_grouped_matmul_kernels_compile_through_mosaic(v5p_devices, monkeypatch):
   """Forward, input-gradient and weight-gradient megablox kernels, picked by the mesh's
   platform (not the CPU process's), compile as Mosaic custom calls."""
   monkeypatch.syspath_prepend(str(REPO / "tools" / "bench"))
-  bench = importlib.import_module("compile_kernels_tpu")
+  bench = importlib.import_module("compile_kernels")
   # (The block-scaled recipe runs the same three kernels on dequantised operands; its
-  # fake-quantisation compiles slowly, so tools/bench/compile_kernels_tpu.py covers it.)
+  # fake-quantisation compiles slowly, so tools/bench/compile_kernels.py covers it.)
   result = bench.compile_one(v5p_devices, "grouped", bench.SHAPES["tiny"], jnp.bfloat16)
   assert result["mosaic_calls"] == 3, result
   assert result["cost_model_s"] > 0 and result["temp_bytes"] > 0
@@ -104,6 +107,7 @@ def test_plan_memory_target_v5p8_tiny():
   assert out["flops"] > 0 and 0 < out["cost_model_seconds"] < 1
   assert 0 < out["mfu_estimate"] < 1
   assert out["collectives"]["all-gather"]["executions"] > 0  # fsdp gathers its params
+  assert out["mosaic_calls"] >= 3  # megablox forward and both gradients, through Mosaic
 
   from configs import pretrain
 

@@ -1,9 +1,9 @@
 """Compile c2jax's Pallas kernels through Mosaic (not the interpreter) for TPU slices, and
 through Mosaic GPU for compile-only NVIDIA GPUs.
 
-  PYTHONPATH=. python tools/bench/compile_kernels_tpu.py --targets v5p-8,v6e-8 \
+  PYTHONPATH=. python tools/bench/compile_kernels.py --targets v5p-8,v6e-8 \
       --shapes small,deepseek_v3,kimi_k25
-  JAX_PLATFORMS=cpu PYTHONPATH=. .venv-gpu/bin/python tools/bench/compile_kernels_tpu.py \
+  JAX_PLATFORMS=cpu PYTHONPATH=. .venv-gpu/bin/python tools/bench/compile_kernels.py \
       --targets h100-8,b200-8 --shapes small,deepseek_v3,kimi_k25    # the gpu-compile venv
 
 For each target and MoE shape it compiles, with libtpu's compiler and compile-only devices
@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import c2jax_kernels as kernels
+from c2jax.plan import target as target_lib
 from c2jax.plan import topologies
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -49,12 +50,15 @@ SHAPES = {
 
 
 def _loss(kind, dtype):
+  kind, _, impl = kind.partition(":")  # 'grouped:tiled' names an impl; else the default
   def grouped(lhs, rhs, sizes):
     if kind == "block_scaled":
       out = kernels.block_scaled_grouped_matmul(lhs, rhs, sizes, recipe="mxfp8",
+                                                impl=impl or None,
                                                 preferred_element_type=jnp.float32)
     else:
-      out = kernels.grouped_matmul(lhs, rhs, sizes, preferred_element_type=jnp.float32)
+      out = kernels.grouped_matmul(lhs, rhs, sizes, impl=impl or None,
+                                   preferred_element_type=jnp.float32)
     return jnp.sum(out)
   # The loss value keeps the forward kernel alive beside both gradient kernels.
   return jax.value_and_grad(grouped, argnums=(0, 1))
@@ -74,12 +78,11 @@ def compile_one(devices, kind: str, shape: tuple[int, int, int, int], dtype) -> 
     if kernels.target_platform() not in ("tpu", "gpu", "cuda"):
       raise RuntimeError("the mesh's devices are not TPU or GPU devices")
     compiled = jax.jit(_loss(kind, dtype)).lower(*args).compile()
-  text = compiled.as_text()
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, list) and cost else cost) or {}
   mem = compiled.memory_analysis()
   return {"compile_s": round(time.perf_counter() - begun, 1),
-          "mosaic_calls": text.count("tpu_custom_call") + text.count('"mosaic_gpu'),
+          "mosaic_calls": target_lib.mosaic_calls(compiled),
           "temp_bytes": int(mem.temp_size_in_bytes),
           "cost_model_s": cost.get("optimal_seconds")}
 
@@ -115,6 +118,8 @@ def main(argv=None) -> int:
   # FP8 is not offered: TPU v5p and v6e have no FP8 matmul unit, and the megablox kernels
   # accept bfloat16 and float32 operands only (docs/scaling.md).
   parser.add_argument("--dtypes", default="bfloat16")
+  # grouped | block_scaled, each with the platform's default impl, or e.g. grouped:tiled
+  # for one of c2jax_kernels.grouped_matmul_impls().
   parser.add_argument("--kinds", default="grouped,block_scaled")
   parser.add_argument("--one", nargs=4, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
