@@ -30,6 +30,9 @@ def _free_port() -> int:
 
 
 def _env(devices: int, **extra) -> dict:
+  # No compilation cache: JAX writes it from process 0 only, so with it process 0 loads
+  # while the others compile, and under load the first collective's Gloo rendezvous
+  # times out (30 s) waiting for them.
   return child_env(C2JAX_XLA_CACHE="off",
                    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
 

@@ -77,6 +77,9 @@ def _free_port() -> int:
 def test_learner_processes_of_two_devices_match_one_process(processes):
   port = _free_port()
   devices = 2 * processes
+  # No compilation cache: JAX writes it from process 0 only, so with it process 0 loads
+  # while the others compile, and under load the first collective's Gloo rendezvous
+  # times out (30 s) waiting for them.
   pair = [_start("distributed", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                  JAX_NUM_PROCESSES=processes, JAX_PROCESS_ID=rank, C2JAX_XLA_CACHE="off",
                  XLA_FLAGS="--xla_force_host_platform_device_count=2")

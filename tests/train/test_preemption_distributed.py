@@ -32,7 +32,9 @@ def _start_pair(workdir, data_cache) -> list[subprocess.Popen]:
   port = _free_port()
   return [subprocess.Popen(
       job_command("pretrain", PRETRAIN, workdir, data_cache, *ARGS), cwd=REPO,
-      # As the other jax.distributed tests: no shared compilation cache.
+      # No compilation cache, as the other jax.distributed tests: JAX writes it from process
+      # 0 only, so with it process 0 loads while process 1 compiles, and under load the
+      # first collective's Gloo rendezvous times out (30 s) waiting for process 1.
       env=child_env(C2JAX_XLA_CACHE="off",
                     XLA_FLAGS="--xla_force_host_platform_device_count=2",
                     JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=2,
