@@ -3,9 +3,11 @@
 import collections
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import ml_collections
@@ -71,8 +73,23 @@ def test_sigterm_stops_cleanly_keeps_results_and_the_rerun_finishes(tmp_path):
     assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
     time.sleep(0.05)
   proc.send_signal(signal.SIGTERM)
+  # The handler runs when the child's main thread next gets the CPU; until then its worker
+  # threads may start more episodes. Count once it has said it received the signal: from
+  # then on nothing new starts.
+  lines, errors = queue.Queue(), queue.Queue()
+  readers = [threading.Thread(target=lambda s=stream, q=q: [q.put(line) for line in s],
+                              daemon=True)
+             for stream, q in ((proc.stdout, lines), (proc.stderr, errors))]
+  for reader in readers:
+    reader.start()
+  printed = []
+  while not any("SIGTERM received" in line for line in printed):
+    printed.append(lines.get(timeout=120))  # queue.Empty: no acknowledgement in time
   seen = path.read_text().count("\n")  # recorded by then (more may be written meanwhile)
-  out, err = proc.communicate(timeout=120)
+  proc.wait(timeout=120)
+  for reader in readers:
+    reader.join(timeout=10)
+  out, err = "".join(printed + list(lines.queue)), "".join(errors.queue)
   assert proc.returncode == 0, err[-3000:]
   before = _lines(workdir)
   # The episodes in flight (at most concurrency = 2) finished and were recorded; nothing
