@@ -42,13 +42,17 @@ def random_segment(model_cfg, rng: np.random.Generator, length: int) -> dict:
 
 
 def actor_pids(workdir) -> list[int]:
-  """Pids of the local actor processes of the `c2jax rl` run in `workdir`."""
-  pids = []
+  """Pids of the local actor processes of the `c2jax rl` run in `workdir`. An actor's own
+  fork (a sandbox command between fork and exec) carries the same command line for a
+  moment; it is left out by its parent, a matching process."""
+  parents = {}
   for proc in pathlib.Path("/proc").iterdir():
     try:
       cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
+      # /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after ')'.
+      ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
       continue
     if b"c2jax.rl.actors.actor" in cmdline and f"--workdir={workdir}".encode() in cmdline:
-      pids.append(int(proc.name))
-  return pids
+      parents[int(proc.name)] = ppid
+  return sorted(pid for pid, ppid in parents.items() if ppid not in parents)

@@ -140,7 +140,7 @@ def main(argv=None) -> dict:
             "stream": args.stream, "server_tokens": tokens,
             "engine_tokens_per_s": round(engine_rate, 1),
             "server_tokens_per_s": round(server_rate, 1),
-            "ratio": round(server_rate / engine_rate, 3), "params": cfg.name,
+            "ratio": float(f"{server_rate / engine_rate:.3g}"), "params": cfg.name,
             "engine_runs": [round(r, 1) for r in engine_rates],
             "server_runs": [round(r, 1) for r in server_rates]}
   print(json.dumps(result), flush=True)
