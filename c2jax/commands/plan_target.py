@@ -68,7 +68,7 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
     if report["collectives"] is None:
       print(f"collectives not counted: {report['collectives_note']}\n", flush=True)
     else:
-      print(hlo_comms.format_comm_table(step.comm_volumes(target.num_devices)) + "\n",
+      print(hlo_comms.format_comm_table(step.comm_volumes) + "\n",
             flush=True)
   state = memory.StateBytes.of(cfg, devices)
   main = reports[0]

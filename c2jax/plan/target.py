@@ -59,15 +59,22 @@ class CompiledStep:
   cost_compiled: jax.stages.Compiled    # layer scans unrolled: FLOPs, time estimate
   seconds: float                        # compile time, both compiles
   model_flops: float                    # per device, the formula
+  num_devices: int
 
-  def comm_volumes(self, num_devices: int) -> dict:
-    """hlo_comms.comm_volume of the compiled step, parsed once (the HLO text of a large
-    model is big); raises ValueError as comm_volume does."""
-    cached = self.__dict__.get("_volumes")  # frozen: kept beside the fields, not in them
-    if cached is None or cached[0] != num_devices:
-      cached = (num_devices, hlo_comms.comm_volume(self.compiled.as_text(), num_devices))
-      self.__dict__["_volumes"] = cached
-    return cached[1]
+  # The HLO text of a large model is big: each is printed and parsed once.
+  @functools.cached_property
+  def hlo_text(self) -> str:
+    return self.compiled.as_text()
+
+  @functools.cached_property
+  def cost_hlo_text(self) -> str:
+    return self.hlo_text if self.cost_compiled is self.compiled else (
+        self.cost_compiled.as_text())
+
+  @functools.cached_property
+  def comm_volumes(self) -> dict:
+    """hlo_comms.comm_volume of the compiled step; raises ValueError as it does."""
+    return hlo_comms.comm_volume(self.hlo_text, self.num_devices)
 
 
 def _layers_unrolled(cfg):
@@ -104,7 +111,7 @@ def compile_job_step(cfg, devices, rl_rows: int | None = None, *,
     label = "train step"
   compiled, cost, seconds = _twice(fn, cfg, costed)
   flops = roofline.train_flops_per_token(cfg.model, seq_len) * tokens / len(devices)
-  return CompiledStep(label, compiled, cost, seconds, flops)
+  return CompiledStep(label, compiled, cost, seconds, flops, len(devices))
 
 
 def engine_placement(parallel_cfg, devices, slots: int) -> engine_sharding.Placement:
@@ -177,10 +184,10 @@ def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int
   decode_flops = roofline.decode_step_cost(cfg.model, slots, context, n).model_flops
   return [
       CompiledStep(f"engine prefill (1 x {prefill} tokens)", as_configured["prefill"],
-                   costed["prefill"], seconds / 2, prefill_flops),
+                   costed["prefill"], seconds / 2, prefill_flops, n),
       CompiledStep(f"engine decode ({slots} slots x {decode_steps} steps, context "
                    f"{context})", as_configured["decode"], costed["decode"], seconds / 2,
-                   decode_flops * decode_steps)]
+                   decode_flops * decode_steps, n)]
 
 
 def _cost(compiled) -> dict | None:
@@ -189,15 +196,14 @@ def _cost(compiled) -> dict | None:
   return analysis or None  # the GPU compiler's is empty for compile-only devices
 
 
-def remaining_loops(compiled) -> int:
-  """While loops in the compiled program (their bodies are costed once)."""
-  return compiled.as_text().count(" while(")
+def remaining_loops(hlo_text: str) -> int:
+  """While loops in a compiled program's HLO (their bodies are costed once)."""
+  return hlo_text.count(" while(")
 
 
-def mosaic_calls(compiled) -> int:
-  """Pallas kernels compiled through Mosaic (TPU) or Mosaic GPU in the program."""
-  text = compiled.as_text()
-  return text.count('custom_call_target="tpu_custom_call"') + text.count(
+def mosaic_calls(hlo_text: str) -> int:
+  """Pallas kernels compiled through Mosaic (TPU) or Mosaic GPU in a compiled program."""
+  return hlo_text.count('custom_call_target="tpu_custom_call"') + hlo_text.count(
       'custom_call_target="mosaic_gpu')
 
 
@@ -209,7 +215,7 @@ def step_report(step: CompiledStep, target: topologies.AnyTarget) -> dict:
   seconds = None if cost is None else float(cost.get("optimal_seconds", 0.0))
   peak = chip.peak_flops("bfloat16")
   try:
-    collectives, note = hlo_comms.summary(step.comm_volumes(target.num_devices)), ""
+    collectives, note = hlo_comms.summary(step.comm_volumes), ""
   except ValueError as err:  # a collective in a data-dependent loop (the decode loop's)
     collectives, note = None, str(err)
   return {
@@ -221,8 +227,8 @@ def step_report(step: CompiledStep, target: topologies.AnyTarget) -> dict:
       "model_flops": step.model_flops,
       "cost_model_seconds": seconds,
       "mfu_estimate": step.model_flops / (seconds * peak) if seconds else None,
-      "loops_costed_once": remaining_loops(step.cost_compiled),
-      "mosaic_calls": mosaic_calls(step.compiled),
+      "loops_costed_once": remaining_loops(step.cost_hlo_text),
+      "mosaic_calls": mosaic_calls(step.hlo_text),
       "collectives": collectives, "collectives_note": note}
 
 

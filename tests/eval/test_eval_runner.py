@@ -84,7 +84,11 @@ def test_sigterm_stops_cleanly_keeps_results_and_the_rerun_finishes(tmp_path):
     reader.start()
   printed = []
   while not any("SIGTERM received" in line for line in printed):
-    printed.append(lines.get(timeout=120))  # queue.Empty: no acknowledgement in time
+    try:
+      printed.append(lines.get(timeout=120))
+    except queue.Empty:
+      pytest.fail(f"c2jax eval did not acknowledge SIGTERM within 120 s:\n{printed}\n"
+                  f"{''.join(errors.queue)[-3000:]}")
   seen = path.read_text().count("\n")  # recorded by then (more may be written meanwhile)
   proc.wait(timeout=120)
   for reader in readers:

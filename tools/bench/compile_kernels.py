@@ -82,7 +82,7 @@ def compile_one(devices, kind: str, shape: tuple[int, int, int, int], dtype) -> 
   cost = (cost[0] if isinstance(cost, list) and cost else cost) or {}
   mem = compiled.memory_analysis()
   return {"compile_s": round(time.perf_counter() - begun, 1),
-          "mosaic_calls": target_lib.mosaic_calls(compiled),
+          "mosaic_calls": target_lib.mosaic_calls(compiled.as_text()),
           "temp_bytes": int(mem.temp_size_in_bytes),
           "cost_model_s": cost.get("optimal_seconds")}
 
