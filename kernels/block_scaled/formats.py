@@ -96,9 +96,21 @@ def _ceil_log2_scale(amax, value_max):
   return jnp.clip(e, _MIN_SCALE_EXP, _MAX_SCALE_EXP)
 
 
+def _keep_rounded(values):
+  """`values` (just cast to a narrow float type) behind an optimisation barrier.
+
+  XLA's GPU compiler removes a round trip of converts through a narrower float type
+  (wide -> fp8 -> wide) when excess precision is allowed, its default: without the
+  barrier, quantize-then-dequantize in one jitted function returned the unquantised
+  values on an H200 (the 'dequantize' paths computed in bf16, not MXFP8). The TPU and
+  CPU compilers keep the round trip; the barrier costs them nothing.
+  """
+  return jax.lax.optimization_barrier(values)
+
+
 def _round_up_e4m3(x):
   """Smallest E4M3 value >= x, for 0 <= x <= 448."""
-  nearest = x.astype(jnp.float8_e4m3fn)
+  nearest = _keep_rounded(x.astype(jnp.float8_e4m3fn))
   bits = jax.lax.bitcast_convert_type(nearest, jnp.uint8)
   above = jax.lax.bitcast_convert_type(bits + jnp.uint8(1), jnp.float8_e4m3fn)
   return jnp.where(nearest.astype(jnp.float32) < x, above, nearest)
@@ -135,7 +147,7 @@ def quantize(x, fmt, axis=-1):
     scaled = safe_blocks * _pow2(-exponent_NB)[..., None]
     block_scales = jnp.where(bad_NB, jnp.nan, _pow2(exponent_NB))
 
-  values = scaled.astype(spec.value_dtype).reshape(x_LAST.shape)
+  values = _keep_rounded(scaled.astype(spec.value_dtype)).reshape(x_LAST.shape)
   return QuantizedArray(values=values, scales=block_scales.astype(spec.scale_dtype),
                         token_scales=token_scales, fmt=fmt, axis=axis, length=length,
                         dtype=jnp.dtype(x.dtype))

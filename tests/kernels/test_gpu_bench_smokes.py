@@ -81,7 +81,7 @@ def test_train_smoke_reports_mfu_and_roofline_bound(bench, capsys):
   bench("bench_train").main(["--smoke"])
   out = capsys.readouterr().out
   assert "roofline device: this cpu (measured)" in out
-  row = re.search(r"^tiny\s+ragged\s+dense\s+2x32\s+" + r"\s+".join([NUMBER] * 3)
+  row = re.search(r"^tiny\s+ragged\s+dense\s+float32\s+2x32\s+" + r"\s+".join([NUMBER] * 3)
                   + r"\s+([\d.]+)%\s+([\d.]+)%\s+([\d.]+)\s+([\d.]+)%", out, re.M)
   assert row, out
   step_ms, mfu, mfu_peak, bound_ms, of_bound = (float(row.group(i)) for i in (1, 4, 5, 6, 7))
@@ -112,7 +112,7 @@ def test_device_kinds_map_to_datasheet_rows():
 def test_gpu_all_names_scripts_and_flags_that_exist():
   script = (BENCH_DIR / "gpu_all.sh").read_text()
   subprocess.run(["bash", "-n", str(BENCH_DIR / "gpu_all.sh")], check=True)
-  for line in re.findall(r"^run \w+ (\$BENCH/\S+\.py.*(?:\\\n.*)*)", script, re.M):
+  for line in re.findall(r"^run \w+ \d+ (\$BENCH/\S+\.py.*(?:\\\n.*)*)", script, re.M):
     words = line.replace("\\\n", " ").split()
     path = ROOT / words[0].replace("$BENCH", "tools/bench")
     assert path.is_file(), path
@@ -120,6 +120,6 @@ def test_gpu_all_names_scripts_and_flags_that_exist():
     for flag in (w for w in words[1:] if w.startswith("--")):
       assert f'"{flag.split("=")[0]}"' in source or f"'{flag.split('=')[0]}'" in source, (
           path.name, flag)
-  for name in ("attention_4k", "grouped_matmul", "block_scaled", "train_moe_8b_a1b", "decode",
-               "decode_mtp"):
+  for name in ("check", "attention_4k", "grouped", "block_scaled", "train_small",
+               "train_moe_8b_a1b", "decode", "decode_mtp"):
     assert re.search(rf"^run {name}\b", script, re.M), name

@@ -61,10 +61,12 @@ class Row:
   times taken so far (one step at a time, so rows can be interleaved)."""
 
   def __init__(self, name: str, batch: int, seq_len: int, moe_impl: str,
-               attention_impl: str | None = None):
+               attention_impl: str | None = None, dtype: str | None = None):
     overrides = dict(moe_impl=moe_impl)
     if attention_impl:
       overrides["attention_impl"] = attention_impl
+    if dtype:
+      overrides["dtype"] = dtype
     self.name, self.moe_impl, self.batch, self.seq_len = name, moe_impl, batch, seq_len
     self.cfg = variants.get(name, **overrides)
     optimizer, _ = train.make_optimizer(learning_rate=1e-3, total_steps=1000)
@@ -109,6 +111,9 @@ def main(argv=None):
   parser.add_argument("--moe_impls", default="dense,ragged")
   parser.add_argument("--attention_impl", default="",
                       help="model.attention_impl for every row (default: the variant's)")
+  parser.add_argument("--dtype", default="",
+                      help="model.dtype (compute) for every row; default: the variant's on "
+                           "CPU, bfloat16 on an accelerator (the ceiling's dtype)")
   parser.add_argument("--smoke", action="store_true",
                       help="tiny, 2x32 tokens, one step, ragged MoE (the suite runs it)")
   args = parser.parse_args(argv)
@@ -119,7 +124,9 @@ def main(argv=None):
       setattr(args, key, value)
   device = jax.devices()[0]
   dtype = jnp.float32 if device.platform == "cpu" else jnp.bfloat16
-  matmul_n = 512 if args.smoke else 2048
+  compute_dtype = args.dtype or (None if device.platform == "cpu" else "bfloat16")
+  # Large enough to fill the device: 2048^3 reached 107 TFLOP/s on an H200, 8192^3 ~600.
+  matmul_n = 512 if args.smoke else 2048 if device.platform == "cpu" else 8192
   ceiling = accelerators.matmul_ceiling(dtype, n=matmul_n)
   acc = accelerator_of(device, ceiling, (16 if args.smoke else 256) << 20)
   print(f"train step throughput, {datetime.date.today()}, {device.platform} "
@@ -128,7 +135,8 @@ def main(argv=None):
   print(f"ceiling: {jnp.dtype(dtype).name} {matmul_n}^3 matmul = {ceiling / 1e12:.3f} TFLOP/s "
         f"(first measurement); roofline device: {acc.name}, {acc.bf16_tflops:.3f} TFLOP/s "
         f"peak, {acc.hbm_tb_s:.3f} TB/s\n")
-  rows = [Row(name, args.batch, args.seq_len, impl, args.attention_impl or None)
+  rows = [Row(name, args.batch, args.seq_len, impl, args.attention_impl or None,
+              compute_dtype)
           for name in args.variants.split(",") for impl in args.moe_impls.split(",")]
   # Round-robin: every row and the ceiling are measured once per round, so a drifting
   # machine load reaches all of them alike.
@@ -140,7 +148,7 @@ def main(argv=None):
         f"{row.name} {row.moe_impl} {row.step_seconds[-1] * 1e3:.0f} ms" for row in rows),
           flush=True)
   rows = [row.result() for row in rows]
-  header = (f"{'variant':<10} {'moe_impl':<8} {'attention':<9} {'batch x len':>11} "
+  header = (f"{'variant':<10} {'moe_impl':<8} {'attention':<9} {'dtype':<8} {'batch x len':>11} "
             f"{'step ms':>9} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'MFU peak':>8} "
             f"{'bound ms':>9} {'of bound':>8} {'compile s':>9}")
   print(f"\nMFU over the best ceiling measured in this run: {ceiling / 1e12:.4f} TFLOP/s; "
@@ -150,6 +158,7 @@ def main(argv=None):
   for r in rows:
     bound = step_bound(r["cfg"], args.batch, args.seq_len, acc)
     print(f"{r['variant']:<10} {r['moe_impl']:<8} {r['cfg'].attention_impl:<9} "
+          f"{r['cfg'].dtype:<8} "
           f"{f'{args.batch}x{args.seq_len}':>11} "
           f"{r['step_ms']:>9.2f} {r['tokens_per_s']:>10,.0f} {r['model_tflops']:>8.4f} "
           f"{r['model_tflops'] * 1e12 / ceiling:>6.1%} "
