@@ -117,15 +117,14 @@ def _sort_copies(indices_TxK, num_experts):
   top_k = indices_TxK.shape[1]
   expert_M = indices_TxK.reshape(-1)
   order_M = jnp.argsort(expert_M, stable=True)
-  group_sizes_E = jnp.bincount(expert_M, length=num_experts).astype(jnp.int32)
+  group_sizes_E = jax.nn.one_hot(expert_M, num_experts, dtype=jnp.int32).sum(0)
   return order_M, order_M // top_k, group_sizes_E
 
 
 def _unsort_combine(out_MxD, order_M, weights_TxK, dtype):
   """Sorted expert outputs back in token order, summed by gate weight in float32."""
   num_tokens, top_k = weights_TxK.shape
-  # Inverse permutation by scatter (cheaper than a second sort), then gather back.
-  unsort_M = jnp.zeros_like(order_M).at[order_M].set(jnp.arange(order_M.shape[0]))
+  unsort_M = jnp.argsort(order_M)  # the inverse permutation
   out_TxKxD = jnp.take(out_MxD, unsort_M, axis=0).reshape(num_tokens, top_k, -1)
   y_TxD = jnp.einsum("tkd,tk->td", out_TxKxD.astype(jnp.float32), weights_TxK)
   return y_TxD.astype(dtype)

@@ -128,11 +128,10 @@ def route(logits_TxE, correction_bias_E, moe_cfg, replay_TxK=None, valid_T=None)
 
 def expert_loads(indices_BxLxK, num_experts: int, valid_BxL=None) -> jax.Array:
   """float32 [E]: how many token copies each expert received (valid tokens only)."""
-  ones_BxLxK = jnp.ones(indices_BxLxK.shape, jnp.float32)
+  hits_BxLxKxE = jax.nn.one_hot(indices_BxLxK, num_experts, dtype=jnp.float32)
   if valid_BxL is not None:
-    ones_BxLxK = ones_BxLxK * valid_BxL[..., None].astype(jnp.float32)
-  return jnp.zeros((num_experts,), jnp.float32).at[indices_BxLxK.reshape(-1)].add(
-      ones_BxLxK.reshape(-1))
+    hits_BxLxKxE = hits_BxLxKxE * valid_BxL[..., None, None].astype(jnp.float32)
+  return hits_BxLxKxE.reshape(-1, num_experts).sum(0)
 
 
 def sequence_balance_loss(scores_BxLxE, indices_BxLxK, valid_BxL=None) -> jax.Array:
@@ -152,10 +151,9 @@ def sequence_balance_loss(scores_BxLxE, indices_BxLxK, valid_BxL=None) -> jax.Ar
   tokens_B = valid_BxL.sum(-1)
   denom_B = jnp.maximum(tokens_B, 1.0)
 
-  rows_BxLxK = jnp.broadcast_to(jnp.arange(batch)[:, None, None], indices_BxLxK.shape)
-  copies_BxLxK = jnp.broadcast_to(valid_BxL[..., None], indices_BxLxK.shape)
-  counts_BxE = jnp.zeros((batch, num_experts), jnp.float32).at[
-      rows_BxLxK.reshape(-1), indices_BxLxK.reshape(-1)].add(copies_BxLxK.reshape(-1))
+  counts_BxE = jnp.einsum("blke,bl->be",
+                          jax.nn.one_hot(indices_BxLxK, num_experts, dtype=jnp.float32),
+                          valid_BxL)
   load_frac_BxE = counts_BxE * (num_experts / top_k) / denom_B[:, None]
 
   affinity_BxLxE = scores_BxLxE / scores_BxLxE.sum(-1, keepdims=True)
