@@ -157,8 +157,11 @@ print("FP8 VALUES KEPT" if kept else "FP8 VALUES GONE")
 
 
 def _round_trip(python: str, target: str) -> str:
+  # ALLOW_MULTIPLE_LIBTPU_LOAD: as `c2jax plan --target` sets it, so that libtpu loads while
+  # another test process holds its single-user lock file.
   result = subprocess.run([python, "-c", ROUND_TRIP, target], cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"),
+                          env=dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
+                                   ALLOW_MULTIPLE_LIBTPU_LOAD="1"),
                           capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return result.stdout.strip().splitlines()[-1]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import os
 import pathlib
 import re
 import sys
@@ -107,6 +108,7 @@ def format_breakdown(result: Breakdown, top: int) -> str:
 def compile_small(target: str, settings: list[str]):
   """c2jax's `small` train step as compile_vs_maxtext.py compiles it, plus `settings`
   ('model.moe_impl=ragged'), for `target`'s compile-only devices."""
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # see commands/plan_target.py
   sys.path.insert(0, str(REPO))
   from configs import pretrain
   from c2jax import config as configlib
