@@ -13,9 +13,9 @@ import jax.numpy as jnp
 megablox_gmm = importlib.import_module('jax.experimental.pallas.ops.tpu.megablox.gmm')
 
 # Tiles as MaxText's defaults (512 rows, 1024 of K and N, clamped to the array). With
-# megablox' own 128 x 128 x 128 the TPU compiler estimated c2jax's `small` train step on
-# v5p-8 at 16.4 ms against 10.2 ms for MaxText's, at equal FLOPs and with fewer costed
-# instructions: a grid of 8-16x more, smaller steps per kernel call (docs/benchmarks.md).
+# megablox' own 128 x 128 x 128, the TPU compiler estimated DeepSeek-V3's expert layer
+# (forward and both gradients) at 21.3 ms on v5p and 30.5 ms on v6e; with these, 7.90 and
+# 7.55 ms (docs/scaling.md, "Kernels through Mosaic").
 _ROWS, _COLS = 512, 1024
 _MIN_ROWS = 128  # fewer rows than _ROWS (decode, tests): pad to a multiple of this only
 

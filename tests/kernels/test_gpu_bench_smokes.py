@@ -123,3 +123,18 @@ def test_gpu_all_names_scripts_and_flags_that_exist():
   for name in ("check", "attention_4k", "grouped", "block_scaled", "train_small",
                "train_moe_8b_a1b", "decode", "decode_mtp"):
     assert re.search(rf"^run {name}\b", script, re.M), name
+
+
+def test_gpu_check_passes_a_right_kernel_and_fails_a_wrong_one(bench, monkeypatch, capsys):
+  """gpu_check_kernels' grouped check against its float64 reference: the 'tiled' impl
+  passes (forward, both gradients, zero rows past the sum); the same impl 2% off fails."""
+  check = bench("gpu_check_kernels")
+  monkeypatch.setattr(check, "failures", [])
+  check.check_grouped(["tiled"], check.SMOKE_SHAPES, 0, interpret=True)
+  assert check.failures == [] and capsys.readouterr().out.count("PASS") == 8
+  right = check.kernels.grouped_matmul
+  monkeypatch.setattr(check.kernels, "grouped_matmul",
+                      lambda *args, **kwargs: right(*args, **kwargs) * 1.02)
+  check.check_grouped(["tiled"], check.SMOKE_SHAPES, 0, interpret=True)
+  assert {"grouped tiled ragged bfloat16 out", "grouped tiled ragged float32 out",
+          "grouped tiled ragged float32 dlhs"} <= set(check.failures)

@@ -124,7 +124,7 @@ def main(argv=None):
       setattr(args, key, value)
   device = jax.devices()[0]
   dtype = jnp.float32 if device.platform == "cpu" else jnp.bfloat16
-  compute_dtype = args.dtype or (None if device.platform == "cpu" else "bfloat16")
+  compute_dtype = args.dtype or (None if device.platform == "cpu" else jnp.dtype(dtype).name)
   # Large enough to fill the device: 2048^3 reached 107 TFLOP/s on an H200, 8192^3 ~600.
   matmul_n = 512 if args.smoke else 2048 if device.platform == "cpu" else 8192
   ceiling = accelerators.matmul_ceiling(dtype, n=matmul_n)

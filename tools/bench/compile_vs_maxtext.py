@@ -71,12 +71,17 @@ def parse_maxtext(log: str) -> dict:
           "cost_model_seconds": float(analysis["optimal_seconds"])}
 
 
+def c2jax_settings(global_batch: int, seq_len: int) -> list[str]:
+  """c2jax's `small` as it is compiled beside MaxText: 'key=value' config overrides."""
+  return [f"train.batch_size={global_batch}", f"train.seq_len={seq_len}",
+          "model.dtype=bfloat16", "model.param_dtype=float32",
+          "model.opt_state_dtype=float32", "model.remat=full", "model.moe_impl=pallas",
+          f"model.scan_unroll={LAYERS}"]
+
+
 def c2jax_plan(target: str, global_batch: int, seq_len: int) -> dict:
   args = ["--config=configs/pretrain.py:small", "--memory", f"--target={target}",
-          f"--config.train.batch_size={global_batch}", f"--config.train.seq_len={seq_len}",
-          "--config.model.dtype=bfloat16", "--config.model.param_dtype=float32",
-          "--config.model.opt_state_dtype=float32", "--config.model.remat=full",
-          "--config.model.moe_impl=pallas", f"--config.model.scan_unroll={LAYERS}"]
+          *(f"--config.{setting}" for setting in c2jax_settings(global_batch, seq_len))]
   env = dict(os.environ, PYTHONPATH=str(REPO))
   result = subprocess.run([sys.executable, "-m", "c2jax.cli", "plan", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, check=False)

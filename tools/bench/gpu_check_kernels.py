@@ -19,6 +19,7 @@ rows. One line a check (PASS/FAIL, the error, the bound); exit status 1 if any f
 """
 
 import argparse
+import contextlib
 import datetime
 import sys
 import traceback
@@ -28,13 +29,16 @@ import jax.numpy as jnp
 import numpy as np
 
 import c2jax_kernels as kernels
-from c2jax.model import attention
-from c2jax.model import fused_attention as fused
+from bench_attention import dense as dense_attention
+from bench_attention import fused_call
+from bench_attention import packed_segments
+from bench_grouped_matmul import skewed_group_sizes
 from c2jax_kernels.block_scaled import formats
 
 # (rows M, hidden K, width N, groups G): a small ragged case and an expert-layer-like one.
 GROUPED_SHAPES = {'ragged': (200, 128, 64, 6), 'layer': (4100, 1024, 512, 16)}
 SMOKE_SHAPES = {'ragged': (200, 128, 64, 6)}
+ROUTED = 0.9  # of the rows: the rest lie past the routed sum and must come out zero
 # Relative Frobenius error bounds: bf16 outputs round at 2^-9 (~2e-3 relative per element);
 # float32 outputs of float32 dots may use TF32 on a GPU (~5e-4).
 BOUND = {jnp.bfloat16: 1e-2, jnp.float32: 2e-3}
@@ -44,11 +48,22 @@ SAME_MATH_BOUND = 4e-3  # same quantised operands; bf16 output rounding alone is
 failures = []
 
 
-def report(name, err, bound, extra=''):
+def report(name, err, bound):
   ok = np.isfinite(err) and err <= bound
-  print(f"{'PASS' if ok else 'FAIL'}  {name:<58} err {err:.3e}  bound {bound:.0e}  {extra}",
+  print(f"{'PASS' if ok else 'FAIL'}  {name:<58} err {err:.3e}  bound {bound:.0e}",
         flush=True)
   if not ok:
+    failures.append(name)
+
+
+@contextlib.contextmanager
+def recorded(name):
+  """A compile or launch failure fails the check `name`, not the run."""
+  try:
+    yield
+  except Exception as error:
+    print(f"FAIL  {name}: {type(error).__name__}: {error}", flush=True)
+    traceback.print_exc(limit=3)
     failures.append(name)
 
 
@@ -58,17 +73,6 @@ def rel_err(got, ref):
   if not np.all(np.isfinite(got)):
     return float('nan')
   return float(np.linalg.norm(got - ref) / max(np.linalg.norm(ref), 1e-30))
-
-
-def skewed_sizes(rng, groups, rows):
-  """Zipf-like loads summing to ~90% of rows, with empty first and middle groups."""
-  total = int(rows * 0.9)
-  weights = 1.0 / np.arange(1, groups + 1) ** 1.2
-  rng.shuffle(weights)
-  weights[0] = weights[groups // 2] = 0.0
-  sizes = np.floor(weights / weights.sum() * total).astype(np.int64)
-  sizes[np.argmax(sizes)] += total - sizes.sum()
-  return sizes.astype(np.int32)
 
 
 def grouped_reference(lhs, rhs, sizes, dout):
@@ -85,72 +89,66 @@ def grouped_reference(lhs, rhs, sizes, dout):
   return out, dlhs, drhs
 
 
-def vjp_all(fn, lhs, rhs, dout):
-  out, pullback = jax.vjp(fn, lhs, rhs)
-  return (out, *pullback(dout))
+def with_pullback(fn, dout, *args):
+  """fn(*args) and its gradients for the cotangent `dout`, jitted."""
+  def both(dout, *args):
+    out, pullback = jax.vjp(fn, *args)
+    return (out, *pullback(dout.astype(out.dtype)))
+  return jax.jit(both)(dout, *args)
+
+
+def grouped_inputs(rng, shape, dtype):
+  m, k, n, g = shape
+  sizes = skewed_group_sizes(int(m * ROUTED), g, seed=int(rng.integers(1 << 30)))
+  lhs = jnp.asarray(rng.standard_normal((m, k)), dtype)
+  rhs = jnp.asarray(rng.standard_normal((g, k, n)) / np.sqrt(k), dtype)
+  dout = jnp.asarray(rng.standard_normal((m, n)), dtype)
+  return lhs, rhs, sizes, dout
 
 
 def check_grouped(impls, shapes, seed, interpret):
-  for shape_name, (m, k, n, g) in shapes.items():
+  for shape_name, shape in shapes.items():
     rng = np.random.default_rng(seed)
-    sizes = skewed_sizes(rng, g, m)
-    total = int(sizes.sum())
     for dtype in (jnp.bfloat16, jnp.float32):
-      lhs = jnp.asarray(rng.standard_normal((m, k)), dtype)
-      rhs = jnp.asarray(rng.standard_normal((g, k, n)) / np.sqrt(k), dtype)
-      dout = jnp.asarray(rng.standard_normal((m, n)), dtype)
+      lhs, rhs, sizes, dout = grouped_inputs(rng, shape, dtype)
       want = grouped_reference(lhs, rhs, sizes, dout)
       for impl in impls:
         name = f"grouped {impl} {shape_name} {jnp.dtype(dtype).name}"
         if impl == 'mosaic_gpu' and dtype == jnp.float32 and not interpret:
           try:  # WGMMA takes 16-bit operands here: the impl must refuse, naming the fix
-            kernels.grouped_matmul(lhs, rhs, jnp.asarray(sizes), impl=impl)
+            kernels.grouped_matmul(lhs, rhs, sizes, impl=impl)
             print(f"FAIL  {name}: accepted float32 operands", flush=True)
             failures.append(name)
           except ValueError as error:
             print(f"PASS  {name} refused: {str(error)[:70]}...", flush=True)
           continue
-        try:
-          fn = jax.jit(lambda a, b, d, impl=impl: vjp_all(
-              lambda x, w: kernels.grouped_matmul(x, w, jnp.asarray(sizes), impl=impl),
-              a, b, d))
-          got = fn(lhs, rhs, dout)
+        with recorded(name):
+          got = with_pullback(
+              lambda x, w, impl=impl: kernels.grouped_matmul(x, w, sizes, impl=impl),
+              dout, lhs, rhs)
           for part, gv, wv in zip(('out', 'dlhs', 'drhs'), got, want):
             report(f"{name} {part}", rel_err(gv, wv), BOUND[dtype])
-          past = np.asarray(got[0][total:], np.float32)
+          past = np.asarray(got[0][int(sizes.sum()):], np.float32)
           report(f"{name} rows past the sum are zero", float(np.abs(past).max(initial=0.0)),
                  0.0)
-        except Exception as error:  # a compile or launch failure fails the check, not the run
-          print(f"FAIL  {name}: {type(error).__name__}: {error}", flush=True)
-          traceback.print_exc(limit=3)
-          failures.append(name)
 
 
 def check_block_scaled_grouped(paths, shapes, seed):
-  for shape_name, (m, k, n, g) in shapes.items():
-    rng = np.random.default_rng(seed + 1)
-    sizes = jnp.asarray(skewed_sizes(rng, g, m))
-    lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
-    rhs = jnp.asarray(rng.standard_normal((g, k, n)) / np.sqrt(k), jnp.bfloat16)
-    dout = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
+  for shape_name, shape in shapes.items():
+    lhs, rhs, sizes, dout = grouped_inputs(np.random.default_rng(seed + 1), shape,
+                                           jnp.bfloat16)
     unquantised = grouped_reference(lhs, rhs, sizes, dout)
     results = {}
     for path in paths:
       name = f"mxfp8 grouped {path} {shape_name}"
-      try:
-        fn = jax.jit(lambda a, b, d, path=path: vjp_all(
-            lambda x, w: kernels.block_scaled_grouped_matmul(x, w, sizes, recipe='mxfp8',
-                                                             path=path), a, b, d))
-        results[path] = got = fn(lhs, rhs, dout)
+      with recorded(name):
+        results[path] = got = with_pullback(
+            lambda x, w, path=path: kernels.block_scaled_grouped_matmul(
+                x, w, sizes, recipe='mxfp8', path=path), dout, lhs, rhs)
         for part, gv, wv in zip(('out', 'dlhs', 'drhs'), got, unquantised):
           report(f"{name} {part} vs unquantised", rel_err(gv, wv), QUANT_BOUND)
-      except Exception as error:
-        print(f"FAIL  {name}: {type(error).__name__}: {error}", flush=True)
-        traceback.print_exc(limit=3)
-        failures.append(name)
     if len(results) == 2:
-      a, b = (results[p] for p in paths)
-      for part, x, y in zip(('out', 'dlhs', 'drhs'), a, b):
+      for part, x, y in zip(('out', 'dlhs', 'drhs'), *(results[p] for p in paths)):
         report(f"mxfp8 grouped {paths[0]} vs {paths[1]} {shape_name} {part}", rel_err(x, y),
                SAME_MATH_BOUND)
 
@@ -161,26 +159,21 @@ def check_block_scaled_flat(paths, seed):
   a = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
   b = jnp.asarray(rng.standard_normal((k, n)) / np.sqrt(k), jnp.bfloat16)
   dout = jnp.asarray(rng.standard_normal((m, n)), jnp.bfloat16)
-  # The fused 'dequantize' path applies exactly the quantised operands: its float64 twin.
+  # The forward multiplies exactly the quantised operands: float64 on those is its twin.
   aq = np.asarray(formats.dequantize(formats.quantize(a, 'mxfp8_e4m3', axis=1)), np.float64)
   bq = np.asarray(formats.dequantize(formats.quantize(b, 'mxfp8_e4m3', axis=0)), np.float64)
+  _, dlhs, drhs_1xKxN = grouped_reference(a, b[None], np.array([m]), dout)
   results = {}
   for path in paths:
     name = f"mxfp8 flat {path}"
-    try:
-      fn = jax.jit(lambda x, w, d, path=path: vjp_all(
-          lambda u, v: kernels.block_scaled_matmul(u, v, recipe='mxfp8', path=path), x, w, d))
-      results[path] = got = fn(a, b, dout)
+    with recorded(name):
+      results[path] = got = with_pullback(
+          lambda u, v, path=path: kernels.block_scaled_matmul(u, v, recipe='mxfp8',
+                                                              path=path), dout, a, b)
       report(f"{name} out vs float64 on quantised operands", rel_err(got[0], aq @ bq),
              SAME_MATH_BOUND)
-      unq = grouped_reference(a, b[None], np.array([m], np.int32), dout)
-      for part, gv, wv in zip(('dlhs', 'drhs'), got[1:], unq[1:]):
-        report(f"{name} {part} vs unquantised", rel_err(gv, wv[0] if part == 'drhs' else wv),
-               QUANT_BOUND)
-    except Exception as error:
-      print(f"FAIL  {name}: {type(error).__name__}: {error}", flush=True)
-      traceback.print_exc(limit=3)
-      failures.append(name)
+      report(f"{name} dlhs vs unquantised", rel_err(got[1], dlhs), QUANT_BOUND)
+      report(f"{name} drhs vs unquantised", rel_err(got[2], drhs_1xKxN[0]), QUANT_BOUND)
   if len(results) == 2:
     for part, x, y in zip(('out', 'dlhs', 'drhs'), *(results[p] for p in paths)):
       report(f"mxfp8 flat {paths[0]} vs {paths[1]} {part}", rel_err(x, y), SAME_MATH_BOUND)
@@ -198,40 +191,17 @@ def check_attention(smoke, seed):
       k = jnp.asarray(rng.standard_normal((batch, length, kv, e)), jnp.bfloat16)
       v = jnp.asarray(rng.standard_normal((batch, length, kv, v_dim)), jnp.bfloat16)
       dout = jnp.asarray(rng.standard_normal((batch, length, h, v_dim)), jnp.bfloat16)
-      segments = None
-      if case == 'documents':
-        cuts = np.sort(rng.choice(np.arange(1, length), 3, replace=False))
-        row = np.searchsorted(cuts, np.arange(length), side='right') + 1
-        segments = jnp.asarray(np.stack([row] * batch), jnp.int32)
+      segments = (packed_segments(batch, length, 4, seed=int(rng.integers(1 << 30)))
+                  if case == 'documents' else None)
       scale = e ** -0.5
-
-      def dense(q, k, v):  # float32 scores and probabilities
-        q5 = q.astype(jnp.float32).reshape(batch, length, kv, h // kv, e)
-        scores = jnp.einsum('blkge,btke->bkglt', q5, k.astype(jnp.float32)) * scale
-        mask = attention.causal_mask(length, segments, batch)[:, None]
-        probs = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
-        out = jnp.einsum('bkglt,btkv->blkgv', probs, v.astype(jnp.float32))
-        return out.reshape(batch, length, h, v_dim)
-
-      def fused_call(q, k, v):
-        mask = None if segments is None else fused.document_mask(segments, segments)
-        return fused.fused_attention(q, k, v, mask, causal=True, scale=scale)
-
       name = f"attention fused {head_name} {case}"
-      try:
-        want = jax.jit(lambda *x: vjp3(dense, *x))(q, k, v, dout.astype(jnp.float32))
-        got = jax.jit(lambda *x: vjp3(fused_call, *x))(q, k, v, dout)
+      with recorded(name):
+        # The reference: bench_attention's dense attention on float32 operands.
+        want = with_pullback(lambda *x: dense_attention(*x, segments, scale), dout,
+                             *(t.astype(jnp.float32) for t in (q, k, v)))
+        got = with_pullback(lambda *x: fused_call(*x, segments, scale), dout, q, k, v)
         for part, gv, wv in zip(('out', 'dq', 'dk', 'dv'), got, want):
           report(f"{name} {part}", rel_err(gv, wv), 2e-2)
-      except Exception as error:
-        print(f"FAIL  {name}: {type(error).__name__}: {error}", flush=True)
-        traceback.print_exc(limit=3)
-        failures.append(name)
-
-
-def vjp3(fn, q, k, v, dout):
-  out, pullback = jax.vjp(fn, q, k, v)
-  return (out, *pullback(dout.astype(out.dtype)))
 
 
 def main():

@@ -100,27 +100,25 @@ def format_breakdown(result: Breakdown, top: int) -> str:
   lines.append("by HLO opcode: " + ", ".join(
       f"{op} {cycles / total:.1%}" for op, cycles in result.by_opcode.most_common(6)))
   if result.unknown:
-    lines.append(f"no estimate (not summed): " + ", ".join(
+    lines.append("no estimate (not summed): " + ", ".join(
         f"{key} x{n}" for key, n in result.unknown.most_common(8)))
   return "\n".join(lines)
 
 
 def compile_small(target: str, settings: list[str]):
-  """c2jax's `small` train step as compile_vs_maxtext.py compiles it, plus `settings`
-  ('model.moe_impl=ragged'), for `target`'s compile-only devices."""
+  """c2jax's `small` train step as compile_vs_maxtext.py compiles it (global batch 32 x
+  256), then `settings` ('model.moe_impl=ragged'), for `target`'s compile-only devices."""
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # see commands/plan_target.py
   sys.path.insert(0, str(REPO))
+  from compile_vs_maxtext import c2jax_settings
   from configs import pretrain
   from c2jax import config as configlib
   from c2jax.plan import memory as memory_lib
   from c2jax.plan import topologies
 
   cfg = pretrain.get_config("small")
-  cfg.train.batch_size, cfg.train.seq_len = 32, 256
-  model = cfg.model
-  model.dtype, model.param_dtype, model.opt_state_dtype = "bfloat16", "float32", "float32"
-  model.remat, model.moe_impl, model.scan_unroll = "full", "pallas", model.num_layers
-  for setting in settings:  # 'model.moe_impl=ragged' -> {'model': {'moe_impl': 'ragged'}}
+  for setting in [*c2jax_settings(32, 256), *settings]:
+    # 'model.moe_impl=ragged' -> {'model': {'moe_impl': 'ragged'}}
     key, value = _parse_setting(setting)
     for part in reversed(key.split(".")):
       value = {part: value}
