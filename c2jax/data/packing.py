@@ -47,6 +47,14 @@ def _to_row(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
           "segment_ids": packed["inputs_segment_ids"].astype(np.int32)}
 
 
+def empty_rows(rows: int, length: int) -> dict[str, np.ndarray]:
+  """A batch of `rows` padding rows, shaped and typed as packed ones, with no loss token
+  (what a process whose data has run out feeds a collective step the others still run)."""
+  ints = np.zeros((rows, length), np.int32)
+  return {"inputs": ints, "targets": ints, "loss_mask": np.zeros((rows, length), np.float32),
+          "positions": ints, "segment_ids": ints}
+
+
 class _Truncate:
   def __init__(self, length: int):
     self.length = length

@@ -170,6 +170,14 @@ _STOP = -1  # the size broadcast when the leader has nothing more to send
 _MIN_BUCKET = 1 << 12
 
 
+def any_process(flag: bool) -> bool:
+  """Whether `flag` is true on any process (e.g. "my shard still has data"). Every process
+  must call this at the same point; with one process it is `flag`."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.any(multihost_utils.process_allgather(np.int32(bool(flag)))))
+
+
 def broadcast_arrays(arrays: dict | None) -> dict | None:
   """The leader's dict of host arrays (name -> numpy array) on every process; what the
   others pass is ignored. A leader passing None (it is stopping) makes every process

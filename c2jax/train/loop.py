@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from c2jax import preemption
+from c2jax.data import packing
 from c2jax.parallel import context as context_lib
 from c2jax.parallel import distributed
 from c2jax.train import checkpoint as checkpoint_lib
@@ -78,12 +79,22 @@ def make_eval_step(rt: Runtime):
 
 
 def evaluate(rt: Runtime, eval_step, params, dataset, max_batches: int) -> float | None:
-  """Mean per-token loss over up to `max_batches` batches of a finite dataset."""
+  """Mean per-token loss over up to `max_batches` batches of a finite dataset.
+
+  With several processes each reads its own shard of the dataset, and shards can run out
+  at different batches; the eval step is a collective every process must join, so they
+  agree each round whether any shard has a batch left, and one whose shard is done feeds
+  rows without loss tokens (they add nothing to the sums)."""
   total = count = 0.0
+  batches = iter(dataset)
   with rt.scope():
-    for i, batch in enumerate(dataset):
-      if i >= max_batches:
+    for _ in range(max_batches):
+      batch = next(batches, None)
+      if not distributed.any_process(batch is not None):
         break
+      if batch is None:
+        batch = packing.empty_rows(rt.cfg.train.batch_size // jax.process_count(),
+                                   rt.cfg.train.seq_len)
       nll, tokens = eval_step(params, device_batch(rt, batch))
       total, count = total + float(nll), count + float(tokens)
   return total / count if count else None

@@ -1,12 +1,14 @@
-"""Multi-process JAX on loopback: 2 CPU processes x 2 fake devices form one 4-device mesh
-and take one train step of the tiny model; it must match a 1-process, 4-device run; so
-must 4 processes x 2 devices a 1-process, 8-device run. A SLURM step's environment is
+"""Multi-process JAX on loopback: 2 CPU processes x 2 fake devices form one 4-device mesh,
+take one train step of the tiny model and evaluate shards that run out at different
+batches; they must match a 1-process, 4-device run, and 4 processes x 2 devices a
+1-process, 8-device run. A SLURM step's environment is
 detected by JAX's own cluster detection.
 
 This file is also the worker: `python test_distributed.py` prints one JSON line.
 """
 
 import json
+import os
 import pathlib
 import socket
 import subprocess
@@ -47,11 +49,13 @@ def _launch(processes: int, devices_each: int):
   port = _free_port()
   group = [subprocess.Popen(worker, env=_env(devices_each,
                                              JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                                             JAX_NUM_PROCESSES=processes, JAX_PROCESS_ID=rank),
+                                             JAX_NUM_PROCESSES=processes, JAX_PROCESS_ID=rank,
+                                             EVAL_SHARDS=processes),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True) for rank in range(processes)]
-  single = subprocess.Popen(worker, env=_env(processes * devices_each), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  single = subprocess.Popen(worker, env=_env(processes * devices_each, EVAL_SHARDS=processes),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
   return [_result(p) for p in group], _result(single)
 
 
@@ -68,7 +72,7 @@ def test_four_processes_of_two_devices_match_one_process_of_eight():
     assert result["process"] == [rank, 4]
     assert result["devices"] == [2, 8]
     assert result["fsdp_processes"] == [0, 0, 1, 1, 2, 2, 3, 3]
-    for key in ("loss", "grad_norm", "param_sum"):
+    for key in ("loss", "grad_norm", "param_sum", "eval_loss"):
       np.testing.assert_allclose(result[key], single[key], rtol=2e-5, err_msg=key)
   assert group[3]["gathered_sum"] is None
   np.testing.assert_allclose(group[0]["gathered_sum"], single["param_sum"], rtol=2e-5)
@@ -84,9 +88,12 @@ def test_two_processes_form_one_mesh_and_match_one_process(runs):
     assert result["fsdp_processes"] == [0, 0, 1, 1]
   assert single["devices"] == [4, 4]
   for result in pair:
-    for key in ("loss", "grad_norm", "param_sum"):
+    for key in ("loss", "grad_norm", "param_sum", "eval_loss"):
       np.testing.assert_allclose(result[key], single[key], rtol=2e-5, err_msg=key)
   assert pair[0]["loss"] == pair[1]["loss"]
+  # Eval shards that run out at different batches (2 and 1): both processes join every
+  # eval step and agree.
+  assert pair[0]["eval_loss"] == pair[1]["eval_loss"]
   # The leader's host-side helpers (c2jax rl's batch broadcast and weight gather).
   for result in pair + [single]:
     assert result["shared"] == {"ids": list(range(7)), "x": [[0.0] * 3] * 2}
@@ -176,6 +183,7 @@ def _worker() -> None:
     state, metrics = loop.make_train_step(rt)(state, batch)
     param_sum = jax.jit(lambda p: sum(jnp.sum(x.astype(jnp.float32))
                                       for x in jax.tree.leaves(p)))(state.params)
+  eval_loss = _uneven_eval(rt, cfg, state.params)
   fsdp = rt.mesh.axis_names.index("fsdp")
   processes = np.moveaxis(rt.mesh.devices, fsdp, 0).reshape(rt.mesh.shape["fsdp"], -1)
   # Process 0's host arrays reach every process; a None from it reaches them as None.
@@ -192,7 +200,41 @@ def _worker() -> None:
       "devices": [jax.local_device_count(), jax.device_count()],
       "fsdp_processes": [int(row[0].process_index) for row in processes],
       "loss": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"]),
-      "param_sum": float(param_sum)}), flush=True)
+      "param_sum": float(param_sum), "eval_loss": eval_loss}), flush=True)
+
+
+def _uneven_eval(rt, cfg, params) -> float:
+  """loop.evaluate where the group's eval shards run out at different batches: process q
+  of P holds P - q batches. The one-process run evaluates the same rows as global
+  batches (a shard that has run out contributes rows without loss tokens), so both must
+  give the same mean over the real tokens."""
+  import jax
+
+  from c2jax.data import packing
+  from c2jax.train import loop
+
+  group = int(os.environ["EVAL_SHARDS"])
+  rows = cfg.train.batch_size // group
+
+  def shard_batch(i, q):
+    if i >= group - q:
+      return packing.empty_rows(rows, cfg.train.seq_len)
+    rng = np.random.default_rng(100 + 10 * i + q)
+    shape = (rows, cfg.train.seq_len)
+    return {"inputs": rng.integers(0, cfg.model.vocab_size, shape, dtype=np.int32),
+            "targets": rng.integers(0, cfg.model.vocab_size, shape, dtype=np.int32),
+            "positions": np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape).copy(),
+            "segment_ids": np.ones(shape, np.int32),
+            "loss_mask": (rng.random(shape) < 0.7).astype(np.float32)}
+
+  if jax.process_count() == 1:  # the whole group's rows in each global batch
+    dataset = [{key: np.concatenate([shard_batch(i, q)[key] for q in range(group)])
+                for key in packing.FEATURES + ("positions", "segment_ids")}
+               for i in range(group)]
+  else:
+    q = jax.process_index()
+    dataset = [shard_batch(i, q) for i in range(group - q)]
+  return loop.evaluate(rt, loop.make_eval_step(rt), params, iter(dataset), max_batches=8)
 
 
 if __name__ == "__main__":
