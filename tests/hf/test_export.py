@@ -59,6 +59,7 @@ def _run_logits(root: pathlib.Path, tokens: np.ndarray):
   return cfg, params, np.asarray(model.forward(cfg, params, tokens))
 
 
+@pytest.mark.slow
 def test_pretrain_from_transformers_dir_then_export_matches(run):
   root, train_log, summary = run
   assert "declares num_nextn_predict_layers = 1 but stores no MTP tensors" in train_log

@@ -184,6 +184,7 @@ def _run_checks(which):
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_attention_on_2_and_4_context_shards_matches_one_device():
   """Packed documents, float32: forward and gradients (params, inputs) within 1e-5 of one
   device, in the load-balanced and the contiguous layout; the program gathers over the

@@ -50,6 +50,7 @@ def test_no_drop_dispatch_matches_dense_reference(dispatch_results, case):
   assert result["grad_err"] <= TOLERANCE, result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["expert4_drops_uneven", "data2_fsdp2_expert2_drops"])
 def test_capacity_drops_match_explicit_reference(dispatch_results, case):
   result = dispatch_results[case]

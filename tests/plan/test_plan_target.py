@@ -84,6 +84,7 @@ def test_grouped_matmul_kernels_compile_through_mosaic(v5p_devices, monkeypatch)
   assert result["cost_model_s"] > 0 and result["temp_bytes"] > 0
 
 
+@pytest.mark.slow
 def test_plan_memory_target_v5p8_tiny():
   """The tiny train step for v5p-8: the JSON fields, and per-device arguments that are the
   sharding plan's parameter and optimizer shards (fsdp over 4 chips) plus the batch shard,

@@ -66,6 +66,7 @@ def test_every_accelerator_has_sane_published_peaks():
                                                                       rel=1e-3)
 
 
+@pytest.mark.slow
 def test_plan_roofline_compiles_and_measures_on_this_machine():
   command = [sys.executable, "-m", "c2jax.cli", "plan", "--config=configs/pretrain.py:tiny",
              "--config.train.seq_len=32", "--config.train.batch_size=2", "--roofline",

@@ -53,6 +53,7 @@ def reference(setup):
   return value, metrics, aux_loss, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seq_chunk", [5, 8])  # 5 does not divide L = 16
 def test_chunked_loss_and_gradient_match_the_full_logits(setup, reference, seq_chunk):
   cfg, params, hidden, batch = setup

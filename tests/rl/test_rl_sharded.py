@@ -1,7 +1,8 @@
 """The RL learner on the shared training runtime, sharded as pretraining is: three RL
 steps of the tiny MLA + MoE policy on 8 fake CPU devices with FSDP, data + FSDP + expert
-and expert + context parallelism match one device; two jax.distributed processes on
-loopback match one process, and so do four. The checks run in subprocesses (rl_sharded_checks.py)."""
+and expert + context parallelism match one device; four jax.distributed processes on
+loopback match one process (two run the whole `c2jax rl` in test_rl_processes.py). The
+checks run in subprocesses (rl_sharded_checks.py)."""
 
 import pathlib
 import socket
@@ -72,9 +73,9 @@ def _free_port() -> int:
     return sock.getsockname()[1]
 
 
-@pytest.mark.slow  # 3 (5) JAX processes each compile the tiny RL step
-@pytest.mark.parametrize("processes", [2, 4])
-def test_learner_processes_of_two_devices_match_one_process(processes):
+@pytest.mark.slow  # 5 JAX processes each compile the tiny RL step
+def test_four_learner_processes_of_two_devices_match_one_process():
+  processes = 4
   port = _free_port()
   devices = 2 * processes
   # No compilation cache: JAX writes it from process 0 only, so with it process 0 loads

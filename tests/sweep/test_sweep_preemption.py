@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from c2jax import preemption
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -33,6 +35,7 @@ def _records(run_dir):
   return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_sweep_cleanly_and_the_rerun_resumes(tmp_path):
   sweep_file, workdir = tmp_path / "eval_sweep.py", tmp_path / "sweep"
   sweep_file.write_text(SWEEP_FILE)
