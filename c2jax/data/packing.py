@@ -28,6 +28,9 @@ import numpy as np
 from grain import experimental as grain_experimental
 
 FEATURES = ("inputs", "targets", "loss_mask")
+# A packed row: its arrays and their dtypes (what the train and eval steps take).
+ROW_DTYPES = {"inputs": np.int32, "targets": np.int32, "loss_mask": np.float32,
+              "positions": np.int32, "segment_ids": np.int32}
 # Open rows first_fit fills at once: more rows, less padding, more out-of-order emission.
 _FIRST_FIT_ROWS = 8
 
@@ -41,18 +44,15 @@ def example(ids: np.ndarray, loss_mask: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _to_row(packed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-  return {"inputs": packed["inputs"], "targets": packed["targets"],
-          "loss_mask": packed["loss_mask"].astype(np.float32),
-          "positions": packed["inputs_positions"].astype(np.int32),
-          "segment_ids": packed["inputs_segment_ids"].astype(np.int32)}
+  source = {"positions": "inputs_positions", "segment_ids": "inputs_segment_ids"}
+  return {key: packed[source.get(key, key)].astype(dtype, copy=False)
+          for key, dtype in ROW_DTYPES.items()}
 
 
 def empty_rows(rows: int, length: int) -> dict[str, np.ndarray]:
   """A batch of `rows` padding rows, shaped and typed as packed ones, with no loss token
   (what a process whose data has run out feeds a collective step the others still run)."""
-  ints = np.zeros((rows, length), np.int32)
-  return {"inputs": ints, "targets": ints, "loss_mask": np.zeros((rows, length), np.float32),
-          "positions": ints, "segment_ids": ints}
+  return {key: np.zeros((rows, length), dtype) for key, dtype in ROW_DTYPES.items()}
 
 
 class _Truncate:

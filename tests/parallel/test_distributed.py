@@ -208,7 +208,7 @@ def _uneven_eval(rt, cfg, params) -> float:
 
   if jax.process_count() == 1:  # the whole group's rows in each global batch
     dataset = [{key: np.concatenate([shard_batch(i, q)[key] for q in range(group)])
-                for key in packing.FEATURES + ("positions", "segment_ids")}
+                for key in packing.ROW_DTYPES}
                for i in range(group)]
   else:
     q = jax.process_index()
