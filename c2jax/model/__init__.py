@@ -20,10 +20,10 @@ import jax.numpy as jnp
 
 from c2jax.model import mtp
 from c2jax.model.transformer import (REMAT_POLICIES, Transformer, cache_axes,
-                                     has_unstacked_layers, init_cache, stack_layers,
-                                     transformer_for, unstack_layers)
+                                     has_unstacked_layers, init_cache, lm_head,
+                                     stack_layers, transformer_for, unstack_layers)
 
-__all__ = ["REMAT_POLICIES", "Transformer", "apply", "cache_axes", "forward",
+__all__ = ["REMAT_POLICIES", "Transformer", "apply", "cache_axes", "forward", "head",
            "has_unstacked_layers", "init", "init_cache", "param_axes", "stack_layers",
            "trainable_mask", "transformer_for", "unstack_layers"]
 
@@ -63,6 +63,13 @@ def apply(cfg, params, tokens_BxL, **kwargs):
 def forward(cfg, params, tokens_BxL, **kwargs) -> jax.Array:
   """float32 logits [B, L, V] for int32 tokens [B, L]."""
   return apply(cfg, params, tokens_BxL, **kwargs)[0]
+
+
+def head(cfg, params, hidden_BxLxD) -> jax.Array:
+  """float32 logits [B, L, V] from the final-normed hidden state that apply(..., head=False)
+  returns: the model's own lm_head module (quantised or not), so logits of a few picked
+  positions equal those of apply's full [B, L, V] logits at them."""
+  return lm_head(cfg, None).apply({"params": params["lm_head"]}, hidden_BxLxD)
 
 
 def trainable_mask(params) -> dict:

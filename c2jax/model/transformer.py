@@ -171,10 +171,17 @@ class Transformer(nn.Module):
     x_BxLxD = RMSNorm(cfg.hidden_size, "embed", cfg, name="final_norm")(x_BxLxD)
     if not head:
       return x_BxLxD, _aux(cfg, stats, batch, length), new_cache
-    logits_BxLxV = Linear((cfg.hidden_size,), (cfg.vocab_size,), ("embed", "vocab"), cfg,
-                          out_dtype="float32", name="lm_head")(x_BxLxD)
+    logits_BxLxV = lm_head(cfg)(x_BxLxD)
     logits_BxLxV = constrain(logits_BxLxV, ("batch", "length", "vocab"))
     return logits_BxLxV, _aux(cfg, stats, batch, length), new_cache
+
+
+def lm_head(cfg, name: str | None = "lm_head") -> Linear:
+  """The output projection (hidden [..., D] -> float32 logits [..., V]) as a module: inside
+  Transformer it owns params['lm_head']; alone, `lm_head(cfg, None).apply({'params':
+  params['lm_head']}, hidden)` applies the same weights the same way (model.head)."""
+  return Linear((cfg.hidden_size,), (cfg.vocab_size,), ("embed", "vocab"), cfg,
+                out_dtype="float32", name=name)
 
 
 def _aux(cfg, stats, batch: int, length: int) -> dict[str, jax.Array]:

@@ -25,6 +25,8 @@ V vocab, Lm MoE layers, K experts per token.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -50,7 +52,7 @@ def decode_steps(cfg, num_steps: int, params, cache, tokens_S, lengths_S, active
   def step(cache, tokens_S, positions_S):
     logits_Sx1xV, aux, cache = model.apply(cfg, params, tokens_S[:, None],
                                            positions_BxL=positions_S[:, None], cache=cache)
-    keys = sampling_lib.row_keys(seeds_S, positions_S + 1)
+    keys = functools.partial(sampling_lib.row_keys, seeds_S, positions_S + 1)
     new_S, logprobs_S = sampling_lib.sample(logits_Sx1xV[:, 0], temperature_S, top_k_S,
                                             top_p_S, keys)
     return cache, new_S, logprobs_S, aux["expert_indices"][:, :, 0]

@@ -11,9 +11,10 @@ Sequence lifecycle: generating (a sampled token is pending, not yet in the cache
 draining (finished; the pending token is fed once more so its expert routing is recorded
 and the cache holds the whole sequence) -> idle (kept for `extend`) or released.
 
-Backends implement `_append` (prefill / extend of one slot), `_decode` (one call over all
-slots; a speculative or multi-step backend may emit several tokens per slot, see
-SlotOutput), `_set_params` and `logprobs`. The host applies every stop rule to what a
+Backends implement `_append` (prefill / extend of one slot; `_append_many` may batch
+several slots into fewer calls), `_decode` (one call over all slots; a speculative or
+multi-step backend may emit several tokens per slot, see SlotOutput), `_set_params` and
+`logprobs`. The host applies every stop rule to what a
 call returns, vectorised over its tokens, and ends a sequence exactly at its first stop.
 JaxEngine (jax_engine.py) runs the model; FakeEngine (fake.py) is a deterministic
 stand-in for tests of code that drives an engine.
@@ -108,6 +109,13 @@ class Engine(abc.ABC):
 
     Returns (token, logprob, routing [len(context) - start, Lm, K]).
     """
+
+  def _append_many(self, items: Sequence[tuple[int, list[int], int, SamplingParams, int]]
+                   ) -> list[tuple[int, float, np.ndarray]]:
+    """`_append` for several slots at once ((slot, context, start, sampling, seed) each;
+    distinct slots), results in order. A backend overrides it to prefill them in fewer
+    calls; the results must be what `_append` gives for each alone."""
+    return [self._append(*item) for item in items]
 
   @abc.abstractmethod
   def _decode(self, batch: DecodeBatch) -> dict[int, SlotOutput]:
@@ -242,7 +250,8 @@ class Engine(abc.ABC):
 
   # ---- scheduling -------------------------------------------------------------------------
   def _admit(self) -> None:
-    waiting = collections.deque()
+    """Gives queued requests free slots and prefills them together (_append_many)."""
+    waiting, admitted = collections.deque(), []
     while self._queue:
       seq = self._queue.popleft()
       if seq.slot is None:
@@ -250,15 +259,16 @@ class Engine(abc.ABC):
           waiting.append(seq)
           continue
         seq.slot = self._free.popleft()
-      start = len(seq.context)
+      admitted.append((seq, len(seq.context)))
       seq.context.extend(int(t) for t in seq.prompt_tokens)
-      sampling = seq.request.sampling
-      token, logprob, routing = self._append(seq.slot, seq.context, start, sampling, seq.seed)
+    self._queue = waiting
+    results = self._append_many([(seq.slot, seq.context, start, seq.request.sampling,
+                                  seq.seed) for seq, start in admitted])
+    for (seq, _), (token, logprob, routing) in zip(admitted, results):
       seq.length = len(seq.context)
       seq.routing.extend(np.asarray(routing))
       seq.state = "generating"
       self._take(seq, np.int32([token]), np.float32([logprob]))
-    self._queue = waiting
 
   def _batch(self, running: dict[int, _Sequence]) -> DecodeBatch:
     s = self.num_slots

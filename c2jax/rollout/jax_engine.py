@@ -4,6 +4,9 @@ Compiled functions have static shapes, so a run compiles a handful of programs:
   prefill  one slot, a chunk of `bucket` tokens (prompt lengths are padded up to the next
            bucket; longer inputs are split into chunks of the largest bucket), writing that
            slot's rows of the cache and sampling the next token: one compile per bucket;
+           requests admitted together that fit one chunk each are prefilled several to a
+           call (prefill_rows: up to `max_prefill_tokens` padded tokens a call, rows
+           padded to a power of two), one compile per (bucket, rows) used;
   decode   up to `max_decode_steps` tokens for every slot at once, sampling and stop
            checks on device (decode_loop.py): one compile per stop-token width (padded
            to a power of two). The device loop returns as soon as a slot finishes (stop
@@ -57,6 +60,9 @@ DEFAULT_DECODE_STEPS = 8
 # model's decode at 8; docs/benchmarks.md, "Decode against the JAX peers"); also the
 # bound on how long a staged weight swap waits.
 DEFAULT_MAX_DECODE_STEPS = 64
+# Padded tokens one batched prefill call may hold (requests admitted together, e.g. an RL
+# group's samples or concurrent server requests): 32 prompts of 64 tokens in one call.
+DEFAULT_MAX_PREFILL_TOKENS = 2048
 
 
 def _slot_axis(cache) -> int:
@@ -82,10 +88,32 @@ def prefill_chunk(cfg, params, cache, slot, tokens_1xC, start, count, temperatur
   logits_1xCxV, aux, rows = model.apply(cfg, params, tokens_1xC, positions_BxL=positions_1xC,
                                         cache=_slot_rows(cache, slot))
   last_1xV = jax.lax.dynamic_index_in_dim(logits_1xCxV[0], count - 1, keepdims=True)
-  keys = sampling_lib.row_keys(seed[None], (start + count)[None])
+  keys = functools.partial(sampling_lib.row_keys, seed[None], (start + count)[None])
   token_1, logprob_1 = sampling_lib.sample(last_1xV, temperature[None], top_k[None],
                                            top_p[None], keys)
   return _put_rows(cache, rows, slot), token_1[0], logprob_1[0], aux["expert_indices"][:, 0]
+
+
+def prefill_rows(cfg, params, cache, slots_P, tokens_PxC, starts_P, counts_P, temperature_P,
+                 top_k_P, top_p_P, seeds_P):
+  """prefill_chunk for P slots in one forward: row p writes tokens_PxC[p] at positions
+  starts_P[p].. of slot slots_P[p] and samples after its counts_P[p]-th token. Rows
+  whose slot is out of range (>= S, the padding of a partly filled call) read zeros and
+  write nothing. Returns (cache, tokens [P], log-probs [P], routing [Lm, P, C, K])."""
+  axis = _slot_axis(cache)
+  positions_PxC = starts_P[:, None] + jnp.arange(tokens_PxC.shape[1], dtype=jnp.int32)[None]
+  rows = jax.tree.map(lambda c: jnp.take(c, slots_P, axis=axis, mode="fill", fill_value=0),
+                      cache)
+  hidden_PxCxD, aux, rows = model.apply(cfg, params, tokens_PxC, positions_BxL=positions_PxC,
+                                        cache=rows, head=False)
+  # Logits of each row's last real token only (not [P, C, V]).
+  last_Px1xD = jnp.take_along_axis(hidden_PxCxD, (counts_P - 1)[:, None, None], axis=1)
+  last_PxV = model.head(cfg, params, last_Px1xD)[:, 0]
+  keys = functools.partial(sampling_lib.row_keys, seeds_P, starts_P + counts_P)
+  tokens_P, logprobs_P = sampling_lib.sample(last_PxV, temperature_P, top_k_P, top_p_P, keys)
+  index = (slice(None),) * axis + (slots_P,)
+  cache = jax.tree.map(lambda c, r: c.at[index].set(r, mode="drop"), cache, rows)
+  return cache, tokens_P, logprobs_P, aux["expert_indices"]
 
 
 def _top(cfg, k, params, tokens_1xC, temperature):
@@ -131,13 +159,15 @@ class JaxEngine(Engine):
   DEFAULT_DECODE_STEPS, or 1 with speculation (one speculative step per call, the only
   mode it has). `max_decode_steps`: the same otherwise (default the larger of
   DEFAULT_MAX_DECODE_STEPS and decode_steps; 1 with speculation); it bounds how many
-  tokens a staged weight swap waits."""
+  tokens a staged weight swap waits. `max_prefill_tokens`: the most (padded) tokens one
+  call prefills when requests are admitted together (default DEFAULT_MAX_PREFILL_TOKENS,
+  at least the largest bucket); it bounds a prefill call's activations."""
 
   def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
                prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,
                detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0,
                parallel=None, decode_steps: int | None = None,
-               max_decode_steps: int | None = None):
+               max_decode_steps: int | None = None, max_prefill_tokens: int | None = None):
     super().__init__(num_slots, max_length, detokenize, seed)
     if decode_steps is None:
       decode_steps = 1 if num_draft_tokens else DEFAULT_DECODE_STEPS
@@ -154,6 +184,8 @@ class JaxEngine(Engine):
     self.cfg = cfg
     self._version = version
     self._buckets = tuple(sorted(prefill_buckets))
+    self.max_prefill_tokens = max(self._buckets[-1], DEFAULT_MAX_PREFILL_TOKENS
+                                  if max_prefill_tokens is None else max_prefill_tokens)
     self._num_draft = num_draft_tokens
     self.placement = sharding_lib.placement_from_config(parallel, num_slots)
     if num_draft_tokens:
@@ -194,6 +226,8 @@ class JaxEngine(Engine):
     else:
       self._prefill_fn = self._jit(functools.partial(prefill_chunk, cfg), state_shardings,
                                    extra_outputs=3)
+      self._prefill_rows_fn = self._jit(functools.partial(prefill_rows, cfg),
+                                        state_shardings, extra_outputs=3)
       self._decode_fn = self._jit(
           functools.partial(decode_loop.decode_steps, cfg, max_decode_steps),
           state_shardings, extra_outputs=4)
@@ -279,6 +313,52 @@ class JaxEngine(Engine):
       routing.append(np.asarray(chunk_routing)[:, skip:count].transpose(1, 0, 2))
       position += count
     return int(token), float(logprob), np.concatenate(routing)
+
+  def _append_many(self, items):
+    """Prefills requests that fit one chunk several to a call: up to max_prefill_tokens
+    (padded) tokens a call, the rows padded to a power of two (a few compiled shapes).
+    Others, and every request with speculation, go one at a time (_append)."""
+    results = [None] * len(items)
+    largest = self._buckets[-1]
+    together = [i for i, (_, context, start, _, _) in enumerate(items)
+                if not self._num_draft and len(context) - start <= largest]
+    if len(together) < 2:
+      together = []
+    while together:
+      width = self._bucket(max(len(items[i][1]) - items[i][2] for i in together))
+      # The most rows that fit, a power of two.
+      rows = 1 << (max(self.max_prefill_tokens // width, 1).bit_length() - 1)
+      group, together = together[:rows], together[rows:]
+      if len(group) == 1:
+        results[group[0]] = self._append(*items[group[0]])
+        continue
+      for i, out in zip(group, self._prefill_group([items[i] for i in group], width)):
+        results[i] = out
+    for i, item in enumerate(items):
+      if results[i] is None:
+        results[i] = self._append(*item)
+    return results
+
+  def _prefill_group(self, items, width: int):
+    rows = 1 << (len(items) - 1).bit_length()
+    slots = np.full(rows, self.num_slots, np.int32)  # padding rows: out of range
+    tokens = np.zeros((rows, width), np.int32)
+    starts, counts = np.zeros(rows, np.int32), np.ones(rows, np.int32)
+    temperature, top_p = np.ones(rows, np.float32), np.ones(rows, np.float32)
+    top_k, seeds = np.zeros(rows, np.int32), np.zeros(rows, np.uint32)
+    for r, (slot, context, start, sampling, seed) in enumerate(items):
+      count = len(context) - start
+      slots[r], starts[r], counts[r] = slot, start, count
+      tokens[r, :count] = context[start:]
+      temperature[r], top_k[r], top_p[r] = sampling.temperature, sampling.top_k, sampling.top_p
+      seeds[r] = seed
+    self._cache, tokens_P, logprobs_P, routing_LmxPxCxK = self._prefill_rows_fn(
+        self._params, self._cache, slots, tokens, starts, counts, temperature, top_k, top_p,
+        seeds)
+    tokens_P, logprobs_P = np.asarray(tokens_P), np.asarray(logprobs_P)
+    routing = np.asarray(routing_LmxPxCxK).transpose(1, 2, 0, 3)  # [P, C, Lm, K]
+    return [(int(tokens_P[r]), float(logprobs_P[r]), routing[r, :counts[r]])
+            for r in range(len(items))]
 
   def _decode(self, batch: DecodeBatch) -> dict[int, SlotOutput]:
     arrays = (batch.tokens, batch.lengths, batch.active, batch.temperature, batch.top_k,

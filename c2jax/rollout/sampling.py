@@ -134,6 +134,11 @@ def sample(logits_BxV, temperature_B, top_k_B, top_p_B, keys_B):
   """(tokens_B int32, logprobs_B float32): draws and their log-probabilities under the
   distribution they were drawn from (see recorded_logprobs).
 
+  keys_B: the rows' PRNG keys, or a function of no arguments that returns them (row_keys
+  partially applied): then they are derived only when some row samples. On CPU a key
+  costs a rolled threefry loop of ~50 small ops per derivation, more than a tiny
+  model's whole greedy decode step.
+
   An all-greedy batch takes the argmax of the logits (what the one-hot rows of
   sampling_logprobs draw) and builds no [B, V] distribution: three passes over the
   logits (max, first index of it, sum of exponentials) instead of about ten."""
@@ -141,7 +146,8 @@ def sample(logits_BxV, temperature_B, top_k_B, top_p_B, keys_B):
 
   def sampled():
     logp_BxV = sampling_logprobs(logits_BxV, temperature_B, top_k_B, top_p_B)
-    tokens_B = jnp.where(temperature_B > 0, draw(logp_BxV, keys_B), greedy_B)
+    keys = keys_B() if callable(keys_B) else keys_B
+    tokens_B = jnp.where(temperature_B > 0, draw(logp_BxV, keys), greedy_B)
     return tokens_B, jnp.take_along_axis(logp_BxV, tokens_B[:, None], axis=-1)[:, 0]
 
   tokens_B, sampled_B = jax.lax.cond(

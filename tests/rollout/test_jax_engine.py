@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from c2jax import model
-from c2jax.rollout import Request, SamplingParams
+from c2jax.rollout import JaxEngine, Request, SamplingParams
 from tests.rollout.conftest import MAX_LENGTH, VOCAB, detokenize
 
 TOL = 1e-4
@@ -87,6 +87,38 @@ def test_sampling_logprobs_and_per_sequence_seeds(setup, engine):
   assert not np.array_equal(reseeded.tokens, alone.tokens)
   # A sampled (not argmax) sequence: temperature 1 really samples.
   assert not np.array_equal(alone.tokens, logp[len(prompt) - 1:-1].argmax(-1))
+
+
+def test_requests_admitted_together_prefill_in_one_call(setup, engine):
+  """Four requests on four free slots (two greedy, two sampled, one an extension of a live
+  sequence) prefill in one batched call, and every result is what the request gets alone:
+  tokens, log-probs (against the teacher too) and the routing of its prompt."""
+  grouped = JaxEngine(setup.cfg, setup.params, num_slots=4, max_length=MAX_LENGTH,
+                      prefill_buckets=(8, 16), max_decode_steps=8)
+  calls = []
+  prefill_rows = grouped._prefill_rows_fn
+  grouped._prefill_rows_fn = lambda *args: calls.append(args[2].shape) or prefill_rows(*args)
+  rng = np.random.default_rng(3)
+  live = grouped.generate([Request(prompts()[0], GREEDY, keep_alive=True)])[0]
+  assert calls == []  # one request alone takes the one-slot prefill
+  observation = rng.integers(0, VOCAB, 5).astype(np.int32)
+  requests = [Request(rng.integers(0, VOCAB, n).astype(np.int32), sampling)
+              for n, sampling in ((11, GREEDY), (4, SamplingParams(temperature=1.0, max_tokens=6, seed=3)),
+                                  (16, SamplingParams(temperature=0.8, top_k=5, max_tokens=6,
+                                                          seed=4)))]
+  requests.insert(1, Request(observation, GREEDY, seq_id=live.seq_id))
+  together = grouped.generate(requests)
+  assert calls == [(4,)]  # four slots' rows in one call
+  alone = [engine.generate([r])[0] for r in requests[:1] + requests[2:]]
+  first = engine.generate([Request(prompts()[0], GREEDY, keep_alive=True)])[0]
+  alone.insert(1, engine.extend(first.seq_id, observation, GREEDY, keep_alive=False))
+  for request, a, b in zip(requests, together, alone):
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=TOL)
+    np.testing.assert_array_equal(a.expert_indices, b.expert_indices)
+  check_against_teacher(setup, setup.params, requests[0].tokens, together[0])
+  history = np.concatenate([prompts()[0], live.tokens, observation])
+  check_against_teacher(setup, setup.params, history, together[1])
 
 
 def test_stop_tokens_strings_max_tokens_and_length(engine, greedy_runs):
