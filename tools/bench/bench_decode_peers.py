@@ -7,6 +7,8 @@ by side: Tunix's sampler (google-tunix, Qwen3 family) and, as a second column, H
         --models qwen3_tiny,qwen3_small,qwen3_moe_tiny,qwen3_moe_small --batches 1,8,32
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --tunix_python ... \
         --models qwen3_small --batches 1 --prompt_lens 512,4096 --new_tokens 64
+    PYTHONPATH=. python tools/bench/bench_decode_peers.py --tunix_python ... --tunix_logprobs \
+        --models qwen3_tiny,qwen3_moe_tiny --repeats 3   # median ratio of 3 fresh runs
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --smoke   # no peer needed
 
 $TUNIX_VENV: a Python 3.12 venv with `pip install google-tunix==0.1.7 jax==0.12.0.1
@@ -20,7 +22,10 @@ t(n) is the wall time of one whole generate call for n new tokens, so prefill an
 drop out; each t is the best of --rounds, and the rounds interleave the sides (c2jax,
 then each peer, per round) so the machine's load falls on all alike. Prefill tokens/s
 is batch * prompt_len / t(1) (a one-token generate: the prefill, one sampled token).
-Compare ratios from one run, not rates across runs.
+Compare ratios from one run, not rates across runs. A process's memory layout moves a tiny
+model's rates by up to ~30% from one process to the next (the same program, measured
+2026-11-28), which interleaving cannot remove: --repeats N runs everything N times in
+fresh processes and reports the median ratio.
 
 Every peer is a persistent worker process running this same file (`--worker NAME`, only
 the standard library imported at the top, so it needs no c2jax on its path): it builds a
@@ -54,7 +59,9 @@ MODELS = {
                                   num_shared_experts=0, intermediate_size=256,
                                   router="softmax", norm_topk_prob=True))),
 }
-PEERS = ("tunix", "hf")
+# "tunix_logprobs": Tunix's sampler asked for each token's log-prob (return_logprobs),
+# the work c2jax's engine always does (RL needs them); "tunix" does not compute them.
+PEERS = ("tunix", "tunix_logprobs", "hf")
 
 
 # ---- the driver (c2jax's interpreter) --------------------------------------------------
@@ -158,7 +165,8 @@ def run(args) -> list[dict]:
   import numpy as np
 
   from c2jax import hf
-  pythons = {"tunix": args.tunix_python, "hf": args.hf_python}
+  pythons = {"tunix": args.tunix_python, "hf": args.hf_python,
+             "tunix_logprobs": args.tunix_python if args.tunix_logprobs else ""}
   rows = []
   for name in args.models.split(","):
     cfg, params, count = _c2jax_model(name)
@@ -216,7 +224,7 @@ class _IdTokenizer:
     return 0  # prompts are drawn from 1..vocab-1, and are never padded (16 = a power of 2)
 
 
-def _tunix_builder(request: dict):
+def _tunix_builder(request: dict, logprobs: bool = False):
   import jax
   import numpy as np
   from flax import nnx
@@ -242,7 +250,7 @@ def _tunix_builder(request: dict):
     start = time.perf_counter()
     out = sampler(prompts, max_generation_steps=count,
                   max_prompt_length=request["prompt_len"], eos_tokens=[s["vocab"]],
-                  temperature=0.0)
+                  temperature=0.0, return_logprobs=logprobs)
     jax.block_until_ready(out.tokens)
     return time.perf_counter() - start
   return timed, params
@@ -275,7 +283,9 @@ def _worker(peer: str) -> None:
   for line in sys.stdin:
     message = json.loads(line)
     if message["op"] == "build":
-      timed, params = {"tunix": _tunix_builder, "hf": hf_builder}[peer](message)
+      timed, params = {"tunix": _tunix_builder, "hf": hf_builder,
+                       "tunix_logprobs": lambda m: _tunix_builder(m, logprobs=True)}[peer](
+                           message)
       reply = {"params": int(params)}
     else:
       reply = {"seconds": timed(message["count"])}
@@ -305,8 +315,17 @@ def main(argv=None) -> None:
                       "the engine's chunk before calls grew to max_decode_steps)")
   parser.add_argument("--tunix_python", default="",
                       help="interpreter with google-tunix (and this jax) for its column")
+  parser.add_argument("--tunix_logprobs", action="store_true",
+                      help="also time Tunix returning each token's log-prob (its "
+                      "return_logprobs), as c2jax's engine always does")
   parser.add_argument("--hf_python", default="",
                       help="interpreter with torch + transformers for the HF column")
+  parser.add_argument("--repeats", type=int, default=1,
+                      help="run the whole comparison this many times, each in fresh "
+                      "processes (every side's process draws its own memory layout, which "
+                      "moves a tiny model's rates by up to ~30%%), and add a table of the "
+                      "median ratios")
+  parser.add_argument("--json_out", default="", help=argparse.SUPPRESS)
   parser.add_argument("--worker", choices=PEERS, help=argparse.SUPPRESS)
   parser.add_argument("--smoke", action="store_true",
                       help="qwen3_tiny, batch 2, 16 new tokens, one round; c2jax only "
@@ -320,6 +339,9 @@ def main(argv=None) -> None:
   for name in args.models.split(","):
     if name not in MODELS:
       raise SystemExit(f"--models: unknown {name!r}; choose from {sorted(MODELS)}.")
+  if args.repeats > 1:
+    _repeated(args, sys.argv[1:] if argv is None else list(argv))
+    return
   from c2jax import host_memory
   host_memory.retain_freed_memory()  # as `c2jax` does at start-up
   import jax
@@ -327,7 +349,41 @@ def main(argv=None) -> None:
   print(f"decode against the JAX peers, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} "
         f"UTC, {device.platform} ({device.device_kind}), {os.cpu_count()} cores, jax "
         f"{jax.__version__}, load average {os.getloadavg()[0]:.1f}", flush=True)
-  _table(run(args))
+  rows = run(args)
+  _table(rows)
+  if args.json_out:
+    with open(args.json_out, "w") as f:
+      json.dump(rows, f)
+
+
+def _repeated(args, argv: list[str]) -> None:
+  """--repeats N: N whole runs of this script, one after another, each a fresh driver
+  (the c2jax side) with fresh peer workers; prints every run, then the median over runs
+  of each row's ratios."""
+  import statistics
+  import tempfile
+  base = list(argv)
+  if "--repeats" in base:  # "--repeats N"
+    i = base.index("--repeats")
+    del base[i:i + 2]
+  base = [a for a in base if not a.startswith("--repeats=")]
+  runs = []
+  for repeat in range(args.repeats):
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+      subprocess.run([sys.executable, os.path.abspath(__file__), *base, "--json_out",
+                      out.name], check=True)
+      runs.append(json.load(open(out.name)))
+    print(f"(run {repeat + 1} of {args.repeats} done)", flush=True)
+  rows = []
+  for same in zip(*runs):
+    row = {k: same[0][k] for k in ("model", "prompt", "batch")}
+    for key in [k for k in same[0] if k.startswith(("decode vs", "prefill vs"))]:
+      values = [r[key] for r in same]
+      row[f"median {key}"] = statistics.median(values)
+      row[f"{key} (min-max)"] = f"{min(values):.2f}-{max(values):.2f}"
+    rows.append(row)
+  print(f"median over {args.repeats} fresh-process runs:")
+  _table(rows)
 
 
 if __name__ == "__main__":
