@@ -1,11 +1,12 @@
 """The Engine interface and its slot scheduler (continuous batching), backend-agnostic.
 
 An engine holds `num_slots` sequence slots, each with room for `max_length` tokens of KV
-cache. Requests queue until a slot is free; `step()` first admits queued requests (one
-prefill each, appending their tokens), then runs one decode step over every slot, so
-sequences of different lengths join and leave independently. Between steps, staged
-weights from `update_params` are swapped in: sequences in flight keep their KV cache and
-continue with the new weights, and tokens sampled afterwards carry the new version.
+cache. Requests queue until a slot is free; `step()` first admits queued requests
+(prefilling their tokens, several to a call where the backend can), then runs one decode
+call over every slot, so sequences of different lengths join and leave independently.
+Between steps, staged weights from `update_params` are swapped in: sequences in flight
+keep their KV cache and continue with the new weights, and tokens sampled afterwards
+carry the new version.
 
 Sequence lifecycle: generating (a sampled token is pending, not yet in the cache) ->
 draining (finished; the pending token is fed once more so its expert routing is recorded
@@ -14,10 +15,10 @@ and the cache holds the whole sequence) -> idle (kept for `extend`) or released.
 Backends implement `_append` (prefill / extend of one slot; `_append_many` may batch
 several slots into fewer calls), `_decode` (one call over all slots; a speculative or
 multi-step backend may emit several tokens per slot, see SlotOutput), `_set_params` and
-`logprobs`. The host applies every stop rule to what a
-call returns, vectorised over its tokens, and ends a sequence exactly at its first stop.
-JaxEngine (jax_engine.py) runs the model; FakeEngine (fake.py) is a deterministic
-stand-in for tests of code that drives an engine.
+`logprobs`. The host applies every stop rule to what a call returns, vectorised over its
+tokens, and ends a sequence exactly at its first stop. JaxEngine (jax_engine.py) runs the
+model; FakeEngine (fake.py) is a deterministic stand-in for tests of code that drives an
+engine.
 """
 
 from __future__ import annotations
