@@ -7,6 +7,8 @@ import json
 import math
 import pathlib
 
+import pytest
+
 from c2jax.model import variants
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -30,3 +32,21 @@ def test_decode_peers_smoke(monkeypatch, capsys):
   variant, overrides = bench.MODELS["qwen3_moe_tiny"]
   shape = bench._shape(variants.get(variant, **overrides))  # what a peer builds: every layer MoE, expert width
   assert (shape["layers"], shape["experts"], shape["top_k"], shape["ffn"]) == (2, 8, 2, 32)
+
+
+def test_repeats_report_the_median_ratio_of_each_row(monkeypatch):
+  monkeypatch.syspath_prepend(str(ROOT / "tools" / "bench"))
+  bench = importlib.import_module("bench_decode_peers")
+  runs = [[{"model": "qwen3_tiny", "prompt": 16, "batch": b, "c2jax decode tok/s": 1.0,
+            "decode vs tunix": ratio * b, "prefill vs tunix": 2.0}
+           for b in (1, 8)] for ratio in (0.9, 1.4, 1.1)]
+  rows = bench.median_rows(runs)
+  assert [r["batch"] for r in rows] == [1, 8]
+  assert rows[0]["median decode vs tunix"] == 1.1
+  assert rows[0]["decode vs tunix (min-max)"] == "0.90-1.40"
+  assert rows[1]["median decode vs tunix"] == 8.8
+  assert rows[1]["median prefill vs tunix"] == 2.0
+  assert not any("tok/s" in key for key in rows[0])
+  runs[1][0]["batch"] = 32
+  with pytest.raises(ValueError, match="disagree"):
+    bench.median_rows(runs)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -360,7 +361,6 @@ def _repeated(args, argv: list[str]) -> None:
   """--repeats N: N whole runs of this script, one after another, each a fresh driver
   (the c2jax side) with fresh peer workers; prints every run, then the median over runs
   of each row's ratios."""
-  import statistics
   import tempfile
   base = list(argv)
   if "--repeats" in base:  # "--repeats N"
@@ -374,16 +374,24 @@ def _repeated(args, argv: list[str]) -> None:
                       out.name], check=True)
       runs.append(json.load(open(out.name)))
     print(f"(run {repeat + 1} of {args.repeats} done)", flush=True)
+  print(f"median over {args.repeats} fresh-process runs:")
+  _table(median_rows(runs))
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+  """Per row (same model, prompt, batch in every run): the median over runs of each
+  c2jax / peer ratio, and its min-max."""
   rows = []
   for same in zip(*runs):
     row = {k: same[0][k] for k in ("model", "prompt", "batch")}
+    if any({k: r[k] for k in row} != row for r in same):
+      raise ValueError(f"runs disagree on their rows: {[r['model'] for r in same]}")
     for key in [k for k in same[0] if k.startswith(("decode vs", "prefill vs"))]:
       values = [r[key] for r in same]
       row[f"median {key}"] = statistics.median(values)
       row[f"{key} (min-max)"] = f"{min(values):.2f}-{max(values):.2f}"
     rows.append(row)
-  print(f"median over {args.repeats} fresh-process runs:")
-  _table(rows)
+  return rows
 
 
 if __name__ == "__main__":
