@@ -315,25 +315,22 @@ class JaxEngine(Engine):
     return int(token), float(logprob), np.concatenate(routing)
 
   def _append_many(self, items):
-    """Prefills requests that fit one chunk several to a call: up to max_prefill_tokens
-    (padded) tokens a call, the rows padded to a power of two (a few compiled shapes).
-    Others, and every request with speculation, go one at a time (_append)."""
+    """Prefills requests that fit one chunk several to a call, longest first (so a call's
+    rows share a bucket width): up to max_prefill_tokens (padded) tokens a call, the rows
+    padded to a power of two (a few compiled shapes). Others, a lone one, and every
+    request with speculation go one at a time (_append)."""
     results = [None] * len(items)
-    largest = self._buckets[-1]
-    together = [i for i, (_, context, start, _, _) in enumerate(items)
-                if not self._num_draft and len(context) - start <= largest]
-    if len(together) < 2:
-      together = []
-    while together:
-      width = self._bucket(max(len(items[i][1]) - items[i][2] for i in together))
-      # The most rows that fit, a power of two.
+    new_tokens = [len(context) - start for _, context, start, _, _ in items]
+    together = sorted((i for i, n in enumerate(new_tokens)
+                       if not self._num_draft and n <= self._buckets[-1]),
+                      key=lambda i: -new_tokens[i])
+    while len(together) > 1:
+      width = self._bucket(new_tokens[together[0]])
       rows = 1 << (max(self.max_prefill_tokens // width, 1).bit_length() - 1)
       group, together = together[:rows], together[rows:]
-      if len(group) == 1:
-        results[group[0]] = self._append(*items[group[0]])
-        continue
-      for i, out in zip(group, self._prefill_group([items[i] for i in group], width)):
-        results[i] = out
+      if len(group) > 1:
+        for i, out in zip(group, self._prefill_group([items[i] for i in group], width)):
+          results[i] = out
     for i, item in enumerate(items):
       if results[i] is None:
         results[i] = self._append(*item)
