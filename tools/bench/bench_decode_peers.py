@@ -361,18 +361,15 @@ def _repeated(args, argv: list[str]) -> None:
   """--repeats N: N whole runs of this script, one after another, each a fresh driver
   (the c2jax side) with fresh peer workers; prints every run, then the median over runs
   of each row's ratios."""
+  import pathlib
   import tempfile
-  base = list(argv)
-  if "--repeats" in base:  # "--repeats N"
-    i = base.index("--repeats")
-    del base[i:i + 2]
-  base = [a for a in base if not a.startswith("--repeats=")]
   runs = []
   for repeat in range(args.repeats):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-      subprocess.run([sys.executable, os.path.abspath(__file__), *base, "--json_out",
-                      out.name], check=True)
-      runs.append(json.load(open(out.name)))
+      # argparse keeps an option's last value: this run is a single one.
+      subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--repeats", "1",
+                      "--json_out", out.name], check=True)
+      runs.append(json.loads(pathlib.Path(out.name).read_text()))
     print(f"(run {repeat + 1} of {args.repeats} done)", flush=True)
   print(f"median over {args.repeats} fresh-process runs:")
   _table(median_rows(runs))
@@ -385,7 +382,9 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
   for same in zip(*runs):
     row = {k: same[0][k] for k in ("model", "prompt", "batch")}
     if any({k: r[k] for k in row} != row for r in same):
-      raise ValueError(f"runs disagree on their rows: {[r['model'] for r in same]}")
+      raise ValueError(f"runs disagree on their rows ({[{k: r[k] for k in row} for r in same]}"
+                       "): every run must time the same --models, --batches and "
+                       "--prompt_lens.")
     for key in [k for k in same[0] if k.startswith(("decode vs", "prefill vs"))]:
       values = [r[key] for r in same]
       row[f"median {key}"] = statistics.median(values)
