@@ -79,8 +79,10 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
                  "opt_state_bytes": state.opt_state_bytes},
       "fits": main["fits"], "flops": main["flops"],
       "cost_model_seconds": main["cost_model_seconds"],
+      "cost_model_note": main["cost_model_note"],
       "mfu_estimate": main["mfu_estimate"], "collectives": main["collectives"],
       "compile_seconds": main["compile_seconds"],
       "loops_costed_once": main["loops_costed_once"], "mosaic_calls": main["mosaic_calls"],
+      "sparsecore_offloads": main["sparsecore_offloads"],
       "engine": {r["step"]: r for r in reports[1:]}}))
   return 0

@@ -94,9 +94,14 @@ def gate_weights(scores_TxE, indices_TxK, moe_cfg) -> jax.Array:
   """Weights of the chosen experts, gathered from the live unbiased scores.
 
   Used for both the router's own choice and replayed indices, so replaying a layer's own
-  choice is bit-identical and replayed experts still send gradients to the router.
+  choice is bit-identical and replayed experts still send gradients to the router. A
+  masked sum over the experts, not take_along_axis: the exact score, and its transpose is a
+  select, where the gather's is a scatter-add that the TPU compiler offloads to the
+  SparseCore (and then cannot estimate the step's time).
   """
-  weights_TxK = jnp.take_along_axis(scores_TxE, indices_TxK, axis=-1)
+  chosen_TxKxE = indices_TxK[..., None] == jnp.arange(scores_TxE.shape[-1],
+                                                      dtype=indices_TxK.dtype)
+  weights_TxK = jnp.where(chosen_TxKxE, scores_TxE[..., None, :], 0.0).sum(-1)
   if moe_cfg.norm_topk_prob:
     weights_TxK = weights_TxK / (weights_TxK.sum(-1, keepdims=True) + _RENORM_EPS)
   return weights_TxK * moe_cfg.routed_scaling_factor

@@ -173,7 +173,10 @@ def dispatch_combine_local(x_TxD, weights_TxK, indices_TxK, valid_T, local_exper
   dest_M = jnp.where(jnp.repeat(valid_T, top_k), expert_M // experts_per_shard, num_shards)
   # Rank of each copy within its destination bucket, in token order (stable sort).
   order_M = jnp.argsort(dest_M, stable=True)
-  counts_N1 = jnp.bincount(dest_M, length=num_shards + 1)
+  # Counts as a one-hot sum and the slot's expert by scatter, not a bincount or a
+  # gather through copy_S: the TPU compiler offloads those small int scatter-adds and
+  # gathers to the SparseCore, where its cost model has no estimate.
+  counts_N1 = jax.nn.one_hot(dest_M, num_shards + 1, dtype=jnp.int32).sum(0)
   starts_N1 = jnp.cumsum(counts_N1) - counts_N1
   rank_sorted_M = jnp.arange(dest_M.shape[0]) - starts_N1[dest_M[order_M]]
   rank_M = jnp.zeros_like(rank_sorted_M).at[order_M].set(rank_sorted_M)
@@ -191,9 +194,8 @@ def dispatch_combine_local(x_TxD, weights_TxK, indices_TxK, valid_T, local_exper
   x_ext_TxD = jnp.concatenate([x_TxD, jnp.zeros((1, x_TxD.shape[1]), x_TxD.dtype)])
   send_SxD = jnp.take(x_ext_TxD, jnp.where(filled_S, copy_S // top_k, num_tokens), axis=0)
   # Empty slots name expert E_local, which no local dispatch computes (zero rows).
-  local_expert_S = jnp.where(
-      filled_S, jnp.take(expert_M, copy_S, mode="clip") % experts_per_shard,
-      experts_per_shard).astype(jnp.int32)
+  local_expert_S = jnp.full((num_slots,), experts_per_shard, jnp.int32).at[slot_M].set(
+      (expert_M % experts_per_shard).astype(jnp.int32), mode="drop")
 
   exchange = functools.partial(jax.lax.all_to_all, axis_name=axis_names, split_axis=0,
                                concat_axis=0, tiled=True)

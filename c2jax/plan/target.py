@@ -19,9 +19,13 @@ What it reports, per device, all of it compiler estimates and none of it a measu
                     temporaries, code), and whether the total fits the chip's HBM;
   flops, bytes      the compiled cost analysis (None for GPU targets: XLA's GPU compiler
                     has none for compile-only devices);
-  cost_model_s      the compiler's own time estimate (`optimal_seconds`; TPU only);
+  cost_model_s      the compiler's own time estimate (`optimal_seconds`; TPU only;
+                    None, with the reason, where it is not positive: an op the cost
+                    model cannot cost, such as a gather or scatter offloaded to the
+                    SparseCore or an all-reduce of booleans, turns it negative);
   mfu_estimate      model FLOPs (the formula of roofline.py) / (cost_model_s x chip peak);
   mosaic_calls      Pallas kernels in the program, compiled through Mosaic / Mosaic GPU;
+  sparsecore_offloads  gathers and scatters the TPU compiler moved to the SparseCore;
   collectives       from the compiled HLO (hlo_comms: loop trip counts applied; None,
                     with the reason, when one sits in a loop of data-dependent length,
                     as in the engine's decode loop, which stops early on stop tokens).
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import time
 
 import jax
@@ -207,12 +212,35 @@ def mosaic_calls(hlo_text: str) -> int:
       'custom_call_target="mosaic_gpu')
 
 
+_OFFLOADED = re.compile(r"^\s*(?:ROOT )?%?\w+_offload_custom_fusion[\w.]* = ", re.M)
+
+
+def offloaded_ops(hlo_text: str) -> int:
+  """Gathers and scatters the TPU compiler moved to the SparseCore
+  (`*_offload_custom_fusion`); its cost model gives them no estimate."""
+  return len(_OFFLOADED.findall(hlo_text))
+
+
+def time_estimate(cost: dict | None, hlo_text: str) -> tuple[float | None, str]:
+  """(the compiler's time estimate, or None with why there is none)."""
+  if cost is None:
+    return None, "no cost analysis for compile-only devices"
+  seconds = float(cost.get("optimal_seconds", 0.0))
+  if seconds > 0:
+    return seconds, ""
+  offloaded = offloaded_ops(hlo_text)
+  why = (f"; {offloaded} gather/scatter op(s) offloaded to the SparseCore carry no "
+         "estimate (tools/bench/tpu_cost_breakdown.py lists them)" if offloaded else
+         "; some op has no cost (an all-reduce of booleans is one)")
+  return None, f"the cost model returned {seconds * 1e3:,.3f} ms, not an estimate{why}"
+
+
 def step_report(step: CompiledStep, target: topologies.AnyTarget) -> dict:
   """The step's compiler estimates as one JSON-ready dict (see the module docstring)."""
   chip = target.accelerator
   mem = memory_lib.memory_report(step.compiled)
   cost = _cost(step.cost_compiled)
-  seconds = None if cost is None else float(cost.get("optimal_seconds", 0.0))
+  seconds, estimate_note = time_estimate(cost, step.cost_hlo_text)
   peak = chip.peak_flops("bfloat16")
   try:
     collectives, note = hlo_comms.summary(step.comm_volumes), ""
@@ -225,10 +253,11 @@ def step_report(step: CompiledStep, target: topologies.AnyTarget) -> dict:
       "flops": None if cost is None else float(cost.get("flops", 0.0)),
       "bytes_accessed": None if cost is None else float(cost.get("bytes accessed", 0.0)),
       "model_flops": step.model_flops,
-      "cost_model_seconds": seconds,
+      "cost_model_seconds": seconds, "cost_model_note": estimate_note,
       "mfu_estimate": step.model_flops / (seconds * peak) if seconds else None,
       "loops_costed_once": remaining_loops(step.cost_hlo_text),
       "mosaic_calls": mosaic_calls(step.hlo_text),
+      "sparsecore_offloads": offloaded_ops(step.cost_hlo_text),
       "collectives": collectives, "collectives_note": note}
 
 
@@ -251,16 +280,20 @@ def format_report(report: dict, target: topologies.AnyTarget) -> str:
       f"{report['step']} (compiled in {report['compile_seconds']:.1f} s{kernels})",
       memory_lib.format_table(rows),
       f"{verdict} in {chip.name}'s {chip.memory_gb:g} GB HBM"]
-  if report["cost_model_seconds"] is None:
+  if report["flops"] is None:
     lines.append(f"model FLOPs {report['model_flops']:.4g} per device; no cost analysis "
                  f"(the {target.compiler} gives none for compile-only devices)")
     return "\n".join(lines)
-  lines += [
+  lines.append(
       f"cost analysis: {report['flops']:.4g} FLOPs, {report['bytes_accessed']:.4g} bytes "
-      f"accessed per device; model FLOPs {report['model_flops']:.4g}",
-      f"compiler's time estimate: {report['cost_model_seconds'] * 1e3:,.3f} ms per call "
-      f"(an estimate, not a measured speed); MFU it implies at {chip.bf16_tflops:g} "
-      f"TFLOP/s: " + ("-" if mfu is None else f"{mfu:.1%}")]
+      f"accessed per device; model FLOPs {report['model_flops']:.4g}")
+  if report["cost_model_seconds"] is None:
+    lines.append(f"compiler's time estimate: none ({report['cost_model_note']})")
+  else:
+    lines.append(
+        f"compiler's time estimate: {report['cost_model_seconds'] * 1e3:,.3f} ms per call "
+        f"(an estimate, not a measured speed); MFU it implies at {chip.bf16_tflops:g} "
+        f"TFLOP/s: " + ("-" if mfu is None else f"{mfu:.1%}"))
   if report["loops_costed_once"]:
     lines.append(f"({report['loops_costed_once']} while loop(s) remain after unrolling the "
                  "layers; XLA's cost analysis counts their bodies once)")

@@ -80,7 +80,10 @@ def batch_totals(cfg, batch: Batch) -> dict:
 
 
 def _valid_rows(segment_ids_BxL) -> jax.Array:
-  return (segment_ids_BxL != 0).any(-1).sum().astype(jnp.float32)
+  # A max over the row, not any(): under context parallelism the row is split over the
+  # `context` axis, and the TPU compiler's cost model has no estimate for an all-reduce
+  # of booleans (it then reports a negative step time).
+  return (segment_ids_BxL != 0).astype(jnp.float32).max(-1).sum()
 
 
 def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None,

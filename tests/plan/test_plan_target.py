@@ -85,17 +85,41 @@ def test_grouped_matmul_kernels_compile_through_mosaic(v5p_devices, monkeypatch)
 
 
 @pytest.mark.slow
+def test_a_time_estimate_that_is_not_positive_is_reported_as_none_with_the_reason():
+  """The TPU cost model has no estimate for gathers/scatters it offloads to the SparseCore
+  and then returns a negative `optimal_seconds` (seen for Kimi-K2.5's expert-parallel
+  step): the report says so instead of printing a negative time and MFU."""
+  from c2jax.plan import target as target_lib
+
+  hlo = """  %gather.1071 = s32[1024]{0:T(1024)} gather(%param_0.89, %transpose.1259)
+  ROOT %scatter_offload_custom_fusion.63 = s32[9]{0:T(128)} fusion(%p0, %p1), kind=kCustom
+  %gather_offload_custom_fusion.42 = s32[1280]{0:T(1024)} fusion(%p2, %p3), kind=kCustom
+  %fusion.7 = f32[8]{0} fusion(%gather_offload_custom_fusion.42), kind=kLoop
+"""
+  assert target_lib.offloaded_ops(hlo) == 2
+  seconds, note = target_lib.time_estimate({"optimal_seconds": -0.5844}, hlo)
+  assert seconds is None
+  assert "-584.400 ms" in note and "2 gather/scatter op(s) offloaded" in note
+  assert target_lib.time_estimate({"optimal_seconds": 0.0123}, hlo) == (0.0123, "")
+  assert target_lib.time_estimate({"optimal_seconds": 0.0}, "")[0] is None
+  assert target_lib.time_estimate(None, hlo)[0] is None
+
+
 def test_plan_memory_target_v5p8_tiny():
-  """The tiny train step for v5p-8: the JSON fields, and per-device arguments that are the
-  sharding plan's parameter and optimizer shards (fsdp over 4 chips) plus the batch shard,
-  up to the TPU's tile padding of small arrays."""
+  """The tiny train step for v5p-8 with expert and context parallelism (expert=2,
+  context=2): the JSON fields; a positive time estimate with no op offloaded to the
+  SparseCore (a boolean all-reduce over the split length, the router's gather and the EP
+  dispatch's bincount once made the cost model return a negative time); per-device
+  arguments that are the sharding plan's parameter and optimizer shards plus the batch
+  shard, up to the TPU's tile padding of small arrays."""
   env = dict(os.environ, PYTHONPATH=str(REPO))
   layers = 2  # tiny's; unrolled already, so the cost compile is the only compile
   # moe_impl='pallas': the megablox kernels through Mosaic inside the sharded step (each
   # token shard's rows in a shard_map: XLA cannot partition a Mosaic call).
   args = ["--config=configs/pretrain.py:tiny", "--memory", "--target=v5p-8",
           f"--config.model.scan_unroll={layers}", "--config.train.batch_size=8",
-          "--config.train.seq_len=64", "--config.model.moe_impl=pallas"]
+          "--config.train.seq_len=64", "--config.model.moe_impl=pallas",
+          "--config.parallel.mesh.expert=2", "--config.parallel.mesh.context=2"]
   result = subprocess.run([sys.executable, "-m", "c2jax.cli", "plan", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -104,20 +128,22 @@ def test_plan_memory_target_v5p8_tiny():
               "mfu_estimate", "collectives"):
     assert key in out, key
   assert (out["target"], out["device_kind"], out["devices"]) == ("v5p-8", "TPU v5", 4)
-  assert out["mesh"]["fsdp"] == 4 and out["fits"] is True
+  mesh = out["mesh"]
+  assert (mesh["fsdp"], mesh["expert"], mesh["context"], out["fits"]) == (1, 2, 2, True)
   assert out["flops"] > 0 and 0 < out["cost_model_seconds"] < 1
-  assert 0 < out["mfu_estimate"] < 1
-  assert out["collectives"]["all-gather"]["executions"] > 0  # fsdp gathers its params
+  assert 0 < out["mfu_estimate"] < 1 and out["sparsecore_offloads"] == 0
+  assert out["collectives"]["all-gather"]["executions"] > 0  # sharded params are gathered
   assert out["mosaic_calls"] >= 3  # megablox forward and both gradients, through Mosaic
 
   from configs import pretrain
 
   cfg = pretrain.get_config("tiny")
+  cfg.parallel.mesh.update(expert=2, context=2)
   summary = plan.summarize(plan.param_plans(cfg.model, cfg.parallel, 4))
   mem = out["memory"]
   assert mem["param_bytes"] == summary["param_bytes_per_device"]
   assert mem["param_bytes"] < summary["param_bytes_total"] / 2  # sharded, not copied
-  batch_shard = 5 * (8 // 4) * 64 * 4  # five int32/float32 [B, L] fields, B over fsdp
+  batch_shard = 5 * (8 // 2) * (64 // 2) * 4  # five 4-byte [B, L] fields: B/fsdp, L/CP
   exact = mem["param_bytes"] + mem["opt_state_bytes"] + batch_shard
   assert exact <= mem["argument_bytes"] <= 1.5 * exact
   assert "compiler estimate" in result.stdout
