@@ -36,5 +36,10 @@ def get_config(variant: str = "tiny"):
     c.model.rope.mscale = 1.0
     c.model.rope.mscale_all_dim = 1.0 if c.model.attention == "mla" else 0.0
   c.model.max_position = max(c.model.max_position, c.train.seq_len)
+  if c.parallel.mesh.context > 1:  # real scale: 256k-token rows, 32 of them per step
+    # 32 context shards (8,192 tokens per device) keep the 32 rows divisible by the
+    # batch axes on 256 or 1,024 chips; pretraining's CP=2 would leave 128 or 512 batch
+    # ways for 32 rows (docs/scaling.md, "Plans for the 32k and 256k phases").
+    c.parallel.mesh.context = 32
   c.init_from = f"runs/{variant}/pretrain"
   return c

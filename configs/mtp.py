@@ -23,6 +23,8 @@ def get_config(variant: str = "tiny"):
   # The pretraining config of the same variant: same model, corpus and tokenizer.
   c = configlib.load_config_file(pathlib.Path(__file__).with_name("pretrain.py"), variant)
   c.model.num_mtp_layers = 1  # DeepSeek-V3 / Kimi: one depth, reused for longer drafts
+  # MTP shifts tokens along the sequence: context shards must keep them in order.
+  c.parallel.context_load_balance = False
   # The rest of the model is the pretraining checkpoint's; the MTP module is this phase's
   # declared change.
   c.model_changes = ("num_mtp_layers",)

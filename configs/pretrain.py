@@ -51,4 +51,6 @@ def get_config(variant: str = "tiny"):
     c.model.attention_impl = "auto"
     c.parallel.mesh.expert = 8
     c.parallel.mesh.context = 2
+    if c.model.num_mtp_layers:  # DeepSeek-V3: MTP shifts tokens along the sequence and
+      c.parallel.context_load_balance = False  # needs them in order: contiguous shards
   return c

@@ -52,6 +52,16 @@ def test_every_config_file_validates(path):
     validate_any(cfg)
 
 
+@pytest.mark.parametrize("file", ["pretrain.py", "longctx.py", "mtp.py"])
+@pytest.mark.parametrize("variant", ["deepseek_v3", "kimi_k25", "qwen3_moe_30b_a3b"])
+def test_real_scale_jobs_validate_on_their_mesh(file, variant):
+  """With the checks that need a device count (256): the DeepSeek-V3 pretrain config and
+  every MTP config once asked for load-balanced context shards, which MTP cannot use, and
+  the long-context configs had 32 rows for 128 batch ways (pretraining's CP=2)."""
+  cfg = load_config_module(CONFIG_DIR / file).get_config(variant)
+  jobs.validate(cfg, num_devices=256)
+
+
 @pytest.mark.parametrize("name", sorted(variants.VARIANTS))
 def test_variants_validate(name):
   model_config.validate(variants.get(name))
