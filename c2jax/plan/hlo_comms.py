@@ -6,7 +6,10 @@
 Every collective instruction (all-gather, reduce-scatter, all-reduce, all-to-all,
 collective-permute, and their async -start forms) is counted with the number of times it
 runs per step: an instruction inside a while body (the scan over layers) counts its
-loop's trip count (XLA's `known_trip_count`), nested loops multiply; every branch of a
+loop's trip count (XLA's `known_trip_count`, or where the compiler wrote none, as libtpu
+does for the SPMD partitioner's windowed einsums, the count of a loop of the form
+`for i = a; i < N; i += s` read from its condition and body), nested loops multiply;
+every branch of a
 conditional counts as taken (an upper bound). The compiled text
 names operands without shapes, so shapes are looked up from their defining instructions.
 
@@ -79,6 +82,7 @@ class Instruction:
   opcode: str
   operands: tuple[str, ...]
   attributes: str
+  args: str = ""  # the operand list as written (a constant's literal)
 
 
 def _parse_instruction(line: str) -> Instruction | None:
@@ -96,7 +100,8 @@ def _parse_instruction(line: str) -> Instruction | None:
     return None
   args, attributes = _split_paren(rest[opcode_match.end() - 1:])
   operands = tuple(re.findall(r"%([^\s,()]+)", args))
-  return Instruction(match.group(1), type_text, opcode_match.group(1), operands, attributes)
+  return Instruction(match.group(1), type_text, opcode_match.group(1), operands, attributes,
+                     args[1:-1])
 
 
 def parse_module(hlo_text: str) -> tuple[dict[str, list[Instruction]], str]:
@@ -127,6 +132,62 @@ def _add(a: int | None, b: int | None) -> int | None:
   return None if a is None or b is None else a + b
 
 
+def _constant(name: str, defs: dict[str, Instruction]) -> int | None:
+  ins = defs.get(name)
+  while ins is not None and ins.opcode in ("copy", "convert", "bitcast") and ins.operands:
+    ins = defs.get(ins.operands[0])
+  if ins is None or ins.opcode != "constant" or not re.fullmatch(r"-?\d+", ins.args.strip()):
+    return None
+  return int(ins.args)
+
+
+def _param_index(name: str, defs: dict[str, Instruction]) -> int | None:
+  """k where `name` is get-tuple-element(parameter, index=k): a loop-carried value."""
+  ins = defs.get(name)
+  if ins is None or ins.opcode != "get-tuple-element" or not ins.operands:
+    return None
+  source, found = defs.get(ins.operands[0]), re.search(r"\bindex=(\d+)", ins.attributes)
+  return int(found.group(1)) if found and source and source.opcode == "parameter" else None
+
+
+def counted_loop_trips(loop: Instruction, computations: dict[str, list[Instruction]],
+                       defs: dict[str, Instruction]) -> int | None:
+  """Trips of a while loop that XLA did not annotate with `known_trip_count` (libtpu's
+  compiled HLO carries none, e.g. for the SPMD partitioner's windowed einsums), when it
+  has the counted form: condition `i < N` (or `<=`, or reversed) on a tuple element that
+  starts at a constant and that the body steps by a positive constant. None otherwise."""
+  cond = re.search(r"\bcondition=%?([^\s,}]+)", loop.attributes)
+  body = re.search(r"\bbody=%?([^\s,}]+)", loop.attributes)
+  if not (cond and body and computations.get(cond.group(1)) and
+          computations.get(body.group(1)) and loop.operands):
+    return None
+  compare = computations[cond.group(1)][-1]
+  direction = re.search(r"direction=(\w+)", compare.attributes)
+  if compare.opcode != "compare" or not direction or len(compare.operands) != 2:
+    return None
+  lhs, rhs = compare.operands
+  flip = {"GT": "LT", "GE": "LE"}
+  if _param_index(lhs, defs) is not None:
+    index, bound, op = _param_index(lhs, defs), _constant(rhs, defs), direction.group(1)
+  else:
+    index, bound = _param_index(rhs, defs), _constant(lhs, defs)
+    op = flip.get(direction.group(1), "")
+  root, init = computations[body.group(1)][-1], defs.get(loop.operands[0])
+  if index is None or bound is None or op not in ("LT", "LE") or root.opcode != "tuple" or (
+      init is None or init.opcode != "tuple" or index >= len(init.operands)):
+    return None
+  start, step = _constant(init.operands[index], defs), defs.get(root.operands[index])
+  if start is None or step is None or step.opcode != "add" or len(step.operands) != 2:
+    return None
+  counter, increment = step.operands
+  if _param_index(counter, defs) != index:
+    counter, increment = increment, counter
+  increment = _constant(increment, defs)
+  if _param_index(counter, defs) != index or not increment or increment < 0:
+    return None
+  return max(0, -(-(bound - start + (op == "LE")) // increment))
+
+
 def executions(computations: dict[str, list[Instruction]], entry: str) -> dict[str, int | None]:
   """How many times each computation runs per call of `entry` (while bodies x trips).
 
@@ -136,6 +197,7 @@ def executions(computations: dict[str, list[Instruction]], entry: str) -> dict[s
   """
   counts: dict[str, int | None] = {name: 0 for name in computations}
   counts[entry] = 1
+  defs = {ins.name: ins for body in computations.values() for ins in body}
   for name in reversed(list(computations)):
     for instruction in computations[name]:
       callees = _CALLEE.findall(instruction.attributes)
@@ -144,7 +206,8 @@ def executions(computations: dict[str, list[Instruction]], entry: str) -> dict[s
       trips = 1
       if instruction.opcode == "while":
         found = _TRIP_COUNT.search(instruction.attributes)
-        trips = int(found.group(1)) if found else None
+        trips = int(found.group(1)) if found else counted_loop_trips(
+            instruction, computations, defs)
       runs = None if trips is None or counts[name] is None else counts[name] * trips
       for callee in callees:
         if callee in counts:

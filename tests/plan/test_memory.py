@@ -65,6 +65,64 @@ def test_parser_counts_loop_trips_async_starts_and_group_spellings():
   assert volumes["all-to-all"].executions == 0
 
 
+# libtpu's compiled HLO has no known_trip_count: a windowed einsum's loop, as it prints
+# it (the counter starts at a copied constant, the bound sits on the left, GT).
+_TPU_LOOP = textwrap.dedent("""\
+    HloModule jit_g
+
+    %wbody (wp: (u32[], bf16[8,32])) -> (u32[], bf16[8,32]) {
+      %wp = (u32[], bf16[8,32]{1,0}) parameter(0)
+      %i = u32[] get-tuple-element(%wp), index=0
+      %v = bf16[8,32]{1,0} get-tuple-element(%wp), index=1
+      %cps = (bf16[8,32]{1,0}, bf16[8,32]{1,0}, u32[]) collective-permute-start(%v), channel_id=7, source_target_pairs={{0,1},{1,0}}
+      %cpd = bf16[8,32]{1,0} collective-permute-done(%cps)
+      %two = u32[] constant(2)
+      %next = u32[] add(%two, %i)
+      ROOT %wt = (u32[], bf16[8,32]{1,0}) tuple(%next, %cpd)
+    }
+
+    %wcond (cp: (u32[], bf16[8,32])) -> pred[] {
+      %cp = (u32[], bf16[8,32]{1,0}) parameter(0)
+      %limit = u32[] constant(9)
+      %j = u32[] get-tuple-element(%cp), index=0
+      ROOT %gt = pred[] compare(%limit, %j), direction=GT
+    }
+
+    %dcond (dp: (u32[], bf16[8,32])) -> pred[] {
+      %dp = (u32[], bf16[8,32]{1,0}) parameter(0)
+      ROOT %flag = pred[] constant(true)
+    }
+
+    ENTRY %main (x: bf16[8,32]) -> bf16[8,32] {
+      %x = bf16[8,32]{1,0} parameter(0)
+      %c1 = u32[] constant(1)
+      %start = u32[] copy(%c1)
+      %init = (u32[], bf16[8,32]{1,0}) tuple(%start, %x)
+      %loop = (u32[], bf16[8,32]{1,0}) while(%init), condition=%wcond, body=%wbody
+      %out = bf16[8,32]{1,0} get-tuple-element(%loop), index=1
+      %loop2 = (u32[], bf16[8,32]{1,0}) while(%init), condition=%dcond, body=%wbody
+      ROOT %y = bf16[8,32]{1,0} get-tuple-element(%loop2), index=1
+    }
+    """)
+
+
+def test_loops_without_a_trip_count_are_counted_from_their_condition():
+  """i = 1; 9 > i; i += 2: 4 trips of the body's permute. A loop whose condition is not
+  of that form (the second, `true`) stays unknown, so its collectives are an error."""
+  computations, entry = hlo_comms.parse_module(_TPU_LOOP)
+  defs = {ins.name: ins for body in computations.values() for ins in body}
+  loops = [ins for ins in computations[entry] if ins.opcode == "while"]
+  assert [hlo_comms.counted_loop_trips(loop, computations, defs) for loop in loops] == [
+      4, None]
+  with pytest.raises(ValueError, match="no known trip count"):
+    hlo_comms.comm_volume(_TPU_LOOP)
+  counted = _TPU_LOOP.replace("%loop2 = (u32[], bf16[8,32]{1,0}) while(%init), "
+                              "condition=%dcond, body=%wbody",
+                              "%loop2 = (u32[], bf16[8,32]{1,0}) tuple(%init)")
+  permute = hlo_comms.comm_volume(counted)["collective-permute"]
+  assert (permute.ops, permute.executions, permute.operand_bytes) == (1, 4, 4 * 512)
+
+
 def test_parser_rejects_text_without_entry():
   with pytest.raises(ValueError, match="ENTRY"):
     hlo_comms.comm_volume("HloModule m\n")
