@@ -144,6 +144,8 @@ def _constant(name: str, defs: dict[str, Instruction]) -> int | None:
 def _param_index(name: str, defs: dict[str, Instruction]) -> int | None:
   """k where `name` is get-tuple-element(parameter, index=k): a loop-carried value."""
   ins = defs.get(name)
+  while ins is not None and ins.opcode in ("copy", "bitcast") and ins.operands:
+    ins = defs.get(ins.operands[0])  # libtpu copies the counter before stepping it
   if ins is None or ins.opcode != "get-tuple-element" or not ins.operands:
     return None
   source, found = defs.get(ins.operands[0]), re.search(r"\bindex=(\d+)", ins.attributes)

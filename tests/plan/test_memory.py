@@ -66,7 +66,8 @@ def test_parser_counts_loop_trips_async_starts_and_group_spellings():
 
 
 # libtpu's compiled HLO has no known_trip_count: a windowed einsum's loop, as it prints
-# it (the counter starts at a copied constant, the bound sits on the left, GT).
+# it (the counter starts at a copied constant and is copied before each step, the
+# bound sits on the left, GT).
 _TPU_LOOP = textwrap.dedent("""\
     HloModule jit_g
 
@@ -77,7 +78,8 @@ _TPU_LOOP = textwrap.dedent("""\
       %cps = (bf16[8,32]{1,0}, bf16[8,32]{1,0}, u32[]) collective-permute-start(%v), channel_id=7, source_target_pairs={{0,1},{1,0}}
       %cpd = bf16[8,32]{1,0} collective-permute-done(%cps)
       %two = u32[] constant(2)
-      %next = u32[] add(%two, %i)
+      %icopy = u32[] copy(%i)
+      %next = u32[] add(%two, %icopy)
       ROOT %wt = (u32[], bf16[8,32]{1,0}) tuple(%next, %cpd)
     }
 
