@@ -9,8 +9,7 @@ runs per step: an instruction inside a while body (the scan over layers) counts 
 loop's trip count (XLA's `known_trip_count`, or where the compiler wrote none, as libtpu
 does for the SPMD partitioner's windowed einsums, the count of a loop of the form
 `for i = a; i < N; i += s` read from its condition and body), nested loops multiply;
-every branch of a
-conditional counts as taken (an upper bound). The compiled text
+every branch of a conditional counts as taken (an upper bound). The compiled text
 names operands without shapes, so shapes are looked up from their defining instructions.
 
 Two byte counts per device:
@@ -132,10 +131,17 @@ def _add(a: int | None, b: int | None) -> int | None:
   return None if a is None or b is None else a + b
 
 
-def _constant(name: str, defs: dict[str, Instruction]) -> int | None:
+def _through_copies(name: str, defs: dict[str, Instruction],
+                    ops=("copy", "bitcast")) -> Instruction | None:
+  """The instruction that defines `name`, past copies (libtpu copies loop counters)."""
   ins = defs.get(name)
-  while ins is not None and ins.opcode in ("copy", "convert", "bitcast") and ins.operands:
+  while ins is not None and ins.opcode in ops and ins.operands:
     ins = defs.get(ins.operands[0])
+  return ins
+
+
+def _constant(name: str, defs: dict[str, Instruction]) -> int | None:
+  ins = _through_copies(name, defs, ("copy", "convert", "bitcast"))
   if ins is None or ins.opcode != "constant" or not re.fullmatch(r"-?\d+", ins.args.strip()):
     return None
   return int(ins.args)
@@ -143,9 +149,7 @@ def _constant(name: str, defs: dict[str, Instruction]) -> int | None:
 
 def _param_index(name: str, defs: dict[str, Instruction]) -> int | None:
   """k where `name` is get-tuple-element(parameter, index=k): a loop-carried value."""
-  ins = defs.get(name)
-  while ins is not None and ins.opcode in ("copy", "bitcast") and ins.operands:
-    ins = defs.get(ins.operands[0])  # libtpu copies the counter before stepping it
+  ins = _through_copies(name, defs)
   if ins is None or ins.opcode != "get-tuple-element" or not ins.operands:
     return None
   source, found = defs.get(ins.operands[0]), re.search(r"\bindex=(\d+)", ins.attributes)
