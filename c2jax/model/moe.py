@@ -97,10 +97,11 @@ class Experts(nn.Module):
                                    axes, layers.param_dtype(cfg))
       return value.astype(dtype)
 
+    axes = moe_dispatch.EXPERT_AXES
     experts = ExpertWeights(
-        gate_ExDxF=weight("gate_proj", (e, d, f), ("expert", "embed", "expert_mlp")),
-        up_ExDxF=weight("up_proj", (e, d, f), ("expert", "embed", "expert_mlp")),
-        down_ExFxD=weight("down_proj", (e, f, d), ("expert", "expert_mlp", "embed")))
+        gate_ExDxF=weight("gate_proj", (e, d, f), axes.gate_ExDxF),
+        up_ExDxF=weight("up_proj", (e, d, f), axes.up_ExDxF),
+        down_ExFxD=weight("down_proj", (e, f, d), axes.down_ExFxD))
     x_TxD = x_TxD.astype(dtype)
     plan = (expert_parallel.plan_from_context() if cfg.moe.expert_parallel == "auto"
             else None)
@@ -118,14 +119,14 @@ class Experts(nn.Module):
         # shards; on the CPU they are interpreted as plain, partitionable XLA.
         y_TxD = expert_parallel.token_local_forward(
             x_TxD, weights_TxK, indices_TxK, experts, token_axes, local_dispatch=dispatch,
-            quant=cfg.quant)
+            quant=cfg.quant, logical_axes=None if split else axes)
       else:
         y_TxD = dispatch(x_TxD, weights_TxK, indices_TxK, experts, quant=cfg.quant)
       return y_TxD, jnp.zeros((), jnp.int32)
     return expert_parallel.moe_forward(
         x_TxD, weights_TxK, indices_TxK, experts, plan, local_dispatch=DISPATCH[cfg.moe_impl],
         quant=cfg.quant, capacity_factor=cfg.moe.ep_capacity_factor,
-        dispatch_quant=cfg.moe.ep_dispatch_quant)
+        dispatch_quant=cfg.moe.ep_dispatch_quant, logical_axes=axes)
 
 
 class MoE(nn.Module):

@@ -66,6 +66,13 @@ class ExpertWeights(NamedTuple):
   down_ExFxD: jax.Array
 
 
+# Logical axis names of each stacked expert weight (the Experts module's parameters);
+# expert parallelism reads them to gather the weights' sharded dimensions itself.
+EXPERT_AXES = ExpertWeights(gate_ExDxF=("expert", "embed", "expert_mlp"),
+                            up_ExDxF=("expert", "embed", "expert_mlp"),
+                            down_ExFxD=("expert", "expert_mlp", "embed"))
+
+
 def combine_dtype(quant: str, dtype) -> jnp.dtype:
   """Dtype of the expert outputs entering the combine: bfloat16 under block-scaled
   recipes (the report combines in BF16), the model dtype otherwise."""

@@ -4,6 +4,9 @@ Decoupled from tensor parallelism, as in the Composer 2 report: the stacked expe
 [E, ...] are split over the mesh axes that the logical 'expert' axis maps to (the EP
 group, of size N), tokens stay split over the batch-like axes. Inside `jax.shard_map`
 every shard, for its local tokens:
+  0. gathers its E_local experts' other dimensions over the token axes the weights are
+     stored split over (FSDP), so the weights' gradient leaves by reduce-scatter (in
+     float32) rather than as a full-size all-reduce;
   1. buckets each (token, k) copy by the shard owning its expert (expert // E_local) into
      a fixed [N, C, D] send buffer, in token order; copies past a bucket's capacity C are
      dropped (and counted);
@@ -117,6 +120,78 @@ def _vary(array, axes):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _gather(shard, axis_names, dim):
+  """all_gather of a weight shard along `dim` over the manual mesh `axis_names`, whose
+  gradient is reduce-scattered back to the shard in float32 (the sum over the token
+  shards; one rounding to the weight's dtype at the end)."""
+  return jax.lax.all_gather(shard, axis_names, axis=dim, tiled=True)
+
+
+def _gather_fwd(shard, axis_names, dim):
+  return _gather(shard, axis_names, dim), None
+
+
+def _gather_bwd(axis_names, dim, _, cotangent):
+  summed = jax.lax.psum_scatter(cotangent.astype(jnp.float32), axis_names,
+                                scatter_dimension=dim, tiled=True)
+  return (summed.astype(cotangent.dtype),)
+
+
+_gather.defvjp(_gather_fwd, _gather_bwd)
+
+
+def _weight_specs(experts, logical_axes, gather_axes: tuple[str, ...], mesh, first=None):
+  """shard_map specs for the expert weights that keep each dimension split over the
+  mesh axes in `gather_axes` that the logical rules give it (the weights' own FSDP
+  sharding), and what to gather inside: a pytree like `experts` of
+  (PartitionSpec, ((dim, axes), ...)).
+
+  Gathering inside shard_map rather than on entry makes the weights' gradient a
+  reduce-scatter over those axes instead of a full-size all-reduce followed by a slice.
+  `first`: the spec entry of dimension 0 (the expert axes under EP), or None to treat
+  dimension 0 like the others. Without `logical_axes`, nothing is gathered inside."""
+  sizes = dict(mesh.shape)
+
+  def leaf(weight, names):
+    entries = [None] * weight.ndim
+    gathers = []
+    if names is not None:
+      for dim, entry in enumerate(nn.logical_to_mesh_axes(names)):
+        if dim == 0 and first is not None:
+          continue
+        axes = tuple(a for a in (entry if isinstance(entry, tuple) else (entry,))
+                     if a in gather_axes and sizes.get(a, 1) > 1)
+        if axes and weight.shape[dim] % math.prod(sizes[a] for a in axes) == 0:
+          entries[dim] = axes
+          gathers.append((dim, axes))
+    if first is not None:
+      entries[0] = first
+    return P(*entries), tuple(gathers)
+
+  if logical_axes is None:
+    return jax.tree.map(lambda w: leaf(w, None), experts)
+  return jax.tree.map(leaf, experts, logical_axes)
+
+
+def _gather_weights(experts, weight_specs, varying_axes: tuple[str, ...] = ()):
+  """Inside shard_map: each weight gathered along the dimensions `_weight_specs` kept
+  split, then typed as varying over the rest of `varying_axes`.
+
+  Under shard_map's varying-axes typing a weight replicated over an axis that splits the
+  tokens gets a gradient that varies over it (one per token shard); marking it varying
+  up front makes the custom-VJP kernels type-check, and the transpose of the cast sums
+  the gradient over those shards."""
+  def leaf(weight, spec):
+    gathered = []
+    for dim, axes in spec[1]:
+      weight = _gather(weight, axes, dim)
+      gathered += axes
+    rest = tuple(a for a in varying_axes if a not in gathered)
+    return _vary(weight, rest) if rest else weight
+  return jax.tree.map(leaf, experts, weight_specs)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def _quantized_all_to_all(buffer_SxD, axis_names, fmt):
   """all_to_all of block-quantised rows, dequantised on arrival to buffer_SxD.dtype.
 
@@ -143,29 +218,21 @@ _quantized_all_to_all.defvjp(_quantized_all_to_all_fwd, _quantized_all_to_all_bw
 
 
 def dispatch_combine_local(x_TxD, weights_TxK, indices_TxK, valid_T, local_experts, *,
-                           axis_names: tuple[str, ...], token_axes: tuple[str, ...],
-                           num_shards: int, capacity: int,
+                           axis_names: tuple[str, ...], num_shards: int, capacity: int,
                            local_dispatch: Callable, quant: str = "none",
                            dispatch_format: str | None = None):
-  """One shard's side of EP (call inside shard_map; `axis_names` are the expert axes,
-  `token_axes` those the tokens are split over, a superset).
+  """One shard's side of EP (call inside shard_map; `axis_names` are the expert axes).
 
   x_TxD, weights_TxK (float32), indices_TxK (global expert ids): this shard's tokens;
   valid_T: False rows (padding added by `moe_forward`) are neither sent nor counted;
-  local_experts: pytree of [E_local, ...] arrays, this shard's experts, which hold the
-  global experts [shard * E_local, (shard + 1) * E_local);
+  local_experts: pytree of [E_local, ...] arrays, this shard's experts (whole: gathered
+  by `_gather_weights`), which hold the global experts [shard * E_local, (shard + 1) *
+  E_local);
   local_dispatch: a DISPATCH function (x, weights, indices, experts, quant=) -> y.
   Returns (y_TxD in x's dtype, dropped: int32 copies dropped on this shard).
   """
   num_tokens, top_k = indices_TxK.shape
   experts_per_shard = jax.tree.leaves(local_experts)[0].shape[0]
-  # Under shard_map's varying-axes typing the weights vary over the expert axes only, but
-  # their gradient (from this shard's tokens) varies over the token axes too; marking them
-  # varying up front makes the custom-VJP kernels type-check, and the transpose of this
-  # cast sums the weight gradient over the token shards.
-  data_axes = tuple(axis for axis in token_axes if axis not in axis_names)
-  if data_axes:
-    local_experts = jax.tree.map(functools.partial(_vary, axes=data_axes), local_experts)
   num_slots = num_shards * capacity
 
   expert_M = indices_TxK.reshape(-1)
@@ -221,11 +288,17 @@ def dispatch_combine_local(x_TxD, weights_TxK, indices_TxK, valid_T, local_exper
 
 def moe_forward(x_TxD, weights_TxK, indices_TxK, experts, plan: ExpertParallelPlan, *,
                 local_dispatch: Callable, quant: str = "none",
-                capacity_factor: float = 0.0, dispatch_quant: str = "none"):
+                capacity_factor: float = 0.0, dispatch_quant: str = "none",
+                logical_axes=None):
   """Routed-expert output of global tokens under `plan`: (y_TxD, dropped int32 scalar).
 
   experts: pytree of [E, ...] arrays (e.g. moe_dispatch.ExpertWeights); E must divide by
   plan.num_shards. T need not divide by plan.token_ways: rows are padded and not sent.
+  logical_axes: the weights' logical axis names (a pytree like `experts` of tuples, e.g.
+  moe_dispatch.EXPERT_AXES). With them, dimensions the rules split over token axes (FSDP)
+  enter the shard_map split and are gathered inside, so their gradient is
+  reduce-scattered; without them, XLA gathers the weights on entry and their gradient is
+  all-reduced over the token shards at full size.
   """
   if dispatch_quant not in DISPATCH_FORMATS:
     raise ValueError(f"ep_dispatch_quant = {dispatch_quant!r}; choose one of "
@@ -242,22 +315,26 @@ def moe_forward(x_TxD, weights_TxK, indices_TxK, experts, plan: ExpertParallelPl
   valid_T = jnp.arange(num_tokens + pad) < num_tokens
   pad_rows = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
   body = functools.partial(
-      dispatch_combine_local, axis_names=plan.expert_axes, token_axes=plan.token_axes,
-      num_shards=num_shards,
+      dispatch_combine_local, axis_names=plan.expert_axes, num_shards=num_shards,
       capacity=capacity((num_tokens + pad) // plan.token_ways, top_k, num_shards,
                         capacity_factor),
       local_dispatch=local_dispatch, quant=quant,
       dispatch_format=DISPATCH_FORMATS[dispatch_quant])
 
-  def shard_body(*args):
-    y_TxD, dropped = body(*args)
+  data_axes = tuple(a for a in plan.token_axes if a not in plan.expert_axes)
+  weight_specs = _weight_specs(experts, logical_axes, data_axes, plan.mesh,
+                               first=plan.expert_axes)
+
+  def shard_body(x, weights, indices, valid, local_experts):
+    local_experts = _gather_weights(local_experts, weight_specs, data_axes)
+    y_TxD, dropped = body(x, weights, indices, valid, local_experts)
     return y_TxD, jax.lax.psum(dropped, plan.token_axes)
 
   tokens = P(plan.token_axes)
   y_TxD, dropped = jax.shard_map(
       shard_body, mesh=plan.mesh,
       in_specs=(tokens, tokens, tokens, tokens,
-                jax.tree.map(lambda _: P(plan.expert_axes), experts)),
+                jax.tree.map(lambda _, spec: spec[0], experts, weight_specs)),
       # Pallas kernels inside carry no varying-axes annotations; skip that check.
       out_specs=(tokens, P()), check_vma=False)(pad_rows(x_TxD), pad_rows(weights_TxK),
                                pad_rows(indices_TxK), valid_T, experts)
@@ -275,20 +352,29 @@ def token_axes_from_context() -> tuple[str, ...]:
 
 
 def token_local_forward(x_TxD, weights_TxK, indices_TxK, experts, token_axes, *,
-                        local_dispatch: Callable, quant: str = "none"):
+                        local_dispatch: Callable, quant: str = "none", logical_axes=None):
   """Routed-expert output without expert parallelism, each token shard dispatching its own
   rows to every expert inside shard_map (the experts gathered whole, as FSDP does anyway).
   For Pallas kernels compiled by Mosaic: a Mosaic custom call cannot be partitioned by
-  XLA, so it must see per-device arrays. T need not divide by the shards (rows padded)."""
+  XLA, so it must see per-device arrays. T need not divide by the shards (rows padded).
+  logical_axes: as for `moe_forward` (the weights' FSDP dimensions gathered inside, their
+  gradient reduce-scattered)."""
   mesh = jax.sharding.get_abstract_mesh()
   ways = math.prod(dict(mesh.shape)[a] for a in token_axes)
   num_tokens = x_TxD.shape[0]
   pad = -num_tokens % ways
   pad_rows = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+  weight_specs = _weight_specs(experts, logical_axes, token_axes, mesh)
+
+  def shard_body(x, weights, indices, local_experts):
+    local_experts = _gather_weights(local_experts, weight_specs)
+    return local_dispatch(x, weights, indices, local_experts, quant=quant)
+
   tokens = P(token_axes)
   y_TxD = jax.shard_map(
-      lambda x, w, i, e: local_dispatch(x, w, i, e, quant=quant), mesh=mesh,
-      in_specs=(tokens, tokens, tokens, jax.tree.map(lambda _: P(), experts)),
+      shard_body, mesh=mesh,
+      in_specs=(tokens, tokens, tokens,
+                jax.tree.map(lambda _, spec: spec[0], experts, weight_specs)),
       out_specs=tokens, check_vma=False)(
           pad_rows(x_TxD), pad_rows(weights_TxK), pad_rows(indices_TxK), experts)
   return y_TxD[:num_tokens]

@@ -24,6 +24,7 @@ import c2jax_kernels as kernels  # noqa: E402
 from c2jax import compile_cache, parallel  # noqa: E402
 from c2jax.model import moe, moe_dispatch, variants  # noqa: E402
 from c2jax.parallel import expert  # noqa: E402
+from c2jax.plan import hlo_comms  # noqa: E402
 from c2jax.train import jobs, loop  # noqa: E402
 from c2jax.train import step as step_lib  # noqa: E402
 
@@ -66,13 +67,20 @@ def kept_copies(indices, token_ways, num_shards, cap):
   return keep
 
 
-def loss_and_grads(forward, a, indices):
+def loss_and_grads(forward, a, indices, collectives=False):
+  """(y, dropped, grads), and with `collectives` the compiled step's all-reduce and
+  reduce-scatter operand bytes per device."""
   def objective(x, weights, experts):
     y, dropped = forward(x, weights, indices, experts)
     return jnp.sum(y * a["cotangent"]), (y, dropped)
-  (_, (y, dropped)), grads = jax.jit(jax.value_and_grad(
-      objective, argnums=(0, 1, 2), has_aux=True))(a["x"], a["weights"], a["experts"])
-  return y, dropped, grads
+  step = jax.jit(jax.value_and_grad(objective, argnums=(0, 1, 2), has_aux=True))
+  args = (a["x"], a["weights"], a["experts"])
+  (_, (y, dropped)), grads = step(*args)
+  if not collectives:
+    return y, dropped, grads
+  volumes = hlo_comms.comm_volume(step.lower(*args).compile().as_text())
+  return y, dropped, grads, {kind: volumes[kind].operand_bytes
+                             for kind in ("all-reduce", "reduce-scatter")}
 
 
 def max_diff(tree_a, tree_b):
@@ -81,15 +89,19 @@ def max_diff(tree_a, tree_b):
 
 
 def dispatch_case(mesh_sizes, num_tokens, capacity_factor=0.0, dispatch_quant="none",
-                  local="ragged"):
+                  local="ragged", logical_axes=moe_dispatch.EXPERT_AXES):
+  """EP against the dense reference. With `logical_axes` (as the MoE layer passes them)
+  the weights' FSDP dimensions are gathered inside the shard_map; None gathers them
+  on entry."""
   mesh, rules = make_mesh(**mesh_sizes)
   a, indices = inputs(num_tokens)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     plan = expert.plan_from_context()
     ep = functools.partial(expert.moe_forward, plan=plan,
                            local_dispatch=moe_dispatch.DISPATCH[local],
-                           capacity_factor=capacity_factor, dispatch_quant=dispatch_quant)
-    y, dropped, grads = loss_and_grads(ep, a, indices)
+                           capacity_factor=capacity_factor, dispatch_quant=dispatch_quant,
+                           logical_axes=logical_axes)
+    y, dropped, grads, collectives = loss_and_grads(ep, a, indices, collectives=True)
     hlo = jax.jit(ep).lower(a["x"], a["weights"], indices, a["experts"]).as_text()
   cap = expert.capacity(-(-num_tokens // plan.token_ways), K, plan.num_shards,
                         capacity_factor)
@@ -110,8 +122,26 @@ def dispatch_case(mesh_sizes, num_tokens, capacity_factor=0.0, dispatch_quant="n
           "capacity": cap, "dropped": int(dropped), "dropped_ref": int(dropped_ref),
           "y_err": max_diff(y, y_ref), "grad_err": max_diff(grads, grads_ref),
           "y_scale": float(jnp.max(jnp.abs(y_ref))),
-          "diff_from_plain": max_diff(y, y_plain),
+          "diff_from_plain": max_diff(y, y_plain), "collectives": collectives,
           "all_to_all": "all_to_all" in hlo or "all-to-all" in hlo}
+
+
+def token_local_case(mesh_sizes, num_tokens, logical_axes=moe_dispatch.EXPERT_AXES):
+  """`token_local_forward` (what Pallas dispatch takes on a TPU or GPU without EP) on a
+  mesh that splits tokens and the weights' embed dim, against the dense reference."""
+  mesh, rules = make_mesh(**mesh_sizes)
+  a, indices = inputs(num_tokens)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    token_axes = expert.token_axes_from_context()
+    local = functools.partial(expert.token_local_forward, token_axes=token_axes,
+                              local_dispatch=moe_dispatch.DISPATCH["ragged"],
+                              logical_axes=logical_axes)
+    y, _, grads, collectives = loss_and_grads(
+        lambda *args: (local(*args), jnp.int32(0)), a, indices, collectives=True)
+  dense = lambda x, w, i, e: (moe_dispatch.dense(x, w, i, e), jnp.int32(0))
+  y_ref, _, grads_ref = loss_and_grads(dense, a, indices)
+  return {"token_axes": list(token_axes), "y_err": max_diff(y, y_ref),
+          "grad_err": max_diff(grads, grads_ref), "collectives": collectives}
 
 
 def moe_layer_case():
@@ -144,10 +174,15 @@ def run_dispatch():
       "expert4_drops_uneven": dispatch_case({"data": 2, "expert": 4}, 13,
                                             capacity_factor=0.5, local="dense"),
       "data2_fsdp2_expert2": dispatch_case({"data": 2, "fsdp": 2, "expert": 2}, 32),
+      "data2_fsdp2_expert2_entry_gather": dispatch_case(
+          {"data": 2, "fsdp": 2, "expert": 2}, 32, logical_axes=None),
       "data2_fsdp2_expert2_drops": dispatch_case({"data": 2, "fsdp": 2, "expert": 2}, 32,
                                                  capacity_factor=1.0),
       "expert4_mxfp8": dispatch_case({"data": 2, "expert": 4}, 32, dispatch_quant="mxfp8"),
       "moe_layer": moe_layer_case(),
+      "token_local_data2_fsdp4": token_local_case({"data": 2, "fsdp": 4}, 30),
+      "token_local_data2_fsdp4_entry_gather": token_local_case({"data": 2, "fsdp": 4}, 30,
+                                                               logical_axes=None),
   }
 
 

@@ -22,6 +22,7 @@ from c2jax.parallel import expert
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CHECKS = pathlib.Path(__file__).with_name("expert_parallel_checks.py")
+E, D, F = 8, 32, 16  # expert_parallel_checks' shapes
 TOLERANCE = 1e-5  # float32, forward and gradient
 
 
@@ -38,7 +39,8 @@ def dispatch_results():
   return run_checks("dispatch")
 
 
-@pytest.mark.parametrize("case", ["expert4", "data2_fsdp2_expert2", "expert4_mxfp8"])
+@pytest.mark.parametrize("case", ["expert4", "data2_fsdp2_expert2",
+                                  "data2_fsdp2_expert2_entry_gather", "expert4_mxfp8"])
 def test_no_drop_dispatch_matches_dense_reference(dispatch_results, case):
   result = dispatch_results[case]
   assert result["all_to_all"], "expert parallelism did not engage on this mesh"
@@ -48,6 +50,35 @@ def test_no_drop_dispatch_matches_dense_reference(dispatch_results, case):
   # Experts 3 and 6 receive no tokens: their shards run empty groups.
   assert result["y_err"] <= TOLERANCE, result
   assert result["grad_err"] <= TOLERANCE, result
+
+
+def test_fsdp_split_expert_weights_are_gathered_inside_and_their_gradient_reduce_scattered(
+    dispatch_results):
+  """Experts split over fsdp (embed dim) as the rules store them: gathered inside the
+  shard_map, their gradient leaves by reduce-scatter, and the all-reduce left is the data
+  axis' sum of those shards (half the volume of summing whole weights over data x fsdp)."""
+  inside = dispatch_results["data2_fsdp2_expert2"]["collectives"]
+  entry = dispatch_results["data2_fsdp2_expert2_entry_gather"]["collectives"]
+  local_expert_bytes = 4 * (E // 2) * 3 * D * F  # float32 gate, up, down of 4 experts
+  assert entry["reduce-scatter"] == 0
+  assert entry["all-reduce"] >= local_expert_bytes
+  assert inside["reduce-scatter"] >= local_expert_bytes
+  assert inside["all-reduce"] < entry["all-reduce"] - local_expert_bytes / 4
+
+
+def test_token_local_dispatch_gathers_fsdp_split_experts_inside(dispatch_results):
+  """The Pallas path without EP (token_local_forward): exact against the dense
+  reference, and its expert gradient reduce-scattered over fsdp rather than all-reduced
+  whole over data x fsdp."""
+  inside = dispatch_results["token_local_data2_fsdp4"]
+  entry = dispatch_results["token_local_data2_fsdp4_entry_gather"]
+  all_expert_bytes = 4 * E * 3 * D * F
+  for result in (inside, entry):
+    assert result["token_axes"] == ["data", "fsdp"]
+    assert result["y_err"] <= TOLERANCE and result["grad_err"] <= TOLERANCE, result
+  assert entry["collectives"]["all-reduce"] >= all_expert_bytes
+  assert inside["collectives"]["reduce-scatter"] >= all_expert_bytes
+  assert inside["collectives"]["all-reduce"] < all_expert_bytes / 2
 
 
 @pytest.mark.slow
