@@ -6,6 +6,7 @@ lost mid-run."""
 import contextlib
 import os
 import pathlib
+import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -46,3 +47,17 @@ def busy_cpus(node_id: str, node_cpus: int) -> float:
 
   available = ray_state.available_resources_per_node().get(node_id, {})
   return node_cpus - available.get("CPU", 0.0) if "node2" in available else 0.0
+
+
+def wait_for_alive_nodes(count: int, timeout: float = 120.0) -> int:
+  """The number of nodes Ray lists alive, once it is `count` or `timeout` passed: a node
+  removed without grace is declared dead by the GCS's health checks, some seconds later
+  (more on a loaded machine)."""
+  import ray  # pylint: disable=g-import-not-at-top
+
+  deadline = time.monotonic() + timeout
+  while True:
+    alive = len([n for n in ray.nodes() if n["Alive"]])
+    if alive == count or time.monotonic() > deadline:
+      return alive
+    time.sleep(0.5)

@@ -5,8 +5,8 @@ Decoupled from tensor parallelism, as in the Composer 2 report: the stacked expe
 group, of size N), tokens stay split over the batch-like axes. Inside `jax.shard_map`
 every shard, for its local tokens:
   0. gathers its E_local experts' other dimensions over the token axes the weights are
-     stored split over (FSDP), so the weights' gradient leaves by reduce-scatter (in
-     float32) rather than as a full-size all-reduce;
+     stored split over (FSDP), so the weights' gradient leaves by reduce-scatter rather
+     than as a full-size all-reduce;
   1. buckets each (token, k) copy by the shard owning its expert (expert // E_local) into
      a fixed [N, C, D] send buffer, in token order; copies past a bucket's capacity C are
      dropped (and counted);
@@ -119,27 +119,6 @@ def _vary(array, axes):
   return jax.lax.pvary(array, axes)  # older jax spells the cast this way
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _gather(shard, axis_names, dim):
-  """all_gather of a weight shard along `dim` over the manual mesh `axis_names`, whose
-  gradient is reduce-scattered back to the shard in float32 (the sum over the token
-  shards; one rounding to the weight's dtype at the end)."""
-  return jax.lax.all_gather(shard, axis_names, axis=dim, tiled=True)
-
-
-def _gather_fwd(shard, axis_names, dim):
-  return _gather(shard, axis_names, dim), None
-
-
-def _gather_bwd(axis_names, dim, _, cotangent):
-  summed = jax.lax.psum_scatter(cotangent.astype(jnp.float32), axis_names,
-                                scatter_dimension=dim, tiled=True)
-  return (summed.astype(cotangent.dtype),)
-
-
-_gather.defvjp(_gather_fwd, _gather_bwd)
-
-
 def _weight_specs(experts, logical_axes, gather_axes: tuple[str, ...], mesh, first=None):
   """shard_map specs for the expert weights that keep each dimension split over the
   mesh axes in `gather_axes` that the logical rules give it (the weights' own FSDP
@@ -184,7 +163,9 @@ def _gather_weights(experts, weight_specs, varying_axes: tuple[str, ...] = ()):
   def leaf(weight, spec):
     gathered = []
     for dim, axes in spec[1]:
-      weight = _gather(weight, axes, dim)
+      # Its transpose is a reduce-scatter, in the gradient's dtype (the compute dtype:
+      # XLA reduces the other weights' gradients in it too).
+      weight = jax.lax.all_gather(weight, axes, axis=dim, tiled=True)
       gathered += axes
     rest = tuple(a for a in varying_axes if a not in gathered)
     return _vary(weight, rest) if rest else weight

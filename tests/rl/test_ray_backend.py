@@ -77,7 +77,7 @@ def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_pat
   output = capsys.readouterr().out
   assert lost, "the second node never ran an actor mid-rollout"
   assert " died (status 1); " in output and "restart 1/" in output, output[-3000:]
-  assert len([n for n in ray.nodes() if n["Alive"]]) == 1
+  assert ray_testlib.wait_for_alive_nodes(1) == 1
   # Checkpoints and weights went to the URLs, not into the run directory (nor into a
   # directory named 'file:' under the working directory).
   assert str(STEPS) in os.listdir(bucket / "ckpt")

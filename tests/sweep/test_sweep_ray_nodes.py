@@ -71,7 +71,7 @@ def test_points_use_both_nodes_and_survive_losing_one(two_nodes, tmp_path):
   assert all(r["status"] == "done" and r["loss"] > 0 for r in rows)
   launches = [pathlib.Path(r["log"]).read_text().count("=== sweep launch") for r in rows]
   assert sum(count - 1 for count in launches) >= 1, launches  # rerun on the head
-  assert len([n for n in ray.nodes() if n["Alive"]]) == 1
+  assert ray_testlib.wait_for_alive_nodes(1) == 1
   markers = [json.loads((pathlib.Path(r["run_dir"]) / "sweep_done.json").read_text())
              for r in rows]
   assert all(m["launcher_pid"] != os.getpid() for m in markers)
