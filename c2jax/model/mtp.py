@@ -103,7 +103,11 @@ def forward_with_hidden(cfg, params, tokens_BxL, **kwargs):
 
 
 def _embed(cfg, params, tokens):
-  return jnp.take(params["embed"]["embedding"].astype(compute_dtype(cfg)), tokens, axis=0)
+  """Embeddings of `tokens` ([..., B, L]) split like the main model's: without the
+  constraint the partitioner gathered DeepSeek-V3's [B, L, D] whole on every device
+  (its float32 gradient 28 GB per device at 256 x 4,096 tokens)."""
+  x = jnp.take(params["embed"]["embedding"].astype(compute_dtype(cfg)), tokens, axis=0)
+  return constrain(x, (None,) * (tokens.ndim - 2) + ("batch", "length", "embed"))
 
 
 def _head(cfg, params, out_BxLxD):
@@ -182,10 +186,10 @@ def apply_layer(cfg, params, depth: int, hidden_BxLxD, next_tokens_BxL, position
   return h_BxLxD, _head(cfg, params, out_BxLxD), new_cache
 
 
-def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_BxL=None,
+def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV=None, *, targets_BxL=None,
          positions_BxL=None, segment_ids_BxL=None, loss_mask_BxL=None,
          kl_weight: float = 1.0, ce_weight: float = 0.0, frozen_trunk: bool = False,
-         counts_Dm=None):
+         counts_Dm=None, vocab_chunk: int = 0):
   """(weighted MTP loss, metrics, moe_aux): the loss is the mean over depths of
   kl_weight * KL(main || mtp) + ce_weight * CE, each averaged over valid positions;
   moe_aux is `apply`'s routing stats of the MTP blocks, whose aux_loss is not in the loss
@@ -197,10 +201,22 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_Bx
   the fraction where the MTP argmax equals the main argmax (greedy acceptance rate).
   counts_Dm: the valid positions per depth to average over instead of this batch's own
   (gradient accumulation passes the whole batch's, so microbatch losses add up to it).
+
+  vocab_chunk = 0: the plain computation from the main logits [B, L, V] (float32), the
+  MTP logits and their softmaxes at full size. vocab_chunk > 0 (config.train.
+  mtp_vocab_chunk): main_logits_BxLxV is not needed; each depth's KL, argmax agreement
+  and CE are accumulated over chunks of `vocab_chunk` vocabulary columns
+  (`_vocab_chunked_terms`), the teacher's logits recomputed from the main hidden state
+  shifted along the sequence, so no [B, L, V] array exists and the only shift is of
+  [B, L, D] hidden states (a [B, L, V] shift along a context-split sequence is what
+  made DeepSeek-V3's MTP step need ~96 GB more per device: docs/scaling.md).
   """
   _check(cfg)
   if ce_weight and targets_BxL is None:
     raise ValueError("mtp.loss: ce_weight > 0 needs targets_BxL (the next-token labels).")
+  if vocab_chunk < 0 or (vocab_chunk == 0 and main_logits_BxLxV is None):
+    raise ValueError(f"mtp.loss: vocab_chunk = {vocab_chunk}; use > 0 (chunked, config."
+                     "train.mtp_vocab_chunk) or 0 with the main logits.")
   if frozen_trunk:
     hidden_BxLxD = jax.lax.stop_gradient(hidden_BxLxD)
     params = {**params, "embed": jax.lax.stop_gradient(params["embed"]),
@@ -210,6 +226,10 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_Bx
                   else segment_ids_BxL)
   mask_BxL = (jnp.ones((batch, length), jnp.float32) if loss_mask_BxL is None
               else loss_mask_BxL.astype(jnp.float32))
+  if vocab_chunk:
+    return _chunked_loss(cfg, params, tokens_BxL, hidden_BxLxD, targets_BxL, positions_BxL,
+                         segment_ids_BxL, segments_BxL, mask_BxL, kl_weight, ce_weight,
+                         counts_Dm, vocab_chunk)
   logits_DmxBxLxV, moe_aux = apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL,
                                    segment_ids_BxL)
   teacher_logp_BxLxV = jax.nn.log_softmax(jax.lax.stop_gradient(main_logits_BxLxV), axis=-1)
@@ -234,3 +254,109 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV, *, targets_Bx
       metrics[f"mtp{k}/ce"] = ce
     total += depth_loss
   return total / cfg.num_mtp_layers, metrics, moe_aux
+
+
+def _chunked_loss(cfg, params, tokens_BxL, hidden_BxLxD, targets_BxL, positions_BxL,
+                  segment_ids_BxL, segments_BxL, mask_BxL, kl_weight, ce_weight, counts_Dm,
+                  vocab_chunk):
+  """`loss` with vocab_chunk > 0: the same terms, no [B, L, V] array."""
+  out_DmxBxLxD, moe_aux = hidden_states(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL,
+                                        segment_ids_BxL)
+  # The teacher is the main head's stop-gradient distribution, as from the main logits.
+  main_BxLxD = jax.lax.stop_gradient(hidden_BxLxD.astype(compute_dtype(cfg)))
+  kernel_DxV = params["lm_head"]["kernel"]
+  total, metrics = 0.0, {}
+  for k in range(cfg.num_mtp_layers):
+    shift = k + 1
+    weight_BxL = depth_weights(segments_BxL, mask_BxL, shift)
+    count = jnp.maximum(weight_BxL.sum() if counts_Dm is None else counts_Dm[k], 1.0)
+    teacher_BxLxD = jnp.pad(main_BxLxD[:, shift:], ((0, 0), (0, shift), (0, 0)))
+    labels_BxL = _shift_left(targets_BxL, shift) if ce_weight else None
+    kl_BxL, agree_BxL, nll_BxL = _vocab_chunked_terms(out_DmxBxLxD[k], teacher_BxLxD,
+                                                      kernel_DxV, labels_BxL, vocab_chunk)
+    kl = jnp.sum(kl_BxL * weight_BxL) / count
+    metrics[f"mtp{k}/kl"] = kl
+    metrics[f"mtp{k}/agree"] = jnp.sum(agree_BxL * weight_BxL) / count
+    depth_loss = kl_weight * kl
+    if ce_weight:
+      ce = jnp.sum(nll_BxL * weight_BxL) / count
+      metrics[f"mtp{k}/ce"] = ce
+      depth_loss += ce_weight * ce
+    total += depth_loss
+  return total / cfg.num_mtp_layers, metrics, moe_aux
+
+
+_MASKED = -1e30  # logit of a padded vocabulary column: exp() of it is 0, differences 0
+
+
+def _vocab_chunked_terms(student_BxLxD, teacher_BxLxD, kernel_DxV, labels_BxL, vocab_chunk):
+  """Per position: (KL(softmax(teacher logits) || softmax(student logits)) [B, L],
+  argmax agreement [B, L] bool, the student's NLL of labels [B, L] or None), the logits
+  being hidden @ kernel in float32, accumulated over vocabulary chunks of `vocab_chunk`.
+
+  One lax.scan step per chunk W (its body rematerialised: the backward recomputes the
+  chunk's logits), carrying online statistics per position: for the teacher the running
+  max m_t, sum s_t = sum exp(z_t - m_t) and cross = sum exp(z_t - m_t) (z_t - z_s); for
+  the student its running max and sum; both argmaxes; the label's logit. Then
+      KL = cross / s_t - lse_t + lse_s,   lse = m + log s,   NLL = lse_s - z_s[label]
+  (KL = sum_v p_t (z_t - z_s) - lse_t + lse_s). The maxima enter under stop_gradient,
+  which changes no value or gradient (each term is invariant to them). The kernel travels
+  as the scan's per-chunk input, so under FSDP each step gathers one [D, W] slice and its
+  gradient comes back in the kernel's own layout. The teacher gets no gradient.
+  """
+  vocab = kernel_DxV.shape[1]
+  chunk = min(vocab_chunk, vocab)
+  num = -(-vocab // chunk)
+  kernel_DxV = kernel_DxV.astype(student_BxLxD.dtype)
+  if num * chunk > vocab:
+    kernel_DxV = jnp.pad(kernel_DxV, ((0, 0), (0, num * chunk - vocab)))
+  kernel_NxDxW = jnp.moveaxis(kernel_DxV.reshape(kernel_DxV.shape[0], num, chunk), 1, 0)
+  teacher_BxLxD = jax.lax.stop_gradient(teacher_BxLxD)
+  shape = student_BxLxD.shape[:2]
+  low = jnp.full(shape, _MASKED, jnp.float32)
+  zero = jnp.zeros(shape, jnp.float32)
+  first = jnp.zeros(shape, jnp.int32)
+  init = (low, zero, zero, low, zero, low, first, low, first, zero)
+
+  def best(z_BxLxW, j, best_BxL, arg_BxL):
+    """Running (max, argmax) with the first maximum winning, as jnp.argmax."""
+    z_BxLxW = jax.lax.stop_gradient(z_BxLxW)
+    here_BxL = jnp.max(z_BxLxW, axis=-1)
+    better_BxL = here_BxL > best_BxL
+    return (jnp.where(better_BxL, here_BxL, best_BxL),
+            jnp.where(better_BxL, j * chunk + jnp.argmax(z_BxLxW, axis=-1), arg_BxL))
+
+  @jax.checkpoint
+  def step(carry, xs):
+    t_max, t_sum, cross, s_max, s_sum, t_best, t_arg, s_best, s_arg, label_logit = carry
+    w_DxW, j = xs
+    real_W = j * chunk + jnp.arange(chunk) < vocab
+    dot = lambda h, w: jnp.einsum("bld,dw->blw", h, w, preferred_element_type=jnp.float32)
+    z_s = jnp.where(real_W, dot(student_BxLxD, w_DxW), _MASKED)
+    z_t = jnp.where(real_W, dot(teacher_BxLxD, jax.lax.stop_gradient(w_DxW)), _MASKED)
+    new_t_max = jax.lax.stop_gradient(jnp.maximum(t_max, jnp.max(z_t, axis=-1)))
+    e_t = jnp.exp(z_t - new_t_max[..., None])
+    rescale_t = jnp.exp(t_max - new_t_max)
+    t_sum = t_sum * rescale_t + jnp.sum(e_t, axis=-1)
+    cross = cross * rescale_t + jnp.sum(e_t * (z_t - z_s), axis=-1)
+    new_s_max = jax.lax.stop_gradient(jnp.maximum(s_max, jnp.max(z_s, axis=-1)))
+    s_sum = (s_sum * jnp.exp(s_max - new_s_max)
+             + jnp.sum(jnp.exp(z_s - new_s_max[..., None]), axis=-1))
+    t_best, t_arg = best(z_t, j, t_best, t_arg)
+    s_best, s_arg = best(z_s, j, s_best, s_arg)
+    if labels_BxL is not None:
+      local_BxL = labels_BxL - j * chunk
+      inside_BxL = (local_BxL >= 0) & (local_BxL < chunk)
+      picked_BxL = jnp.take_along_axis(z_s, jnp.clip(local_BxL, 0, chunk - 1)[..., None],
+                                       axis=-1)[..., 0]
+      label_logit = label_logit + jnp.where(inside_BxL, picked_BxL, 0.0)
+    return (new_t_max, t_sum, cross, new_s_max, s_sum, t_best, t_arg, s_best, s_arg,
+            label_logit), None
+
+  carry, _ = jax.lax.scan(step, init, (kernel_NxDxW, jnp.arange(num)))
+  t_max, t_sum, cross, s_max, s_sum, _, t_arg, _, s_arg, label_logit = carry
+  lse_t_BxL = t_max + jnp.log(t_sum)
+  lse_s_BxL = s_max + jnp.log(s_sum)
+  kl_BxL = cross / t_sum - lse_t_BxL + lse_s_BxL
+  nll_BxL = None if labels_BxL is None else lse_s_BxL - label_logit
+  return kl_BxL, t_arg == s_arg, nll_BxL

@@ -55,6 +55,9 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.mtp_kl_weight = 1.0
   t.mtp_ce_weight = 0.0
   t.mtp_frozen_trunk = False
+  # The MTP loss over chunks of this many vocabulary columns, the teacher's logits
+  # recomputed per chunk: no [batch, length, vocab] array (0: from the full main logits).
+  t.mtp_vocab_chunk = 8192
   return t
 
 
@@ -97,7 +100,8 @@ def validate(cfg, num_devices: int | None = None) -> None:
               "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
               "train.eval_batches", "data.vocab_size"):
     configlib.check_positive(cfg, key)
-  for key in ("train.eval_every", "train.mtp_kl_weight", "train.mtp_ce_weight"):
+  for key in ("train.eval_every", "train.mtp_kl_weight", "train.mtp_ce_weight",
+              "train.mtp_vocab_chunk"):
     configlib.check_positive(cfg, key, allow_zero=True)
   configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
   if cfg.data.tokenizer_dir is not None:  # a released model's tokenizer sets the vocabulary

@@ -47,16 +47,20 @@ class MTPWeights:
   frozen_trunk: the MTP modules train alone on a frozen main model (as when attached to
   a finished checkpoint): nothing outside params['mtp_layers'] changes, and the MTP loss
   sends no gradient into the trunk, embedding or head. Otherwise all train jointly.
+  vocab_chunk: vocabulary columns per chunk of the MTP loss (mtp.loss: no [B, L, V]
+  array); 0 computes it from the main logits at full size.
   """
   kl_weight: float = 1.0
   ce_weight: float = 0.0
   frozen_trunk: bool = False
+  vocab_chunk: int = 8192
 
   @classmethod
   def from_train_config(cls, train_cfg) -> MTPWeights:
     return cls(kl_weight=float(train_cfg.mtp_kl_weight),
                ce_weight=float(train_cfg.mtp_ce_weight),
-               frozen_trunk=bool(train_cfg.mtp_frozen_trunk))
+               frozen_trunk=bool(train_cfg.mtp_frozen_trunk),
+               vocab_chunk=int(train_cfg.mtp_vocab_chunk))
 
 
 def create_train_state(cfg, optimizer, rng) -> TrainState:
@@ -115,10 +119,11 @@ def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None,
   if cfg.num_mtp_layers:
     mtp = mtp or MTPWeights()
     mtp_loss, mtp_metrics, mtp_moe = mtp_lib.loss(
-        cfg, params, batch["inputs"], hidden_BxLxD, logits_BxLxV,
+        cfg, params, batch["inputs"], hidden_BxLxD,
+        None if mtp.vocab_chunk else logits_BxLxV,
         targets_BxL=batch["targets"], loss_mask_BxL=batch["loss_mask"],
         kl_weight=mtp.kl_weight, ce_weight=mtp.ce_weight, frozen_trunk=mtp.frozen_trunk,
-        counts_Dm=totals["mtp_positions"], **kwargs)
+        counts_Dm=totals["mtp_positions"], vocab_chunk=mtp.vocab_chunk, **kwargs)
     mtp_aux_loss = mtp_moe["aux_loss"] * row_share
     loss = loss + mtp_loss + mtp_aux_loss
     stats.update(mtp_metrics, mtp_loss=mtp_loss, mtp_expert_loads=mtp_moe["expert_loads"],
