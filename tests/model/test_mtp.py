@@ -2,6 +2,10 @@
 for drafting, and the self-distillation loss (values, masking, gradients, frozen trunk)."""
 
 import functools
+import json
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +15,10 @@ import pytest
 from c2jax import model
 from c2jax.model import mtp
 from tests.model.conftest import MLA_OVERRIDES, draw_params, random_params, tiny_cfg
+from tests.subprocess_checks import child_env
 
 LENGTH = 10
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +197,34 @@ def test_counts_report_mtp_apart_from_the_main_model():
   ds = counting.count_params(variants.get("deepseek_v3"))
   assert 11e9 < ds["mtp_params"] < 12e9
   assert ds["total_params"] == pytest.approx(671e9, rel=0.01)
+
+
+_EMBED_SHARDING_CHILD = """
+import json
+import flax.linen as nn, jax, jax.numpy as jnp
+from c2jax import parallel
+from c2jax.model import mtp
+from tests.model.conftest import MLA_OVERRIDES, random_params, tiny_cfg
+cfg = tiny_cfg(vocab_size=32, num_layers=2, num_mtp_layers=2, **MLA_OVERRIDES)
+params = random_params(cfg)
+par = parallel.default_parallel_config()
+par.mesh.update({"data": 1, "fsdp": 2, "expert": 1, "context": 2, "tensor": 1})
+mesh = parallel.make_mesh(par.mesh)
+with jax.set_mesh(mesh), nn.logical_axis_rules(parallel.rules_of(par)):
+  embed = jax.jit(lambda p, t: mtp._embed(cfg, p, t))
+  compiled = embed.lower(params, jnp.zeros((2, 4, 8), jnp.int32)).compile()
+print(json.dumps({"spec": [list(e) if isinstance(e, tuple) else e
+                           for e in compiled.output_shardings.spec]}))
+"""
+
+
+def test_mtp_token_embeddings_are_split_like_the_main_models():
+  """The next-token embeddings [Dm, B, L, D] are split over the batch and length axes
+  (fsdp, context), as the main model's: left to the partitioner, DeepSeek-V3's were
+  gathered whole on every device (docs/scaling.md)."""
+  result = subprocess.run([sys.executable, "-c", _EMBED_SHARDING_CHILD], capture_output=True,
+                          text=True, timeout=300, cwd=str(REPO_ROOT), env=child_env(
+                              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  spec = json.loads(result.stdout.strip().splitlines()[-1])["spec"]
+  assert spec[1] in ("fsdp", ["fsdp"]) and spec[2] in ("context", ["context"]), spec
