@@ -16,6 +16,9 @@ import pytest
 from c2jax import preemption
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+# Enough episodes per point that SIGTERM, sent once the first is recorded, lands before
+# the last (oracle episodes take milliseconds: with 4, a quiet machine finished them all).
+TASKS = 16
 SWEEP_FILE = '''
 from c2jax import sweep
 
@@ -23,11 +26,11 @@ from c2jax import sweep
 def get_sweep(arg=None):
   return sweep.Sweep(
       verb="eval", config="configs/eval.py:procgen",
-      fixed={"suite.args.count": 4, "eval.samples": 1, "eval.ks": (1,),
+      fixed={"suite.args.count": %d, "eval.samples": 1, "eval.ks": (1,),
              "eval.progress": False, "policy.concurrency": 1},
       points=[{"eval.seed": seed} for seed in range(3)],
       metrics={"accuracy": sweep.from_json("summary.json", "overall.accuracy")})
-'''
+''' % TASKS
 
 
 def _records(run_dir):
@@ -58,7 +61,7 @@ def test_sigterm_stops_the_sweep_cleanly_and_the_rerun_resumes(tmp_path):
   assert f"sweep: stopped {stopped.name}" in out, out[-3000:]
   assert preemption.was_preempted(stopped) and not (stopped / "sweep_done.json").exists()
   kept = _records(stopped)
-  assert 1 <= len(kept) < 4
+  assert 1 <= len(kept) < TASKS
   launched = (workdir / "launches.jsonl").read_text().splitlines()
   assert len(launched) == 1  # nothing started after the signal
 
@@ -68,6 +71,6 @@ def test_sigterm_stops_the_sweep_cleanly_and_the_rerun_resumes(tmp_path):
   summary = json.loads(done.stdout.strip().splitlines()[-1])
   assert summary["done"] == summary["points"] == 3 and summary["preempted"] is False
   after = _records(stopped)
-  assert after[:len(kept)] == kept and len(after) == 4  # resumed, nothing redone
-  assert len({(r["task_id"], r["sample"]) for r in after}) == 4
+  assert after[:len(kept)] == kept and len(after) == TASKS  # resumed, nothing redone
+  assert len({(r["task_id"], r["sample"]) for r in after}) == TASKS
   assert not preemption.was_preempted(stopped)
