@@ -115,8 +115,9 @@ def _head(cfg, params, out_BxLxD):
   return jnp.einsum("bld,dv->blv", out_BxLxD, kernel_DxV, preferred_element_type=jnp.float32)
 
 
-def _shift_left(tokens_BxL, by: int):
-  return jnp.pad(tokens_BxL[:, by:], ((0, 0), (0, by)))
+def shift_left(x_BxL, by: int):
+  """x [B, L, ...] moved `by` positions left along L, zeros (token 0) at the end."""
+  return jnp.pad(x_BxL[:, by:], [(0, 0), (0, by)] + [(0, 0)] * (x_BxL.ndim - 2))
 
 
 def _moe_aux(cfg, stats) -> dict:
@@ -139,7 +140,7 @@ def hidden_states(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL=None,
   batch, length = tokens_BxL.shape
   if positions_BxL is None:
     positions_BxL = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
-  next_DmxBxL = jnp.stack([_shift_left(tokens_BxL, k + 1)
+  next_DmxBxL = jnp.stack([shift_left(tokens_BxL, k + 1)
                            for k in range(cfg.num_mtp_layers)])
   xs = (_embed(cfg, params, next_DmxBxL), None)
   _, (out_DmxBxLxD, stats, _) = _stack(cfg).apply(
@@ -164,9 +165,9 @@ def depth_weights(segments_BxL, mask_BxL, shift: int):
   at i + shift) be set."""
   length = segments_BxL.shape[1]
   valid_BxL = ((segments_BxL != 0)
-               & (segments_BxL == _shift_left(segments_BxL, shift))
+               & (segments_BxL == shift_left(segments_BxL, shift))
                & (jnp.arange(length) < length - shift)[None])
-  return valid_BxL * _shift_left(mask_BxL.astype(jnp.float32), shift)
+  return valid_BxL * shift_left(mask_BxL.astype(jnp.float32), shift)
 
 
 def init_layer_cache(cfg, batch: int, max_length: int, dtype=None) -> dict:
@@ -227,53 +228,35 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV=None, *, targe
   mask_BxL = (jnp.ones((batch, length), jnp.float32) if loss_mask_BxL is None
               else loss_mask_BxL.astype(jnp.float32))
   if vocab_chunk:
-    return _chunked_loss(cfg, params, tokens_BxL, hidden_BxLxD, targets_BxL, positions_BxL,
-                         segment_ids_BxL, segments_BxL, mask_BxL, kl_weight, ce_weight,
-                         counts_Dm, vocab_chunk)
-  logits_DmxBxLxV, moe_aux = apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL,
-                                   segment_ids_BxL)
-  teacher_logp_BxLxV = jax.nn.log_softmax(jax.lax.stop_gradient(main_logits_BxLxV), axis=-1)
+    out_DmxBxLxD, moe_aux = hidden_states(cfg, params, hidden_BxLxD, tokens_BxL,
+                                          positions_BxL, segment_ids_BxL)
+    # The teacher is the main head's stop-gradient distribution, as from the main logits.
+    main_BxLxD = jax.lax.stop_gradient(hidden_BxLxD.astype(compute_dtype(cfg)))
+
+    def depth_terms(k, shift, labels_BxL):
+      return _vocab_chunked_terms(out_DmxBxLxD[k], shift_left(main_BxLxD, shift),
+                                  params["lm_head"]["kernel"], labels_BxL, vocab_chunk)
+  else:
+    logits_DmxBxLxV, moe_aux = apply(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL,
+                                     segment_ids_BxL)
+    teacher_logp_BxLxV = jax.nn.log_softmax(jax.lax.stop_gradient(main_logits_BxLxV), -1)
+
+    def depth_terms(k, shift, labels_BxL):
+      teacher_BxLxV = shift_left(teacher_logp_BxLxV, shift)
+      student_BxLxV = jax.nn.log_softmax(logits_DmxBxLxV[k], axis=-1)
+      kl_BxL = jnp.sum(jnp.exp(teacher_BxLxV) * (teacher_BxLxV - student_BxLxV), axis=-1)
+      agree_BxL = jnp.argmax(student_BxLxV, -1) == jnp.argmax(teacher_BxLxV, -1)
+      nll_BxL = None if labels_BxL is None else -jnp.take_along_axis(
+          student_BxLxV, labels_BxL[..., None], axis=-1)[..., 0]
+      return kl_BxL, agree_BxL, nll_BxL
+
   total, metrics = 0.0, {}
   for k in range(cfg.num_mtp_layers):
     shift = k + 1
     weight_BxL = depth_weights(segments_BxL, mask_BxL, shift)
     count = jnp.maximum(weight_BxL.sum() if counts_Dm is None else counts_Dm[k], 1.0)
-    teacher_BxLxV = jnp.pad(teacher_logp_BxLxV[:, shift:], ((0, 0), (0, shift), (0, 0)))
-    student_BxLxV = jax.nn.log_softmax(logits_DmxBxLxV[k], axis=-1)
-    kl_BxL = jnp.sum(jnp.exp(teacher_BxLxV) * (teacher_BxLxV - student_BxLxV), axis=-1)
-    kl = jnp.sum(kl_BxL * weight_BxL) / count
-    depth_loss = kl_weight * kl
-    agree_BxL = jnp.argmax(student_BxLxV, -1) == jnp.argmax(teacher_BxLxV, -1)
-    metrics[f"mtp{k}/kl"] = kl
-    metrics[f"mtp{k}/agree"] = jnp.sum(agree_BxL * weight_BxL) / count
-    if ce_weight:
-      labels_BxL = _shift_left(targets_BxL, shift)
-      nll_BxL = -jnp.take_along_axis(student_BxLxV, labels_BxL[..., None], axis=-1)[..., 0]
-      ce = jnp.sum(nll_BxL * weight_BxL) / count
-      depth_loss += ce_weight * ce
-      metrics[f"mtp{k}/ce"] = ce
-    total += depth_loss
-  return total / cfg.num_mtp_layers, metrics, moe_aux
-
-
-def _chunked_loss(cfg, params, tokens_BxL, hidden_BxLxD, targets_BxL, positions_BxL,
-                  segment_ids_BxL, segments_BxL, mask_BxL, kl_weight, ce_weight, counts_Dm,
-                  vocab_chunk):
-  """`loss` with vocab_chunk > 0: the same terms, no [B, L, V] array."""
-  out_DmxBxLxD, moe_aux = hidden_states(cfg, params, hidden_BxLxD, tokens_BxL, positions_BxL,
-                                        segment_ids_BxL)
-  # The teacher is the main head's stop-gradient distribution, as from the main logits.
-  main_BxLxD = jax.lax.stop_gradient(hidden_BxLxD.astype(compute_dtype(cfg)))
-  kernel_DxV = params["lm_head"]["kernel"]
-  total, metrics = 0.0, {}
-  for k in range(cfg.num_mtp_layers):
-    shift = k + 1
-    weight_BxL = depth_weights(segments_BxL, mask_BxL, shift)
-    count = jnp.maximum(weight_BxL.sum() if counts_Dm is None else counts_Dm[k], 1.0)
-    teacher_BxLxD = jnp.pad(main_BxLxD[:, shift:], ((0, 0), (0, shift), (0, 0)))
-    labels_BxL = _shift_left(targets_BxL, shift) if ce_weight else None
-    kl_BxL, agree_BxL, nll_BxL = _vocab_chunked_terms(out_DmxBxLxD[k], teacher_BxLxD,
-                                                      kernel_DxV, labels_BxL, vocab_chunk)
+    labels_BxL = shift_left(targets_BxL, shift) if ce_weight else None
+    kl_BxL, agree_BxL, nll_BxL = depth_terms(k, shift, labels_BxL)
     kl = jnp.sum(kl_BxL * weight_BxL) / count
     metrics[f"mtp{k}/kl"] = kl
     metrics[f"mtp{k}/agree"] = jnp.sum(agree_BxL * weight_BxL) / count

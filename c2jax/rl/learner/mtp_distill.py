@@ -41,7 +41,7 @@ def _depth_weights(model_cfg, batch) -> jax.Array:
   (t_{i+k+2}); the batch's loss_mask marks a token at its own position."""
   valid_BxL = batch["valid"].astype(jnp.int32)
   generated_BxL = batch["loss_mask"] * valid_BxL
-  target_mask_BxL = jnp.pad(generated_BxL[:, 1:], ((0, 0), (0, 1)))
+  target_mask_BxL = mtp_lib.shift_left(generated_BxL, 1)
   return jnp.stack([mtp_lib.depth_weights(valid_BxL, target_mask_BxL, k + 1)
                     for k in range(model_cfg.num_mtp_layers)])
 
@@ -72,9 +72,8 @@ def loss(model_cfg, params, hidden_BxLxD, batch, *, seq_chunk: int,
   valid_BxL = batch["valid"].astype(jnp.int32)
   student_DmxBxLxD, moe_aux = mtp_lib.hidden_states(model_cfg, params, hidden_BxLxD,
                                                     batch["tokens"], segment_ids_BxL=valid_BxL)
-  shift_left = lambda x, by: jnp.pad(x[:, by:], [(0, 0), (0, by)] + [(0, 0)] * (x.ndim - 2))
   # The teacher of depth k at i is the main head at i + k + 1.
-  teacher_DmxBxLxD = jnp.stack([shift_left(hidden_BxLxD, k + 1) for k in range(depths)])
+  teacher_DmxBxLxD = jnp.stack([mtp_lib.shift_left(hidden_BxLxD, k + 1) for k in range(depths)])
   weight_DmxBxL = _depth_weights(model_cfg, batch)
   kl_sum_Dm, agree_sum_Dm = _chunked_sums(params["lm_head"]["kernel"], student_DmxBxLxD,
                                           teacher_DmxBxLxD, weight_DmxBxL, seq_chunk)
