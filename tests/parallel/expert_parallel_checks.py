@@ -123,6 +123,7 @@ def dispatch_case(mesh_sizes, num_tokens, capacity_factor=0.0, dispatch_quant="n
           "y_err": max_diff(y, y_ref), "grad_err": max_diff(grads, grads_ref),
           "y_scale": float(jnp.max(jnp.abs(y_ref))),
           "diff_from_plain": max_diff(y, y_plain), "collectives": collectives,
+          "local_expert_bytes": _expert_bytes(a) // plan.num_shards,
           "all_to_all": "all_to_all" in hlo or "all-to-all" in hlo}
 
 
@@ -141,7 +142,13 @@ def token_local_case(mesh_sizes, num_tokens, logical_axes=moe_dispatch.EXPERT_AX
   dense = lambda x, w, i, e: (moe_dispatch.dense(x, w, i, e), jnp.int32(0))
   y_ref, _, grads_ref = loss_and_grads(dense, a, indices)
   return {"token_axes": list(token_axes), "y_err": max_diff(y, y_ref),
-          "grad_err": max_diff(grads, grads_ref), "collectives": collectives}
+          "grad_err": max_diff(grads, grads_ref), "collectives": collectives,
+          "expert_bytes": _expert_bytes(a)}
+
+
+def _expert_bytes(arrays) -> int:
+  """Bytes of all experts' weights (gate, up, down)."""
+  return sum(w.nbytes for w in jax.tree.leaves(arrays["experts"]))
 
 
 def moe_layer_case():
