@@ -57,14 +57,27 @@ class DecoderBlock(nn.Module):
     return x_BxLxD, (stats, new_cache)
 
 
-def _block(cfg):
+def _scan_is_a_loop(num_layers: int, unroll: int) -> bool:
+  """Whether `lax.scan(length=num_layers, unroll=unroll)` runs every layer inside a while
+  loop of two or more trips. It does not when the unroll covers the stack (or leaves a
+  remainder, which scan emits as straight-line code) or the stack has one layer (XLA
+  inlines a one-trip loop): the forward and the backward pass are then one straight-line
+  program."""
+  return unroll >= 1 and num_layers % unroll == 0 and num_layers // unroll >= 2
+
+
+def _block(cfg, in_loop: bool):
+  """DecoderBlock, rematerialised by cfg.remat. `in_loop`: each layer runs in the body of a
+  real loop (_scan_is_a_loop), where the recomputation cannot be merged with the forward
+  pass, so jax.checkpoint's CSE barrier is not needed (jax.checkpoint docs). In
+  straight-line code XLA's CSE would merge the recomputed forward with the original one
+  and keep every activation alive, undoing the remat: prevent_cse=True there."""
   block = DecoderBlock
   policy_name = cfg.remat
   if policy_name not in REMAT_POLICIES:
     raise ValueError(f"config.remat = {policy_name!r}; choose one of {sorted(REMAT_POLICIES)}.")
   if REMAT_POLICIES[policy_name] is not None:
-    # prevent_cse=False is safe (and faster) inside scan, per jax.checkpoint docs.
-    block = nn.remat(block, policy=REMAT_POLICIES[policy_name], prevent_cse=False)
+    block = nn.remat(block, policy=REMAT_POLICIES[policy_name], prevent_cse=not in_loop)
   return block
 
 
@@ -86,7 +99,7 @@ class UnrolledStack(nn.Module):
   def __call__(self, x_BxLxD, xs, positions_BxL, segment_ids_BxL):
     routing, cache = xs
     per_layer_cache = isinstance(cache, dict) and "0" in cache
-    block = _block(self.cfg)
+    block = _block(self.cfg, in_loop=False)
     stats = []
     for i in range(self.num_layers):
       layer_routing = None if routing is None else routing[i]
@@ -107,7 +120,7 @@ class UnrolledStack(nn.Module):
 
 
 def _stack(cfg, use_moe: bool, num_layers: int, name: str) -> nn.Module:
-  block = _block(cfg)
+  block = _block(cfg, in_loop=_scan_is_a_loop(num_layers, cfg.scan_unroll))
   scanned = nn.scan(
       block,
       variable_axes={"params": 0},

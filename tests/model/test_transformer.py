@@ -131,6 +131,24 @@ def test_remat_policies_and_unroll_do_not_change_loss_or_grads(mla_model):
     jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6), grads, base_grads)
 
 
+def test_full_remat_holds_when_the_layer_scan_is_unrolled():
+  """With the stack unrolled (scan_unroll = layers, as `c2jax plan` compiles for its cost
+  figures) or leaving a remainder, forward and backward are straight-line code; without
+  jax.checkpoint's CSE barrier XLA merges the recomputation with the forward pass and
+  keeps every layer's activations (the temporaries of remat = 'none')."""
+  tokens = _tokens(seed=6, shape=(4, 64))
+
+  def temporaries(unroll):
+    cfg = tiny_cfg(num_layers=4, first_k_dense=4, remat="full", scan_unroll=unroll)
+    params = jax.eval_shape(lambda: model.init(cfg, jax.random.key(0)))
+    loss = lambda p: jnp.mean(jax.nn.logsumexp(model.forward(cfg, p, tokens), -1))
+    return jax.jit(jax.grad(loss)).lower(params).compile().memory_analysis().temp_size_in_bytes
+
+  in_a_loop = temporaries(1)
+  for unroll in (3, 4):  # a remainder layer; the whole stack
+    assert temporaries(unroll) <= 1.1 * in_a_loop, unroll
+
+
 def test_program_size_is_independent_of_depth():
   def hlo_lines(num_layers):
     cfg = tiny_cfg(num_layers=num_layers)
