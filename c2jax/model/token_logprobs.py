@@ -161,3 +161,61 @@ def _chunked_bwd(seq_chunk, vocab_chunk, vocab, residuals, g_BxL):
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
+
+
+_MASKED = -1e30  # logit of a padded vocabulary column: exp() of it is 0
+
+
+def vocab_chunked_nll(hidden_BxLxD, kernel_DxV, labels_BxL, vocab_chunk: int) -> jax.Array:
+  """float32 [B, L]: -log softmax(hidden @ kernel)[label], over vocabulary chunks of
+  `vocab_chunk` columns: the training loss's cross entropy without [B, L, V] logits.
+
+  Unlike token_logprobs it never cuts the sequence, so hidden split over the batch and
+  sequence axes (data, fsdp, context parallel) stays split, and it leaves the backward to
+  autodiff: one lax.scan step per chunk W, its body rematerialised (the backward
+  recomputes the chunk's logits), carrying a running max, rescaled sum and the label's
+  logit per position (a masked sum, not a gather: the TPU compiler offloads a gather's
+  transpose to the SparseCore, outside its cost model). The kernel travels as the scan's
+  per-chunk input, so under FSDP each step gathers one [D, W] slice and its gradient
+  returns in the kernel's own layout; each chunk's kernel gradient is one matmul, as with
+  full logits. The hidden state's gradient is summed over the chunks in float32 (a
+  float32 copy of hidden is what the scan closes over) and rounded once. The running
+  max enters under stop_gradient, which changes no value or gradient.
+  Matmuls run in hidden's dtype with float32 accumulation, as the model's lm_head.
+  """
+  if vocab_chunk < 1:
+    raise ValueError(f"vocab_chunk must be >= 1; got {vocab_chunk}.")
+  if hidden_BxLxD.ndim != 3 or kernel_DxV.ndim != 2 or labels_BxL.shape != hidden_BxLxD.shape[:2]:
+    raise ValueError(f"vocab_chunked_nll wants hidden [B, L, D], kernel [D, V], labels [B, L];"
+                     f" got {hidden_BxLxD.shape}, {kernel_DxV.shape}, {labels_BxL.shape}.")
+  dtype = hidden_BxLxD.dtype
+  vocab = kernel_DxV.shape[1]
+  chunk = min(vocab_chunk, vocab)
+  num = -(-vocab // chunk)
+  kernel_DxV = kernel_DxV.astype(dtype)
+  if num * chunk > vocab:
+    kernel_DxV = jnp.pad(kernel_DxV, ((0, 0), (0, num * chunk - vocab)))
+  kernel_NxDxW = jnp.moveaxis(kernel_DxV.reshape(kernel_DxV.shape[0], num, chunk), 1, 0)
+  hidden32_BxLxD = hidden_BxLxD.astype(jnp.float32)
+  labels_BxL = labels_BxL.astype(jnp.int32)
+
+  @jax.checkpoint
+  def step(carry, xs):
+    run_max, run_sum, label_logit = carry
+    w_DxW, j = xs
+    column_W = j * chunk + jnp.arange(chunk)
+    z_BxLxW = jnp.einsum("bld,dw->blw", hidden32_BxLxD.astype(dtype), w_DxW,
+                         preferred_element_type=jnp.float32)
+    z_BxLxW = jnp.where(column_W < vocab, z_BxLxW, _MASKED)
+    new_max = jax.lax.stop_gradient(jnp.maximum(run_max, jnp.max(z_BxLxW, axis=-1)))
+    run_sum = (run_sum * jnp.exp(run_max - new_max)
+               + jnp.sum(jnp.exp(z_BxLxW - new_max[..., None]), axis=-1))
+    label_logit = label_logit + jnp.sum(
+        jnp.where(column_W == labels_BxL[..., None], z_BxLxW, 0.0), axis=-1)
+    return (new_max, run_sum, label_logit), None
+
+  shape = labels_BxL.shape
+  init = (jnp.full(shape, _MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
+          jnp.zeros(shape, jnp.float32))
+  (run_max, run_sum, label_logit), _ = jax.lax.scan(step, init, (kernel_NxDxW, jnp.arange(num)))
+  return run_max + jnp.log(run_sum) - label_logit

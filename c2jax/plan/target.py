@@ -31,9 +31,10 @@ What it reports, per device, all of it compiler estimates and none of it a measu
                     as in the engine's decode loop, which stops early on stop tokens).
 XLA's cost analysis counts a while loop's body once, so a scanned layer stack would be
 costed as one layer: the cost figures come from a second compile with the layer scans
-unrolled (`model.scan_unroll` = layers), the memory from the step as configured. Loops
-that remain (blockwise attention tiles, the decode loop's steps) are still counted once;
-the report names how many there are.
+unrolled (`model.scan_unroll` = layers) and the losses' vocabulary chunks made one
+(`train.loss_vocab_chunk`, `train.mtp_vocab_chunk` = the vocabulary), the memory from the
+step as configured. Loops that remain (blockwise attention tiles, the decode loop's
+steps) are still counted once; the report names how many there are.
 """
 
 from __future__ import annotations
@@ -82,13 +83,20 @@ class CompiledStep:
     return hlo_comms.comm_volume(self.hlo_text, self.num_devices)
 
 
-def _layers_unrolled(cfg):
+def cost_config(cfg, losses: bool = True):
+  """cfg for the cost compile: the layer scans unrolled and (`losses`) the losses'
+  vocabulary-chunk loops (train.loss_vocab_chunk, train.mtp_vocab_chunk) cut to one
+  chunk, a loop of one trip that XLA removes, so every layer and every column is costed;
+  None when cfg is that already."""
   unrolled = cfg.copy_and_resolve_references()
   layers = max(cfg.model.num_layers, cfg.model.num_mtp_layers, 1)
-  if cfg.model.scan_unroll >= layers:
-    return None
-  unrolled.model.scan_unroll = layers
-  return unrolled
+  changed = cfg.model.scan_unroll < layers
+  unrolled.model.scan_unroll = max(layers, cfg.model.scan_unroll)
+  train = unrolled.get("train")
+  for key in ("loss_vocab_chunk", "mtp_vocab_chunk") if losses else ():
+    if train is not None and 0 < train.get(key, 0) < cfg.model.vocab_size:
+      train[key], changed = cfg.model.vocab_size, True
+  return unrolled if changed else None
 
 
 def _twice(compile_fn, cfg, costed: bool) -> tuple:
@@ -96,7 +104,7 @@ def _twice(compile_fn, cfg, costed: bool) -> tuple:
   compiler without a cost model) skips the unrolled compile."""
   begun = time.perf_counter()
   compiled = compile_fn(cfg)
-  unrolled_cfg = _layers_unrolled(cfg) if costed else None
+  unrolled_cfg = cost_config(cfg) if costed else None
   cost = compiled if unrolled_cfg is None else compile_fn(unrolled_cfg)
   return compiled, cost, time.perf_counter() - begun
 
@@ -180,7 +188,7 @@ def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int
   kwargs = dict(slots=slots, max_length=max_length, prefill=prefill, decode_steps=decode_steps)
   begun = time.perf_counter()
   as_configured = _compile_engine(cfg.model, placement, **kwargs)
-  unrolled = _layers_unrolled(cfg) if costed else None
+  unrolled = cost_config(cfg, losses=False) if costed else None
   costed = (as_configured if unrolled is None else
             _compile_engine(unrolled.model, placement, **kwargs))
   seconds = time.perf_counter() - begun

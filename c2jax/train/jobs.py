@@ -36,6 +36,9 @@ def train_defaults() -> ml_collections.ConfigDict:
   # batch_size / microbatches rows (one optimizer update; same loss as the whole batch).
   t.microbatches = 1
   t.seq_len = 128
+  # The cross entropy over chunks of this many vocabulary columns, straight from the final
+  # hidden state: no float32 [batch, length, vocab] logits (0: from the full logits).
+  t.loss_vocab_chunk = 4096
   t.learning_rate = 3e-3
   t.warmup_steps = 20
   t.schedule = "cosine"
@@ -101,7 +104,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
               "train.eval_batches", "data.vocab_size"):
     configlib.check_positive(cfg, key)
   for key in ("train.eval_every", "train.mtp_kl_weight", "train.mtp_ce_weight",
-              "train.mtp_vocab_chunk"):
+              "train.mtp_vocab_chunk", "train.loss_vocab_chunk"):
     configlib.check_positive(cfg, key, allow_zero=True)
   configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
   if cfg.data.tokenizer_dir is not None:  # a released model's tokenizer sets the vocabulary

@@ -67,13 +67,15 @@ def device_batch(rt: Runtime, batch: dict) -> dict:
 def make_train_step(rt: Runtime):
   return rt.jit_step(functools.partial(train_step, rt.cfg.model, rt.optimizer,
                                        mtp=MTPWeights.from_train_config(rt.cfg.train),
-                                       microbatches=rt.cfg.train.microbatches))
+                                       microbatches=rt.cfg.train.microbatches,
+                                       vocab_chunk=rt.cfg.train.loss_vocab_chunk))
 
 
 def make_eval_step(rt: Runtime):
   def eval_step(params, batch):
     _, stats = loss_fn(rt.cfg.model, params, batch,
-                       MTPWeights.from_train_config(rt.cfg.train))
+                       MTPWeights.from_train_config(rt.cfg.train),
+                       vocab_chunk=rt.cfg.train.loss_vocab_chunk)
     return stats["ce_loss"] * stats["tokens"], stats["tokens"]
   return jax.jit(eval_step, in_shardings=(rt.state_shardings.params, rt.batch_sharding))
 

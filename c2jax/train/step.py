@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from c2jax import model
-from c2jax.model import moe, mtp as mtp_lib
+from c2jax.model import moe, mtp as mtp_lib, token_logprobs
 from c2jax.train import accumulate
 
 Batch = dict[str, jax.Array]
@@ -91,21 +91,33 @@ def _valid_rows(segment_ids_BxL) -> jax.Array:
 
 
 def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None,
-            totals: dict | None = None):
+            totals: dict | None = None, vocab_chunk: int = 0):
   """Mean next-token cross entropy over loss_mask tokens, plus the MoE auxiliary loss,
   plus (cfg.num_mtp_layers > 0) the weighted MTP loss, reported as `mtp_loss`.
 
   totals: batch_totals of the whole batch when `batch` is one microbatch of it (the terms
   are then this microbatch's share of the whole batch's); None: `batch` is the batch.
+  vocab_chunk: > 0 computes the cross entropy over chunks of that many vocabulary columns
+  (token_logprobs.vocab_chunked_nll; config train.loss_vocab_chunk), so no float32
+  [B, L, V] logits exist; 0 takes it from the full logits (the reference).
   """
   totals = batch_totals(cfg, batch) if totals is None else totals
   kwargs = dict(positions_BxL=batch["positions"], segment_ids_BxL=batch["segment_ids"])
-  if cfg.num_mtp_layers:
-    logits_BxLxV, aux, _, hidden_BxLxD = mtp_lib.forward_with_hidden(
-        cfg, params, batch["inputs"], **kwargs)
+  mtp = mtp or MTPWeights()
+  hidden_BxLxD = logits_BxLxV = None
+  if vocab_chunk:
+    hidden_BxLxD, aux, _ = model.apply(cfg, params, batch["inputs"], head=False, **kwargs)
+    nll_BxL = token_logprobs.vocab_chunked_nll(hidden_BxLxD, params["lm_head"]["kernel"],
+                                               batch["targets"], vocab_chunk)
+    if cfg.num_mtp_layers and not mtp.vocab_chunk:  # the MTP loss's full-logits reference
+      logits_BxLxV = model.head(cfg, params, hidden_BxLxD)
   else:
-    logits_BxLxV, aux, _ = model.apply(cfg, params, batch["inputs"], **kwargs)
-  nll_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, batch["targets"])
+    if cfg.num_mtp_layers:
+      logits_BxLxV, aux, _, hidden_BxLxD = mtp_lib.forward_with_hidden(
+          cfg, params, batch["inputs"], **kwargs)
+    else:
+      logits_BxLxV, aux, _ = model.apply(cfg, params, batch["inputs"], **kwargs)
+    nll_BxL = optax.softmax_cross_entropy_with_integer_labels(logits_BxLxV, batch["targets"])
   mask_BxL = batch["loss_mask"].astype(jnp.float32)
   ce = (nll_BxL * mask_BxL).sum() / jnp.maximum(totals["tokens"], 1.0)
   # The balance loss is a mean over this batch's valid rows: weighted by their share.
@@ -117,7 +129,6 @@ def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None,
            # Expert-parallel capacity drops, all MoE layers (0 without EP or with no cap).
            "dropped_copies": aux["dropped_copies"].sum()}
   if cfg.num_mtp_layers:
-    mtp = mtp or MTPWeights()
     mtp_loss, mtp_metrics, mtp_moe = mtp_lib.loss(
         cfg, params, batch["inputs"], hidden_BxLxD,
         None if mtp.vocab_chunk else logits_BxLxV,
@@ -131,31 +142,33 @@ def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None,
   return loss, stats
 
 
-def _grads(cfg, params, batch: Batch, mtp: MTPWeights, totals: dict):
+def _grads(cfg, params, batch: Batch, mtp: MTPWeights, totals: dict, vocab_chunk: int):
   """(loss, stats), grads of loss_fn; a frozen trunk is differentiated only through the
   MTP subtree (so no backward pass runs through the trunk) and gets zero gradients."""
   if not (cfg.num_mtp_layers and mtp.frozen_trunk):
-    return jax.value_and_grad(lambda p: loss_fn(cfg, p, batch, mtp, totals),
+    return jax.value_and_grad(lambda p: loss_fn(cfg, p, batch, mtp, totals, vocab_chunk),
                               has_aux=True)(params)
   def of_mtp(mtp_params):
-    return loss_fn(cfg, {**params, mtp_lib.PARAMS_KEY: mtp_params}, batch, mtp, totals)
+    return loss_fn(cfg, {**params, mtp_lib.PARAMS_KEY: mtp_params}, batch, mtp, totals,
+                   vocab_chunk)
   value, mtp_grads = jax.value_and_grad(of_mtp, has_aux=True)(params[mtp_lib.PARAMS_KEY])
   grads = {**jax.tree.map(jnp.zeros_like, params), mtp_lib.PARAMS_KEY: mtp_grads}
   return value, grads
 
 
 def train_step(cfg, optimizer, state: TrainState, batch: Batch, mtp: MTPWeights | None = None,
-               microbatches: int = 1):
+               microbatches: int = 1, vocab_chunk: int = 0):
   """One optimizer step, then the aux-loss-free correction-bias update (outside Adam).
 
   `mtp` (default MTPWeights()) matters only when cfg.num_mtp_layers > 0. `microbatches`:
   gradients accumulated over that many slices of the batch (its rows must divide by it).
+  `vocab_chunk`: the cross entropy over vocabulary chunks (loss_fn).
   """
   mtp = mtp or MTPWeights()
   totals = batch_totals(cfg, batch)
   (loss, stats), grads = accumulate.value_and_grad(
-      lambda micro: _grads(cfg, state.params, micro, mtp, totals), state.params, batch,
-      microbatches)
+      lambda micro: _grads(cfg, state.params, micro, mtp, totals, vocab_chunk), state.params,
+      batch, microbatches)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   frozen = bool(cfg.num_mtp_layers) and mtp.frozen_trunk
   if frozen:  # zero gradients alone would still let weight decay move the trunk

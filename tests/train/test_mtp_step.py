@@ -104,3 +104,23 @@ def test_train_config_fields():
   cfg.train.mtp_kl_weight = -1.0
   with pytest.raises(configlib.ConfigError, match="train.mtp_kl_weight"):
     jobs.validate(cfg)
+
+
+@pytest.mark.parametrize("mtp_chunk", [0, 8])  # the MTP loss from full logits; chunked
+def test_vocab_chunked_cross_entropy_matches_the_full_logits(tiny, mtp_chunk):
+  # train.loss_vocab_chunk: the main loss from the final hidden state over chunks of 5
+  # columns (7 chunks, the last padded) against the full float32 logits.
+  cfg, params, batch = tiny
+  weights = MTPWeights(kl_weight=1.0, ce_weight=0.5, vocab_chunk=mtp_chunk)
+  run = lambda chunk: jax.jit(jax.value_and_grad(
+      lambda p: train.loss_fn(cfg, p, batch, weights, vocab_chunk=chunk), has_aux=True))(params)
+  (loss, stats), grads = run(5)
+  (ref_loss, ref_stats), ref_grads = run(0)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  for key in ("ce_loss", "mtp_loss", "mtp0/kl", "mtp0/ce", "mtp0/agree"):
+    np.testing.assert_allclose(stats[key], ref_stats[key], rtol=1e-6, err_msg=key)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6), grads, ref_grads)
+  cfg_bad = jobs.job_defaults()
+  cfg_bad.train.loss_vocab_chunk = -1
+  with pytest.raises(configlib.ConfigError, match="train.loss_vocab_chunk"):
+    jobs.validate(cfg_bad)

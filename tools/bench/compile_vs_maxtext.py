@@ -101,6 +101,8 @@ def main(argv=None) -> int:
   parser.add_argument("--seq_len", type=int, default=256)
   parser.add_argument("--maxtext_log", default=None,
                       help="a saved train_compile output to read instead of compiling")
+  parser.add_argument("--save_maxtext_log", default=None,
+                      help="write MaxText's train_compile output here (for --maxtext_log)")
   args = parser.parse_args(argv)
   sys.path.insert(0, str(REPO))
   from c2jax.plan import topologies  # pylint: disable=g-import-not-at-top
@@ -117,6 +119,8 @@ def main(argv=None) -> int:
     result = subprocess.run(command, capture_output=True, text=True, check=False,
                             env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
     log = result.stdout + result.stderr
+    if args.save_maxtext_log:
+      pathlib.Path(args.save_maxtext_log).write_text(log)
   maxtext = parse_maxtext(log)
   c2jax = c2jax_plan(args.target, args.per_device_batch * chips, args.seq_len)
   rows = [("per device, TPU compiler estimates", "c2jax", "MaxText 0.2.5", "c2jax / MaxText")]
