@@ -32,14 +32,13 @@ def two_nodes(monkeypatch):
     yield nodes
 
 
-def _lose_node2_mid_rollout(cluster, node2, workdir: pathlib.Path, lost: list,
-                            stop: threading.Event):
+def _lose_node2_mid_rollout(nodes, workdir: pathlib.Path, lost: list, stop: threading.Event):
   """Removes the second node once it runs an actor and both actors hold a lease."""
   leased = workdir / "pool" / "leased"
   while not stop.is_set():
-    if (ray_testlib.busy_cpus(node2.node_id, 1) and leased.exists()
+    if (ray_testlib.busy_cpus(nodes.node2_id, 1) and leased.exists()
         and len(list(leased.glob("*/*.json"))) == 2):
-      cluster.remove_node(node2, allow_graceful=False)
+      nodes.lose_node2()
       lost.append(time.time())
       return
     time.sleep(0.1)
@@ -48,7 +47,6 @@ def _lose_node2_mid_rollout(cluster, node2, workdir: pathlib.Path, lost: list,
 @pytest.mark.slow
 def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_path, two_nodes,
                                                                         capsys):
-  cluster, node2 = two_nodes
   cfg = configlib.load_config_file(str(REPO / "configs/rl.py"), "test")
   cfg.data.cache_dir = str(tmp_path / "data")
   cfg.data.vocab_size = 1024
@@ -65,7 +63,7 @@ def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_pat
 
   lost, stop = [], threading.Event()
   killer = threading.Thread(target=_lose_node2_mid_rollout,
-                            args=(cluster, node2, workdir, lost, stop))
+                            args=(two_nodes, workdir, lost, stop))
   killer.start()
   try:
     summary = trainer.train(cfg, str(workdir))

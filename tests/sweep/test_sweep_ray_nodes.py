@@ -38,9 +38,8 @@ def two_nodes(monkeypatch):
 
 
 def test_points_use_both_nodes_and_survive_losing_one(two_nodes, tmp_path):
-  cluster, node2 = two_nodes
   alive = [n for n in ray.nodes() if n["Alive"]]
-  assert len(alive) == 2 and node2.node_id in [n["NodeID"] for n in alive]
+  assert len(alive) == 2 and two_nodes.node2_id in [n["NodeID"] for n in alive]
   path = tmp_path / "two_node_sweep.py"
   path.write_text(SWEEP.format(repo=REPO))
   plan, workdir, said = sweep.load(str(path)), tmp_path / "out", []
@@ -54,9 +53,9 @@ def test_points_use_both_nodes_and_survive_losing_one(two_nodes, tmp_path):
     deadline = time.time() + 900
     while time.time() < deadline:
       # Two points launched at once: the head has one CPU, so one runs on the second node.
-      if ray_testlib.busy_cpus(node2.node_id, 2) and launched() >= 2:
+      if ray_testlib.busy_cpus(two_nodes.node2_id, 2) and launched() >= 2:
         time.sleep(2)
-        cluster.remove_node(node2, allow_graceful=False)
+        two_nodes.lose_node2()
         lost.append(launched())
         return
       time.sleep(0.5)
