@@ -7,7 +7,7 @@
 Each process writes its own trace under the run directory, WORKDIR/profile/<process>
 (`process_0`, ... for pretrain/SFT; `learner` and `actor0`, ... for RL; `serve` for the
 server, whose steps are engine steps): TensorBoard's profile plugin reads it
-(`tensorboard --logdir WORKDIR/profile/learner`), and the `*.trace.json.gz` next to it
+(`tensorboard --logdir WORKDIR/profile/learner`), and the `perfetto_trace.json.gz` beside it
 opens in Perfetto (ui.perfetto.dev). RL actors trace the rollouts they make with the
 policy versions those learner steps start from (a-1 .. b-1), so the learner's and the
 actors' traces cover the same stretch of the run.
