@@ -70,6 +70,10 @@ _TARGET = flags.DEFINE_string("target", "cpu", "What --memory/--roofline compile
                               "(fake CPU devices) or a TPU slice, e.g. v5p-8, v6e-256.")
 _TARGET_SLICES = flags.DEFINE_integer("target_slices", 1, "Slices of --target joined over "
                                       "the data-centre network (multi-slice).")
+_TARGET_COST = flags.DEFINE_bool("target_cost", True, "With --target: also compile each "
+                                 "step with its loops unrolled for the compiler's cost "
+                                 "figures. --notarget_cost skips that compile, which grows "
+                                 "with the layers: memory and collectives only.")
 _PREFILL_LEN = flags.DEFINE_integer("prefill_len", None, "Tokens per engine prefill chunk "
                                     "(--roofline --target; default: the decode context, "
                                     "at most 512).")
@@ -108,7 +112,7 @@ def main(argv) -> int:
     return plan_target.run(cfg, _TARGET.value, _TARGET_SLICES.value, engine=_ROOFLINE.value,
                            rl_rows=_RL_ROWS.value, decode_batch=_DECODE_BATCH.value,
                            decode_context=_DECODE_CONTEXT.value,
-                           prefill_len=_PREFILL_LEN.value)
+                           prefill_len=_PREFILL_LEN.value, cost=_TARGET_COST.value)
   if (_MEMORY.value or _ROOFLINE.value) and os.environ.get(_CHILD_ENV) is None:
     return _reexecute_with_fake_devices(cfg)
   if _COUNT.value:

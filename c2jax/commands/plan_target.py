@@ -22,7 +22,8 @@ def _prepare_process() -> None:
 
 
 def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_batch: int,
-        decode_context, prefill_len) -> int:
+        decode_context, prefill_len, cost: bool = True) -> int:
+  """`cost=False` (--notarget_cost): the steps as configured only, no cost compile."""
   from c2jax.plan import hlo_comms, memory, target as target_lib, topologies
 
   if "parallel" not in cfg or not ("train" in cfg or cfg.get("task") == "rl"):
@@ -47,7 +48,7 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
         f"{cfg.model.remat}; moe_impl {cfg.model.moe_impl}; dtype {cfg.model.dtype}, "
         f"params {cfg.model.param_dtype}. Every figure below is a {target.compiler} "
         "estimate, not a measured speed.\n", flush=True)
-  costed = target.has_cost_model
+  costed = target.has_cost_model and cost
   try:
     steps = [target_lib.compile_job_step(cfg, devices, rl_rows, costed=costed)]
   except ValueError as err:
@@ -62,7 +63,7 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
                                              costed=costed)
   reports = []
   for step in steps:
-    report = target_lib.step_report(step, target)
+    report = target_lib.step_report(step, target, costed=costed)
     reports.append(report)
     print(target_lib.format_report(report, target))
     if report["collectives"] is None:

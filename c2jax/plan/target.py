@@ -243,12 +243,17 @@ def time_estimate(cost: dict | None, hlo_text: str) -> tuple[float | None, str]:
   return None, f"the cost model returned {seconds * 1e3:,.3f} ms, not an estimate{why}"
 
 
-def step_report(step: CompiledStep, target: topologies.AnyTarget) -> dict:
-  """The step's compiler estimates as one JSON-ready dict (see the module docstring)."""
+def step_report(step: CompiledStep, target: topologies.AnyTarget,
+                costed: bool = True) -> dict:
+  """The step's compiler estimates as one JSON-ready dict (see the module docstring).
+  `costed=False`: the step was compiled without its cost compile (--notarget_cost), so
+  the cost fields are None (the scanned step's own analysis would count one layer)."""
   chip = target.accelerator
   mem = memory_lib.memory_report(step.compiled)
-  cost = _cost(step.cost_compiled)
+  cost = _cost(step.cost_compiled) if costed else None
   seconds, estimate_note = time_estimate(cost, step.cost_hlo_text)
+  if not costed and target.has_cost_model:
+    estimate_note = "--notarget_cost: no cost compile"
   peak = chip.peak_flops("bfloat16")
   try:
     collectives, note = hlo_comms.summary(step.comm_volumes), ""
@@ -289,8 +294,10 @@ def format_report(report: dict, target: topologies.AnyTarget) -> str:
       memory_lib.format_table(rows),
       f"{verdict} in {chip.name}'s {chip.memory_gb:g} GB HBM"]
   if report["flops"] is None:
+    why = (f"the {target.compiler} gives none for compile-only devices"
+           if not target.has_cost_model else "--notarget_cost: no cost compile")
     lines.append(f"model FLOPs {report['model_flops']:.4g} per device; no cost analysis "
-                 f"(the {target.compiler} gives none for compile-only devices)")
+                 f"({why})")
     return "\n".join(lines)
   lines.append(
       f"cost analysis: {report['flops']:.4g} FLOPs, {report['bytes_accessed']:.4g} bytes "

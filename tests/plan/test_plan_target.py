@@ -105,6 +105,22 @@ def test_a_time_estimate_that_is_not_positive_is_reported_as_none_with_the_reaso
   assert target_lib.time_estimate(None, hlo)[0] is None
 
 
+def test_the_cost_compile_unrolls_the_layers_and_the_losses_vocabulary_loops():
+  from c2jax.plan import target as target_lib
+  from configs import pretrain
+
+  cfg = pretrain.get_config("small")  # 8 layers, vocabulary 16,384, chunks of 4,096
+  cost = target_lib.cost_config(cfg)
+  assert cost.model.scan_unroll == cfg.model.num_layers
+  assert cost.train.loss_vocab_chunk == cost.train.mtp_vocab_chunk == cfg.model.vocab_size
+  assert cfg.model.scan_unroll == 1 and cfg.train.loss_vocab_chunk == 4096  # untouched
+  engine = target_lib.cost_config(cfg, losses=False)
+  assert engine.train.loss_vocab_chunk == 4096 and engine.model.scan_unroll == 8
+  cfg.model.scan_unroll, cfg.train.loss_vocab_chunk = 8, 0  # 0: the full-logits path
+  cfg.train.mtp_vocab_chunk = cfg.model.vocab_size
+  assert target_lib.cost_config(cfg) is None  # nothing to unroll: one compile
+
+
 def test_plan_memory_target_v5p8_tiny():
   """The tiny train step for v5p-8 with expert and context parallelism (expert=2,
   context=2): the JSON fields; a positive time estimate with no op offloaded to the
@@ -119,7 +135,8 @@ def test_plan_memory_target_v5p8_tiny():
   args = ["--config=configs/pretrain.py:tiny", "--memory", "--target=v5p-8",
           f"--config.model.scan_unroll={layers}", "--config.train.batch_size=8",
           "--config.train.seq_len=64", "--config.model.moe_impl=pallas",
-          "--config.parallel.mesh.expert=2", "--config.parallel.mesh.context=2"]
+          "--config.parallel.mesh.expert=2", "--config.parallel.mesh.context=2",
+          "--config.train.loss_vocab_chunk=8192"]  # one chunk: no loop left to unroll
   result = subprocess.run([sys.executable, "-m", "c2jax.cli", "plan", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
