@@ -32,6 +32,16 @@ def test_decode_peers_smoke(monkeypatch, capsys):
   variant, overrides = bench.MODELS["qwen3_moe_tiny"]
   shape = bench._shape(variants.get(variant, **overrides))  # what a peer builds: every layer MoE, expert width
   assert (shape["layers"], shape["experts"], shape["top_k"], shape["ffn"]) == (2, 8, 2, 32)
+  # MaxText's MaxEngine builds the DeepSeek-V3 rows from the MLA fields; Tunix never sees them.
+  variant, overrides = bench.MODELS["deepseek_v3_tiny"]
+  cfg = variants.get(variant, **overrides)
+  shape = bench._shape(cfg)
+  assert (shape["dense_ffn"], shape["first_dense"], shape["shared"], shape["q_lora"],
+          shape["kv_lora"], shape["nope"], shape["rope"], shape["v"]) == (
+              cfg.intermediate_size, 1, 1, cfg.q_lora_rank, cfg.kv_lora_rank,
+              cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim)
+  assert bench.peers_for("deepseek_v3_small") == ["maxtext", "maxtext_sparse", "hf"]
+  assert bench.peers_for("qwen3_moe_tiny") == ["tunix", "tunix_logprobs", "hf"]
 
 
 def test_repeats_report_the_median_ratio_of_each_row(monkeypatch):

@@ -1,6 +1,7 @@
 """Decode and prefill of c2jax's JaxEngine against the JAX peers on the same shapes, side
-by side: Tunix's sampler (google-tunix, Qwen3 family) and, as a second column, HF
-`generate` (torch eager); each peer in its own virtualenv with the same jax/jaxlib/flax.
+by side: Tunix's sampler (google-tunix, Qwen3 family), MaxText's MaxEngine (DeepSeek-V3
+family) and, as a second column, HF `generate` (torch eager); each peer in its own
+virtualenv with the same jax/jaxlib/flax.
 
     PYTHONPATH=. python tools/bench/bench_decode_peers.py \
         --tunix_python $TUNIX_VENV/bin/python --hf_python $TORCH_VENV/bin/python \
@@ -9,11 +10,24 @@ by side: Tunix's sampler (google-tunix, Qwen3 family) and, as a second column, H
         --models qwen3_small --batches 1 --prompt_lens 512,4096 --new_tokens 64
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --tunix_python ... --tunix_logprobs \
         --models qwen3_tiny,qwen3_moe_tiny --repeats 3   # median ratio of 3 fresh runs
+    PYTHONPATH=. python tools/bench/bench_decode_peers.py --maxtext_python $MAXTEXT_VENV/bin/python \
+        --models deepseek_v3_tiny,deepseek_v3_small --batches 1,8,32
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --smoke   # no peer needed
 
 $TUNIX_VENV: a Python 3.12 venv with `pip install google-tunix==0.1.7 jax==0.12.0.1
-jaxlib==0.12.0.1 flax==0.12.12` (c2jax's pins); $TORCH_VENV: one with torch and
-transformers (tools/make_hf_fixtures.py's).
+jaxlib==0.12.0.1 flax==0.12.12` (c2jax's pins); $MAXTEXT_VENV: a Python 3.12 venv with
+`pip install "maxtext[tpu]==0.2.5"` (the one tools/bench/compile_vs_maxtext.py uses; it
+brings jax 0.12.0.1); $TORCH_VENV: one with torch and transformers
+(tools/make_hf_fixtures.py's).
+
+MaxText runs at its fastest CPU settings: layers unrolled (`scan_layers=false`), MLA with
+the absorbed, compressed KV cache (`mla_naive_kvcache=false use_mla_absorbed_mqa=true`),
+dot-product attention, float32 as c2jax's variants, and both MoE paths as two columns:
+`maxtext` (`sparse_matmul=false`: every expert on every token) and `maxtext_sparse`
+(`sparse_matmul=true megablox=false`: sorted tokens, `ragged_dot`). Its MaxEngine is
+driven as its own `decode.py` drives it: a prefill and an insert per row, then one
+`generate` call per token. Without JetStream installed, MaxText's stand-in `ResultTokens`
+is not a pytree and its jitted prefill cannot return it; the worker registers it.
 
 Method (the same for every side): random weights of the same shapes and parameter count,
 random prompts of --prompt_lens tokens (16 by default), greedy, --new_tokens new tokens
@@ -36,6 +50,10 @@ Models (c2jax variant table, c2jax/model/variants.py, plus the MoE rows' overrid
   qwen3_tiny / qwen3_small        dense Qwen3 (GQA + q/k norm, dense MLP every layer)
   qwen3_moe_tiny / qwen3_moe_small  the same attention, every layer MoE, softmax top-2,
                                   renormalised (Tunix's Qwen3-MoE always renormalises)
+  deepseek_v3_tiny / _small       c2jax's `tiny` / `small` (MLA, first layer dense, then
+                                  sigmoid-routed top-2 + a shared expert): MaxText's
+                                  `deepseek3-tiny` with these dimensions as overrides
+A peer times only the family it implements (Tunix: Qwen3; MaxText: DeepSeek-V3; HF: all).
 """
 
 from __future__ import annotations
@@ -59,10 +77,21 @@ MODELS = {
         first_k_dense=0, moe=dict(num_experts=16, num_experts_per_tok=2,
                                   num_shared_experts=0, intermediate_size=256,
                                   router="softmax", norm_topk_prob=True))),
+    "deepseek_v3_tiny": ("tiny", {}),
+    "deepseek_v3_small": ("small", {}),
 }
 # "tunix_logprobs": Tunix's sampler asked for each token's log-prob (return_logprobs),
 # the work c2jax's engine always does (RL needs them); "tunix" does not compute them.
-PEERS = ("tunix", "tunix_logprobs", "hf")
+PEERS = ("tunix", "tunix_logprobs", "maxtext", "maxtext_sparse", "hf")
+# The model family each peer implements (None: every family).
+PEER_FAMILY = {"tunix": "qwen3", "tunix_logprobs": "qwen3", "maxtext": "deepseek_v3",
+               "maxtext_sparse": "deepseek_v3", "hf": None}
+
+
+def peers_for(name: str) -> list[str]:
+  """The peers that implement model `name`'s family."""
+  family = "deepseek_v3" if name.startswith("deepseek_v3") else "qwen3"
+  return [peer for peer in PEERS if PEER_FAMILY[peer] in (None, family)]
 
 
 # ---- the driver (c2jax's interpreter) --------------------------------------------------
@@ -80,13 +109,19 @@ def _c2jax_model(name: str):
 def _shape(cfg) -> dict:
   """What a peer needs to build the same model."""
   moe = cfg.num_layers > cfg.first_k_dense
-  return dict(
+  shape = dict(
       vocab=cfg.vocab_size, hidden=cfg.hidden_size, layers=cfg.num_layers,
       ffn=cfg.moe.intermediate_size if moe else cfg.intermediate_size,
       heads=cfg.num_heads, kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
       rope_theta=cfg.rope.theta, eps=cfg.rms_norm_eps,
       experts=cfg.moe.num_experts if moe else None,
       top_k=cfg.moe.num_experts_per_tok if moe else None)
+  if cfg.attention == "mla":  # DeepSeek-V3's fields
+    shape.update(dense_ffn=cfg.intermediate_size, first_dense=cfg.first_k_dense,
+                 shared=cfg.moe.num_shared_experts, scaling=cfg.moe.routed_scaling_factor,
+                 q_lora=cfg.q_lora_rank, kv_lora=cfg.kv_lora_rank,
+                 nope=cfg.qk_nope_head_dim, rope=cfg.qk_rope_head_dim, v=cfg.v_head_dim)
+  return shape
 
 
 class C2jaxSide:
@@ -167,7 +202,8 @@ def run(args) -> list[dict]:
 
   from c2jax import hf
   pythons = {"tunix": args.tunix_python, "hf": args.hf_python,
-             "tunix_logprobs": args.tunix_python if args.tunix_logprobs else ""}
+             "tunix_logprobs": args.tunix_python if args.tunix_logprobs else "",
+             "maxtext": args.maxtext_python, "maxtext_sparse": args.maxtext_python}
   rows = []
   for name in args.models.split(","):
     cfg, params, count = _c2jax_model(name)
@@ -184,7 +220,7 @@ def run(args) -> list[dict]:
             sides[f"c2jax@{args.c2jax_steps}"] = C2jaxSide(
                 cfg, params, batch, prompt_len, args.new_tokens, args.c2jax_steps)
           info = {"c2jax params": count}
-          for peer in PEERS:
+          for peer in peers_for(name):
             if pythons[peer]:
               sides[peer] = PeerSide(peer, pythons[peer], request)
               info[f"{peer} params"] = sides[peer].info["params"]
@@ -257,6 +293,64 @@ def _tunix_builder(request: dict, logprobs: bool = False):
   return timed, params
 
 
+def _maxtext_builder(request: dict, sparse: bool):
+  """MaxEngine at `request`'s DeepSeek-V3 shape, random weights, greedy: (timed, params)."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  import maxtext
+  from maxtext.configs import pyconfig
+  from maxtext.inference.maxengine import maxengine
+  tokens_class = maxengine.engine_api.ResultTokens
+  if getattr(maxengine.engine_api, "_IS_STUB", False):  # no JetStream: make it a pytree
+    jax.tree_util.register_pytree_node(
+        tokens_class,
+        lambda r: ((r.data, r.log_prob),
+                   (r.tokens_idx, r.valid_idx, r.length_idx, r.samples_per_slot)),
+        lambda aux, leaves: tokens_class(
+            data=leaves[0], log_prob=leaves[1], tokens_idx=aux[0], valid_idx=aux[1],
+            length_idx=aux[2], samples_per_slot=aux[3]))
+  s, batch, prompt_len = request["shape"], request["batch"], request["prompt_len"]
+  base = os.path.join(os.path.dirname(maxtext.__file__), "configs", "base.yml")
+  overrides = dict(
+      model_name="deepseek3-tiny", override_model_config="true", base_emb_dim=s["hidden"],
+      base_num_query_heads=s["heads"], base_num_kv_heads=s["heads"],
+      base_mlp_dim=s["dense_ffn"], base_moe_mlp_dim=s["ffn"],
+      base_num_decoder_layers=s["layers"], first_num_dense_layers=s["first_dense"],
+      vocab_size=s["vocab"], num_experts=s["experts"], num_experts_per_tok=s["top_k"],
+      shared_experts=s["shared"], routed_scaling_factor=s["scaling"],
+      q_lora_rank=s["q_lora"], kv_lora_rank=s["kv_lora"], qk_nope_head_dim=s["nope"],
+      qk_rope_head_dim=s["rope"], v_head_dim=s["v"], rope_type="default",
+      rope_max_timescale=int(s["rope_theta"]), normalization_layer_epsilon=s["eps"],
+      scan_layers="false", sparse_matmul=str(sparse).lower(), megablox="false",
+      mla_naive_kvcache="false", use_mla_absorbed_mqa="true", attention="dot_product",
+      per_device_batch_size=batch, max_prefill_predict_length=prompt_len,
+      max_target_length=prompt_len + request["new_tokens"] + 8, weight_dtype="float32",
+      dtype="float32", decode_sampling_strategy="greedy", enable_checkpointing="false",
+      skip_jax_distributed_system="true", run_name="bench_decode_peers")
+  config = pyconfig.initialize(["maxengine", base, *(f"{k}={v}" for k, v in
+                                                     overrides.items())])
+  engine = maxengine.MaxEngine(config)
+  weights = engine.load_params(rng=jax.random.PRNGKey(0))
+  params = sum(x.size for x in jax.tree.leaves(weights))
+  rows = jnp.asarray(np.random.default_rng(0).integers(1, s["vocab"], (batch, prompt_len)))
+  rng = jax.random.PRNGKey(1)
+
+  def timed(count):
+    start = time.perf_counter()
+    state = engine.init_decode_state(rng)
+    for slot in range(batch):
+      prefix, sampled = engine.prefill(params=weights, padded_tokens=rows[slot],
+                                       true_length=prompt_len, rng=rng, slot=slot)
+      state = engine.insert(prefix, state, slot=slot)
+    for _ in range(count - 1):
+      state, sampled = engine.generate(weights, state, rng=rng)
+    jax.block_until_ready(sampled.data)
+    return time.perf_counter() - start
+  return timed, params
+
+
 def hf_builder(request: dict):
   """transformers' greedy generate of `request['batch']` random prompts: (timed(count),
   parameter count); timed(count) is the seconds one generate of `count` tokens takes.
@@ -280,18 +374,24 @@ def hf_builder(request: dict):
 
 
 def _worker(peer: str) -> None:
+  # Replies go to the pipe the driver reads; anything else written to stdout (a peer's
+  # own prints, MaxText's config dump among them) goes to stderr instead.
+  replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+  os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
   timed = None
   for line in sys.stdin:
     message = json.loads(line)
     if message["op"] == "build":
       timed, params = {"tunix": _tunix_builder, "hf": hf_builder,
-                       "tunix_logprobs": lambda m: _tunix_builder(m, logprobs=True)}[peer](
+                       "tunix_logprobs": lambda m: _tunix_builder(m, logprobs=True),
+                       "maxtext": lambda m: _maxtext_builder(m, sparse=False),
+                       "maxtext_sparse": lambda m: _maxtext_builder(m, sparse=True)}[peer](
                            message)
       reply = {"params": int(params)}
     else:
       reply = {"seconds": timed(message["count"])}
-    sys.stdout.write(json.dumps(reply) + "\n")
-    sys.stdout.flush()
+    replies.write(json.dumps(reply) + "\n")
+    replies.flush()
 
 
 def _table(rows: list[dict]) -> None:
@@ -319,6 +419,9 @@ def main(argv=None) -> None:
   parser.add_argument("--tunix_logprobs", action="store_true",
                       help="also time Tunix returning each token's log-prob (its "
                       "return_logprobs), as c2jax's engine always does")
+  parser.add_argument("--maxtext_python", default="",
+                      help="interpreter with MaxText 0.2.5 for the MaxEngine columns "
+                      "(DeepSeek-V3 models)")
   parser.add_argument("--hf_python", default="",
                       help="interpreter with torch + transformers for the HF column")
   parser.add_argument("--repeats", type=int, default=1,
