@@ -30,8 +30,7 @@ def worker_env() -> dict[str, str]:
   """What Ray's workers need: this checkout's c2jax, CPU JAX, and Ray's memory monitor off
   (on a shared test machine it kills small workers for other processes' memory)."""
   path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-  return {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu", "RAY_memory_monitor_refresh_ms": "0",
-          "RAY_AUTH_MODE": "disabled"}
+  return {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu", "RAY_memory_monitor_refresh_ms": "0"}
 
 
 def _free_port() -> int:
@@ -90,7 +89,9 @@ def two_nodes(monkeypatch, head_cpus: int, node_cpus: int):
   nothing asks for, so its presence shows in the resource reports."""
   import ray  # pylint: disable=g-import-not-at-top
 
-  for name, value in worker_env().items():
+  # Token authentication off for this cluster only: the `ray start` processes, the driver
+  # and the workers all inherit it (a worker of a cluster that has it on must not).
+  for name, value in {**worker_env(), "RAY_AUTH_MODE": "disabled"}.items():
     monkeypatch.setenv(name, value)
   # Short: Ray's Unix sockets live under it (a socket path has ~100 characters at most).
   temp = pathlib.Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
