@@ -227,10 +227,10 @@ def jax_to_numpy(tree):
 
 def _hf_worker(args) -> None:
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  import bench_decode_peers  # pylint: disable=g-import-not-at-top  (imports no jax at the top)
+  import decode_peer_workers  # pylint: disable=g-import-not-at-top  (imports no jax at the top)
 
   batch = int(args.batches)
-  timed, _ = bench_decode_peers.hf_builder(
+  timed, _ = decode_peer_workers.hf_builder(
       {"hf_dir": args.hf_worker, "batch": batch, "prompt_len": args.prompt_len})
   timed(2)  # warm-up
   # Decode-only: the difference to a one-token generate removes the prefill.
