@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import attention as attention_lib
+from c2jax.model import token_logprobs
 from c2jax.model.layers import Linear, RMSNorm, compute_dtype, constrain
 from c2jax.model.transformer import DecoderBlock, Transformer, transformer_for
 
@@ -269,7 +270,7 @@ def loss(cfg, params, tokens_BxL, hidden_BxLxD, main_logits_BxLxV=None, *, targe
   return total / cfg.num_mtp_layers, metrics, moe_aux
 
 
-_MASKED = -1e30  # logit of a padded vocabulary column: exp() of it is 0, differences 0
+_MASKED = token_logprobs.MASKED_LOGIT
 
 
 def _vocab_chunked_terms(student_BxLxD, teacher_BxLxD, kernel_DxV, labels_BxL, vocab_chunk):

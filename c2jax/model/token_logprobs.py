@@ -163,7 +163,9 @@ def _chunked_bwd(seq_chunk, vocab_chunk, vocab, residuals, g_BxL):
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
 
 
-_MASKED = -1e30  # logit of a padded vocabulary column: exp() of it is 0
+# The logit of a padded vocabulary column (here and in mtp's chunked loss): exp() of it
+# is 0, and differences between two of them are 0 (not NaN, as with -inf).
+MASKED_LOGIT = -1e30
 
 
 def vocab_chunked_nll(hidden_BxLxD, kernel_DxV, labels_BxL, vocab_chunk: int) -> jax.Array:
@@ -206,7 +208,7 @@ def vocab_chunked_nll(hidden_BxLxD, kernel_DxV, labels_BxL, vocab_chunk: int) ->
     column_W = j * chunk + jnp.arange(chunk)
     z_BxLxW = jnp.einsum("bld,dw->blw", hidden32_BxLxD.astype(dtype), w_DxW,
                          preferred_element_type=jnp.float32)
-    z_BxLxW = jnp.where(column_W < vocab, z_BxLxW, _MASKED)
+    z_BxLxW = jnp.where(column_W < vocab, z_BxLxW, MASKED_LOGIT)
     new_max = jax.lax.stop_gradient(jnp.maximum(run_max, jnp.max(z_BxLxW, axis=-1)))
     run_sum = (run_sum * jnp.exp(run_max - new_max)
                + jnp.sum(jnp.exp(z_BxLxW - new_max[..., None]), axis=-1))
@@ -215,7 +217,7 @@ def vocab_chunked_nll(hidden_BxLxD, kernel_DxV, labels_BxL, vocab_chunk: int) ->
     return (new_max, run_sum, label_logit), None
 
   shape = labels_BxL.shape
-  init = (jnp.full(shape, _MASKED, jnp.float32), jnp.zeros(shape, jnp.float32),
+  init = (jnp.full(shape, MASKED_LOGIT, jnp.float32), jnp.zeros(shape, jnp.float32),
           jnp.zeros(shape, jnp.float32))
   (run_max, run_sum, label_logit), _ = jax.lax.scan(step, init, (kernel_NxDxW, jnp.arange(num)))
   return run_max + jnp.log(run_sum) - label_logit
