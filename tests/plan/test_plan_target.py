@@ -121,6 +121,19 @@ def test_the_cost_compile_unrolls_the_layers_and_the_losses_vocabulary_loops():
   assert target_lib.cost_config(cfg) is None  # nothing to unroll: one compile
 
 
+def test_a_report_without_its_cost_compile_says_why():
+  """--notarget_cost: memory and collectives only; the text names the flag, not a
+  compiler without a cost model."""
+  from c2jax.plan import target as target_lib
+
+  memory = dict(argument_bytes=1e9, output_bytes=1e9, alias_bytes=1e9, temp_bytes=2e9,
+                code_bytes=1e8, total_bytes=3.1e9)
+  report = dict(step="train step", compile_seconds=1.0, memory=memory, fits=True,
+                mosaic_calls=0, mfu_estimate=None, flops=None, model_flops=1e12)
+  text = target_lib.format_report(report, topologies.parse_target("v5p-8"))
+  assert "no cost analysis (--notarget_cost: no cost compile)" in text
+
+
 def test_plan_memory_target_v5p8_tiny():
   """The tiny train step for v5p-8 with expert and context parallelism (expert=2,
   context=2): the JSON fields; a positive time estimate with no op offloaded to the
