@@ -16,7 +16,8 @@ only what was written; it is deleted with the workspace). Without the right to m
 
 Snapshots of a live workspace freeze only what changed (overlay: the upper layer joins
 the stack) or the whole tree (copy). Layer folders live in a `Family` folder shared by a
-workspace and its forks, removed when the last member closes.
+workspace and its forks, removed when the last member closes, at exit, or (if the process
+was killed) by the next c2jax process that makes one (c2jax/env/scratch.py).
 """
 
 import atexit
@@ -29,6 +30,7 @@ import tempfile
 import threading
 
 from c2jax.env import sandbox_base as sandbox_lib
+from c2jax.env import scratch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Family:
   """Owns the scratch folder of one workspace and its forks; refcounted."""
 
   def __init__(self):
-    self.root = tempfile.mkdtemp(prefix='c2jax-ws-')
+    self.root = scratch.make('c2jax-ws-')
     _LIVE_FAMILIES.add(self.root)
     self._users = 0
     self._lock = threading.Lock()

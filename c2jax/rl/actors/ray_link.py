@@ -24,11 +24,11 @@ import json
 import pathlib
 import shutil
 import tarfile
-import tempfile
 
 import ml_collections
 
 from c2jax import compile_cache
+from c2jax.env import scratch
 from c2jax.rl.actors import infra
 from c2jax.rl.actors import rollouts
 from c2jax.rl.queue.group_store import Group
@@ -138,7 +138,7 @@ class RepoCache:
 
   def __init__(self, ray, hub, actor_id: str):
     self._remote = _Remote(ray, hub)
-    self.root = pathlib.Path(tempfile.mkdtemp(prefix=f"c2jax-{actor_id}-repos-"))
+    self.root = pathlib.Path(scratch.make(f"c2jax-{actor_id}-repos-"))
     self._fetched = 0
 
   def localize(self, payload: dict) -> dict:
