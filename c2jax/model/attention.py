@@ -183,10 +183,31 @@ def _gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1xLxT, dtype):
   batch, length, heads, e = q_BxLxHxE.shape
   kv_heads = keys_BxTxKxE.shape[2]
   q_BxLxKxGxE = q_BxLxHxE.reshape(batch, length, kv_heads, heads // kv_heads, e)
+  if length == 1:
+    return _gqa_step(q_BxLxKxGxE[:, 0], keys_BxTxKxE, values_BxTxKxE,
+                     mask_Bx1xLxT[:, 0, 0], dtype).reshape(q_BxLxHxE.shape)
   scores_BxKxGxLxT = _einsum("blkge,btke->bkglt", q_BxLxKxGxE, keys_BxTxKxE) * e ** -0.5
   probs_BxKxGxLxT = masked_softmax(scores_BxKxGxLxT, mask_Bx1xLxT[:, None], dtype)
   out_BxLxKxGxE = jnp.einsum("bkglt,btke->blkge", probs_BxKxGxLxT, values_BxTxKxE)
   return out_BxLxKxGxE.reshape(q_BxLxHxE.shape)
+
+
+def _gqa_step(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT, dtype):
+  """One query token a row (a decode step) as multiply-and-sum over the cache as it lies
+  ([B, T, K, E]), in float32. A dot_general wants the batch axes (B, K) outermost, so XLA
+  copies each layer's whole cache into [B, K, T, E] on every step: at 4,096 tokens of
+  context and batch 8 that copy made the attention 4.6x slower on CPU than these two
+  streaming reductions (tools/bench/bench_decode_attention.py). With G query heads per
+  KV head a step does G multiply-adds per cached number: nothing for a matrix unit."""
+  e = q_BxKxGxE.shape[-1]
+  q_Bx1xKxGxE = q_BxKxGxE.astype(jnp.float32)[:, None] * e ** -0.5
+  scores_BxTxKxG = jnp.sum(q_Bx1xKxGxE * keys_BxTxKxE[:, :, :, None, :].astype(jnp.float32),
+                           axis=-1)
+  scores_BxTxKxG = jnp.where(mask_BxT[:, :, None, None], scores_BxTxKxG,
+                             jnp.finfo(jnp.float32).min)
+  probs_BxTxKxG = jax.nn.softmax(scores_BxTxKxG, axis=1).astype(dtype)
+  return jnp.sum(probs_BxTxKxG[..., None].astype(jnp.float32)
+                 * values_BxTxKxE[:, :, :, None, :].astype(jnp.float32), axis=1).astype(dtype)
 
 
 class MLA(nn.Module):

@@ -108,6 +108,27 @@ def test_prefill_through_cache_matches_training_path(layer):
   assert np.all(np.asarray(filled[:, L:]) == 0)  # slots past the prompt stay untouched
 
 
+def test_one_token_steps_through_cache_match_training_path(layer):
+  """Decode steps (one token a row: GQA's streaming `_gqa_step`, MLA's absorbed dots)
+  give the training path's outputs, rows at different positions included."""
+  cfg, params, run = layer
+  x, positions = _inputs(cfg)
+  expected, _ = run(params, x, positions)
+  cache = jax.tree.map(lambda c: c[0], init_cache(cfg, B, 16)["dense_layers"])
+  _, cache = run(params, x[:, :L - 3], positions[:, :L - 3], None, cache)
+  for i in range(L - 3, L):
+    y, cache = run(params, x[:, i:i + 1], positions[:, i:i + 1], None, cache)
+    np.testing.assert_allclose(y, expected[:, i:i + 1], atol=1e-5)
+  # Row 1 rewinds two tokens: it must see only its slots up to its own position, not the
+  # entries above it that the steps before wrote.
+  step = x[:, L - 2:L - 1]
+  staggered, _ = run(params, step, jnp.array([[L - 2], [L - 4]]), None, cache)
+  rewound = jnp.concatenate([x[1:, :L - 4], step[1:]], axis=1)
+  row1, _ = run(params, rewound, positions[1:, :L - 3])
+  np.testing.assert_allclose(staggered[0], expected[0, L - 2:L - 1], atol=1e-5)
+  np.testing.assert_allclose(staggered[1], row1[0, -1:], atol=1e-5)
+
+
 def test_mla_cache_holds_only_the_latent():
   cfg = tiny_cfg(**ATTENTION_CASES["mla"])
   cache = init_cache(cfg, batch=3, max_length=20)
