@@ -210,6 +210,18 @@ def _gqa_step(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT, dtype):
                  * values_BxTxKxE[:, :, :, None, :].astype(jnp.float32), axis=1).astype(dtype)
 
 
+def prefill_expands(length: int, nope: int, v: int, latent: int) -> bool:
+  """Whether a chunk of `length` new tokens attends the MLA cache expanded (the latent
+  up-projected to per-head k_nope | v) rather than absorbed (every head scoring and
+  reading the latent itself). Per query and cached token and head, absorbed costs
+  2C + R multiply-adds, expanded N + R + V; expanding costs C (N + V) per cached token and
+  head, once per chunk. So expanded pays when L (2C - N - V) > C (N + V): above 42 tokens
+  at `small` (C 128, N = V = 32), 170 at DeepSeek-V3 and Kimi-K2.5 (C 512, N = V = 128).
+  A decode step or a speculative verify (a few tokens) stays absorbed and reads only the
+  latent cache."""
+  return length * (2 * latent - nope - v) > latent * (nope + v)
+
+
 class MLA(nn.Module):
   """Multi-head latent attention, parameters in HF DeepseekV3 order (see model contract)."""
   cfg: object
@@ -299,6 +311,22 @@ class MLA(nn.Module):
       k_rope_BxTxR = new_cache["k_rope"].astype(dtype)
       w_CxHxN_V = kv_b.kernel.astype(dtype)
       w_uk_CxHxN, w_uv_CxHxV = w_CxHxN_V[..., :n], w_CxHxN_V[..., n:]
+      length = q_nope_BxLxHxN.shape[1]
+      if prefill_expands(length, n, v, c):
+        # A long chunk: up-project the cached latent to per-head k_nope | v once, then
+        # attend as in training (what vLLM and SGLang do for MLA prefill).
+        kv_BxTxHx_ = constrain(jnp.einsum("btc,chx->bthx", c_BxTxC, w_CxHxN_V), _BLHE)
+        mask = layer_mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1])
+        impl = _cached_impl(cfg, q_nope_BxLxHxN, kv_BxTxHx_, h, h, n + r, v)
+        if impl == "dense":
+          out_BxLxHxV = _mla_expanded(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
+                                      k_rope_BxTxR, mask, scale, dtype)
+        else:
+          out_BxLxHxV = _attend_cache(*_mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
+                                                k_rope_BxTxR),
+                                      positions_BxL, scale, impl, cfg)
+        out_BxLxHxV = constrain(out_BxLxHxV.astype(dtype), _BLHE)
+        return constrain(o_proj(out_BxLxHxV), ("batch", "length", "embed")), new_cache
       q_absorbed_BxLxHxC = jnp.einsum("blhn,chn->blhc", q_nope_BxLxHxN, w_uk_CxHxN)
       impl = _cached_impl(cfg, q_absorbed_BxLxHxC, c_BxTxC, h, 1, c + r, c)
       if impl != "dense":

@@ -129,6 +129,27 @@ def test_one_token_steps_through_cache_match_training_path(layer):
   np.testing.assert_allclose(staggered[1], row1[0, -1:], atol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["dense", "blockwise"])
+def test_mla_long_prefill_chunks_attend_expanded_and_agree(impl):
+  """A long chunk up-projects the latent cache and attends per head (dense or blockwise
+  tiles); a short one stays absorbed. Chunk after chunk, both give the training path."""
+  cfg = tiny_cfg(**ATTENTION_CASES["mla"], attention_impl=impl, attention_block=16)
+  n, v, c = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+  assert attention.prefill_expands(40, n, v, c) and not attention.prefill_expands(8, n, v, c)
+  module = attention.ATTENTION[cfg.attention](cfg)
+  x, positions = _inputs(cfg, length=48)
+  shapes = jax.eval_shape(lambda: nn.unbox(module.init(jax.random.key(0), x, positions)))
+  params = draw_params(shapes["params"], cfg.init_std)
+  run = jax.jit(lambda x, pos, cache=None: module.apply({"params": params}, x, pos, None,
+                                                         cache))
+  expected, _ = run(x, positions)
+  cache = jax.tree.map(lambda leaf: leaf[0], init_cache(cfg, B, 64)["dense_layers"])
+  short, cache = run(x[:, :8], positions[:, :8], cache)  # absorbed
+  long, cache = run(x[:, 8:], positions[:, 8:], cache)   # expanded, reading the first chunk
+  np.testing.assert_allclose(short, expected[:, :8], atol=1e-5)
+  np.testing.assert_allclose(long, expected[:, 8:], atol=1e-5)
+
+
 def test_mla_cache_holds_only_the_latent():
   cfg = tiny_cfg(**ATTENTION_CASES["mla"])
   cache = init_cache(cfg, batch=3, max_length=20)

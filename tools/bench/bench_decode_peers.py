@@ -34,7 +34,11 @@ random prompts of --prompt_lens tokens (16 by default), greedy, --new_tokens new
 (64); a side's decode rate is batch * (new_tokens - 1) / (t(new_tokens) - t(1)), where
 t(n) is the wall time of one whole generate call for n new tokens, so prefill and compile
 drop out; each t is the best of --rounds, and the rounds interleave the sides (c2jax,
-then each peer, per round) so the machine's load falls on all alike. Prefill tokens/s
+then each peer, per round) so the machine's load falls on all alike. Before each timed
+call the machine idles --settle_s (0.2 s) and the side makes an untimed one-token call:
+without that, a side timed right after another process's call ran beside that process's
+still-spinning threads (measured 2026-11-28 at `qwen3_small` batch 1: c2jax's prefill
+595 tokens/s alone, 174 with the Tunix workers beside it). Prefill tokens/s
 is batch * prompt_len / t(1) (a one-token generate: the prefill, one sampled token).
 Compare ratios from one run, not rates across runs. A process's memory layout moves a tiny
 model's rates by up to ~30% from one process to the next (the same program, measured
@@ -179,15 +183,24 @@ class PeerSide:
     self.process.wait(60)
 
 
-def _measure(sides: dict, batch: int, prompt_len: int, new_tokens: int, rounds: int):
-  """{side: (decode tokens/s, prefill tokens/s)} from interleaved rounds."""
+def _measure(sides: dict, batch: int, prompt_len: int, new_tokens: int, rounds: int,
+             settle_s: float = 0.0):
+  """{side: (decode tokens/s, prefill tokens/s)} from interleaved rounds. With settle_s,
+  each timed call follows settle_s of idleness (the previous side's threads wind down)
+  and then an untimed one-token call of its own side (its threads and caches wake up)."""
   for side in sides.values():  # compile both programs of every side first
     side.time(1), side.time(new_tokens)
+
+  def timed(side, count):
+    if settle_s:
+      time.sleep(settle_s)
+      side.time(1)
+    return side.time(count)
   best = {name: [float("inf"), float("inf")] for name in sides}
   for _ in range(rounds):
     for name, side in sides.items():
-      best[name][0] = min(best[name][0], side.time(1))
-      best[name][1] = min(best[name][1], side.time(new_tokens))
+      best[name][0] = min(best[name][0], timed(side, 1))
+      best[name][1] = min(best[name][1], timed(side, new_tokens))
   out = {}
   for name, (one, full) in best.items():
     decode = batch * (new_tokens - 1) / (full - one) if full > one else float("nan")
@@ -226,7 +239,8 @@ def run(args) -> list[dict]:
               sides[peer] = PeerSide(peer, pythons[peer], request)
               info[f"{peer} params"] = sides[peer].info["params"]
           load = os.getloadavg()[0]
-          rates = _measure(sides, batch, prompt_len, args.new_tokens, args.rounds)
+          rates = _measure(sides, batch, prompt_len, args.new_tokens, args.rounds,
+                           args.settle_s)
           for side in sides.values():
             side.close()
           row = {"model": name, "prompt": prompt_len, "batch": batch, **info,
@@ -259,6 +273,11 @@ def main(argv=None) -> None:
   parser.add_argument("--prompt_lens", default="16")
   parser.add_argument("--new_tokens", type=int, default=64)
   parser.add_argument("--rounds", type=int, default=5)
+  parser.add_argument("--settle_s", type=float, default=0.2,
+                      help="idle seconds, then an untimed one-token call of the same side, "
+                           "before each timed call: a process that has just run keeps its "
+                           "threads busy for a while, slowing the next side's call, and a "
+                           "process that has idled wakes up slowly (0: neither)")
   parser.add_argument("--c2jax_steps", type=int, default=0,
                       help="also time c2jax with decode calls of this many tokens (e.g. 8, "
                       "the engine's chunk before calls grew to max_decode_steps)")
@@ -284,6 +303,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   if args.smoke:
     args.models, args.batches, args.new_tokens, args.rounds = "qwen3_tiny", "2", 16, 1
+    args.settle_s = 0.0
   for name in args.models.split(","):
     if name not in MODELS:
       raise SystemExit(f"--models: unknown {name!r}; choose from {sorted(MODELS)}.")
