@@ -31,6 +31,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+import c2jax_kernels as kernels
 from c2jax.model import rope as rope_lib
 from c2jax.model import fused_attention as fused_lib
 from c2jax.model.blockwise_attention import blockwise_attention
@@ -183,7 +184,7 @@ def _gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1xLxT, dtype):
   batch, length, heads, e = q_BxLxHxE.shape
   kv_heads = keys_BxTxKxE.shape[2]
   q_BxLxKxGxE = q_BxLxHxE.reshape(batch, length, kv_heads, heads // kv_heads, e)
-  if length == 1:
+  if length == 1 and kernels.target_platform() == "cpu":
     return _gqa_step(q_BxLxKxGxE[:, 0], keys_BxTxKxE, values_BxTxKxE,
                      mask_Bx1xLxT[:, 0, 0], dtype).reshape(q_BxLxHxE.shape)
   scores_BxKxGxLxT = _einsum("blkge,btke->bkglt", q_BxLxKxGxE, keys_BxTxKxE) * e ** -0.5
@@ -193,12 +194,13 @@ def _gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1xLxT, dtype):
 
 
 def _gqa_step(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT, dtype):
-  """One query token a row (a decode step) as multiply-and-sum over the cache as it lies
-  ([B, T, K, E]), in float32. A dot_general wants the batch axes (B, K) outermost, so XLA
-  copies each layer's whole cache into [B, K, T, E] on every step: at 4,096 tokens of
-  context and batch 8 that copy made the attention 4.6x slower on CPU than these two
-  streaming reductions (tools/bench/bench_decode_attention.py). With G query heads per
-  KV head a step does G multiply-adds per cached number: nothing for a matrix unit."""
+  """One query token a row (a decode step) on CPU, as multiply-and-sum over the cache as it
+  lies ([B, T, K, E]), in float32. A dot_general wants the batch axes (B, K) outermost,
+  so XLA:CPU copies each layer's whole cache into [B, K, T, E] on every step: at 4,096
+  tokens of context and batch 8 that copy made the attention 5.9x slower than these two
+  streaming reductions (tools/bench/bench_decode_attention.py). Not on TPU: its compiler
+  materialises the broadcast product and estimates this form 7-9x slower than the dots,
+  whose cache layout it chooses itself (the same bench, --target=v5p-8)."""
   e = q_BxKxGxE.shape[-1]
   q_Bx1xKxGxE = q_BxKxGxE.astype(jnp.float32)[:, None] * e ** -0.5
   scores_BxTxKxG = jnp.sum(q_Bx1xKxGxE * keys_BxTxKxE[:, :, :, None, :].astype(jnp.float32),

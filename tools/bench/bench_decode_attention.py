@@ -4,6 +4,11 @@ step's multiply-and-sum over the cache as it lies; c2jax/model/attention.py `_gq
 
     PYTHONPATH=. python tools/bench/bench_decode_attention.py
     PYTHONPATH=. python tools/bench/bench_decode_attention.py --shapes 8x4168x4x2x64 --calls 20
+    PYTHONPATH=. python tools/bench/bench_decode_attention.py --target=v5p-8 --dtype=bfloat16
+
+With --target (a TPU slice or GPU name as `c2jax plan --target` spells it) nothing runs:
+both forms compile for one compile-only device of that target, and the compiler's own time
+estimate and bytes accessed are printed instead (estimates, not measured speed).
 
 A shape is BxTxKxGxE: batch, cache slots, KV heads, query heads per KV head, head width.
 The cache is [B, T, K, E], the engine's layout. Each form is one jitted call; the two
@@ -42,12 +47,33 @@ def stream_form(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT):
                              jnp.float32)
 
 
-def measure(shape: str, rounds: int, calls: int) -> dict:
+def _inputs(shape: str, dtype=jnp.float32):
   b, t, k, g, e = map(int, shape.split("x"))
   rng = np.random.default_rng(0)
-  q = jnp.asarray(rng.standard_normal((b, k, g, e)), jnp.float32)
-  keys, values = (jnp.asarray(rng.standard_normal((b, t, k, e)), jnp.float32) for _ in "kv")
+  q = jnp.asarray(rng.standard_normal((b, k, g, e)), dtype)
+  keys, values = (jnp.asarray(rng.standard_normal((b, t, k, e)), dtype) for _ in "kv")
   mask = jnp.asarray(np.arange(t)[None, :] < rng.integers(1, t + 1, (b, 1)))
+  return q, keys, values, mask
+
+
+def compiled_estimates(shape: str, target_name: str, dtype) -> dict:
+  """Each form compiled for one device of `target_name`: the compiler's time estimate (s)
+  and bytes accessed."""
+  from c2jax.plan import topologies  # pylint: disable=g-import-not-at-top
+  device = topologies.parse_target(target_name).devices()[0]
+  sharding = jax.sharding.SingleDeviceSharding(device)
+  args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+          for x in _inputs(shape, dtype)]
+  row = {"shape": shape}
+  for name, form in (("dot", dot_form), ("stream", stream_form)):
+    cost = jax.jit(form).lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    row[name] = (float(cost.get("optimal_seconds", 0.0)), float(cost.get("bytes accessed", 0)))
+  return row
+
+
+def measure(shape: str, rounds: int, calls: int) -> dict:
+  q, keys, values, mask = _inputs(shape)
   forms = {"dot": jax.jit(dot_form), "stream": jax.jit(stream_form)}
   outs = [f(q, keys, values, mask) for f in forms.values()]
   np.testing.assert_allclose(*outs, rtol=1e-4, atol=1e-5)
@@ -68,7 +94,21 @@ def main(argv=None) -> None:
   parser.add_argument("--shapes", default=",".join(DEFAULT_SHAPES))
   parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--calls", type=int, default=100)
+  parser.add_argument("--target", default=None, help="compile for this TPU/GPU target")
+  parser.add_argument("--dtype", default="float32", help="with --target: the cache's dtype")
   args = parser.parse_args(argv)
+  if args.target:
+    print(f"one-token attention compiled for {args.target}, {args.dtype}; compiler "
+          "estimates, not measured speed")
+    print(f"{'BxTxKxGxE':>16} {'dot us':>10} {'stream us':>10} {'dot/stream':>10} "
+          f"{'dot MB':>9} {'stream MB':>9}")
+    for shape in args.shapes.split(","):
+      row = compiled_estimates(shape, args.target, jnp.dtype(args.dtype))
+      (dot_s, dot_b), (stream_s, stream_b) = row["dot"], row["stream"]
+      ratio = dot_s / stream_s if stream_s else float("nan")
+      print(f"{shape:>16} {dot_s * 1e6:10.1f} {stream_s * 1e6:10.1f} {ratio:10.2f} "
+            f"{dot_b / 1e6:9.2f} {stream_b / 1e6:9.2f}", flush=True)
+    return
   print(f"one-token attention, {jax.default_backend()}, jax {jax.__version__}")
   print(f"{'BxTxKxGxE':>16} {'dot us':>10} {'stream us':>10} {'dot/stream':>10}")
   for shape in args.shapes.split(","):
