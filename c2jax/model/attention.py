@@ -224,6 +224,48 @@ def prefill_expands(length: int, nope: int, v: int, latent: int) -> bool:
   return length * (2 * latent - nope - v) > latent * (nope + v)
 
 
+def _mla_cached_expanded(cfg, q_nope_BxLxHxN, q_rope_BxLxHxR, c_BxTxC, k_rope_BxTxR,
+                         w_CxHxN_V, positions_BxL, segment_ids_BxL, scale):
+  """A long chunk against the latent cache: the latent up-projected to per-head
+  k_nope | v once, then attention as in training (vLLM and SGLang prefill MLA this way)."""
+  dtype, h, n = c_BxTxC.dtype, q_nope_BxLxHxN.shape[2], q_nope_BxLxHxN.shape[3]
+  kv_BxTxHx_ = constrain(jnp.einsum("btc,chx->bthx", c_BxTxC, w_CxHxN_V), _BLHE)
+  mask = layer_mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1])
+  v = kv_BxTxHx_.shape[-1] - n
+  impl = _cached_impl(cfg, q_nope_BxLxHxN, kv_BxTxHx_, h, h, n + k_rope_BxTxR.shape[-1], v)
+  if impl == "dense":
+    return _mla_expanded(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, mask,
+                         scale, dtype)
+  return _attend_cache(*_mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR),
+                       positions_BxL, scale, impl, cfg)
+
+
+def _mla_cached_absorbed(cfg, q_nope_BxLxHxN, q_rope_BxLxHxR, c_BxTxC, k_rope_BxTxR,
+                         w_CxHxN_V, positions_BxL, segment_ids_BxL, scale):
+  """Decode steps and short chunks: the up-projections absorbed into the query and the
+  output, so every head scores and reads the latent cache itself."""
+  dtype, h, n = c_BxTxC.dtype, q_nope_BxLxHxN.shape[2], q_nope_BxLxHxN.shape[3]
+  c, r = c_BxTxC.shape[-1], k_rope_BxTxR.shape[-1]
+  w_uk_CxHxN, w_uv_CxHxV = w_CxHxN_V[..., :n], w_CxHxN_V[..., n:]
+  q_absorbed_BxLxHxC = jnp.einsum("blhn,chn->blhc", q_nope_BxLxHxN, w_uk_CxHxN)
+  impl = _cached_impl(cfg, q_absorbed_BxLxHxC, c_BxTxC, h, 1, c + r, c)
+  if impl != "dense":
+    layer_mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1])  # rejects segment ids
+    # Absorbed MLA is multi-query attention: every head scores the one latent key
+    # [c_kv | k_rope] and reads the latent c_kv as its value.
+    q_BxLxHxE = jnp.concatenate([q_absorbed_BxLxHxC, q_rope_BxLxHxR.astype(dtype)], axis=-1)
+    k_BxTx1xE = jnp.concatenate([c_BxTxC, k_rope_BxTxR], axis=-1)[:, :, None]
+    context_BxLxHxC = _attend_cache(q_BxLxHxE, k_BxTx1xE, c_BxTxC[:, :, None],
+                                    positions_BxL, scale, impl, cfg)
+  else:
+    scores_BxHxLxT = (_einsum("blhc,btc->bhlt", q_absorbed_BxLxHxC, c_BxTxC)
+                      + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
+    probs_BxHxLxT = masked_softmax(
+        scores_BxHxLxT, layer_mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1]), dtype)
+    context_BxLxHxC = jnp.einsum("bhlt,btc->blhc", probs_BxHxLxT, c_BxTxC)
+  return jnp.einsum("blhc,chv->blhv", context_BxLxHxC, w_uv_CxHxV)
+
+
 class MLA(nn.Module):
   """Multi-head latent attention, parameters in HF DeepseekV3 order (see model contract)."""
   cfg: object
@@ -311,42 +353,10 @@ class MLA(nn.Module):
                    "k_rope": write_cache(cache["k_rope"], k_rope_BxLxR, positions_BxL)}
       c_BxTxC = constrain(new_cache["c_kv"].astype(dtype), ("batch", "cache_length", "kv_lora"))
       k_rope_BxTxR = new_cache["k_rope"].astype(dtype)
-      w_CxHxN_V = kv_b.kernel.astype(dtype)
-      w_uk_CxHxN, w_uv_CxHxV = w_CxHxN_V[..., :n], w_CxHxN_V[..., n:]
-      length = q_nope_BxLxHxN.shape[1]
-      if prefill_expands(length, n, v, c):
-        # A long chunk: up-project the cached latent to per-head k_nope | v once, then
-        # attend as in training (what vLLM and SGLang do for MLA prefill).
-        kv_BxTxHx_ = constrain(jnp.einsum("btc,chx->bthx", c_BxTxC, w_CxHxN_V), _BLHE)
-        mask = layer_mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1])
-        impl = _cached_impl(cfg, q_nope_BxLxHxN, kv_BxTxHx_, h, h, n + r, v)
-        if impl == "dense":
-          out_BxLxHxV = _mla_expanded(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
-                                      k_rope_BxTxR, mask, scale, dtype)
-        else:
-          out_BxLxHxV = _attend_cache(*_mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
-                                                k_rope_BxTxR),
-                                      positions_BxL, scale, impl, cfg)
-        out_BxLxHxV = constrain(out_BxLxHxV.astype(dtype), _BLHE)
-        return constrain(o_proj(out_BxLxHxV), ("batch", "length", "embed")), new_cache
-      q_absorbed_BxLxHxC = jnp.einsum("blhn,chn->blhc", q_nope_BxLxHxN, w_uk_CxHxN)
-      impl = _cached_impl(cfg, q_absorbed_BxLxHxC, c_BxTxC, h, 1, c + r, c)
-      if impl != "dense":
-        layer_mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1])  # rejects segment ids
-        # Absorbed MLA is multi-query attention: every head scores the one latent key
-        # [c_kv | k_rope] and reads the latent c_kv as its value.
-        q_BxLxHxE = jnp.concatenate([q_absorbed_BxLxHxC,
-                                     q_rope_BxLxHxR.astype(dtype)], axis=-1)
-        k_BxTx1xE = jnp.concatenate([c_BxTxC, k_rope_BxTxR], axis=-1)[:, :, None]
-        context_BxLxHxC = _attend_cache(q_BxLxHxE, k_BxTx1xE, c_BxTxC[:, :, None],
-                                        positions_BxL, scale, impl, cfg)
-      else:
-        scores_BxHxLxT = (_einsum("blhc,btc->bhlt", q_absorbed_BxLxHxC, c_BxTxC)
-                          + _einsum("blhr,btr->bhlt", q_rope_BxLxHxR, k_rope_BxTxR)) * scale
-        probs_BxHxLxT = masked_softmax(
-            scores_BxHxLxT, layer_mask(positions_BxL, segment_ids_BxL, c_BxTxC.shape[1]), dtype)
-        context_BxLxHxC = jnp.einsum("bhlt,btc->blhc", probs_BxHxLxT, c_BxTxC)
-      out_BxLxHxV = jnp.einsum("blhc,chv->blhv", context_BxLxHxC, w_uv_CxHxV)
+      attend = (_mla_cached_expanded if prefill_expands(q_nope_BxLxHxN.shape[1], n, v, c)
+                else _mla_cached_absorbed)
+      out_BxLxHxV = attend(cfg, q_nope_BxLxHxN, q_rope_BxLxHxR, c_BxTxC, k_rope_BxTxR,
+                           kv_b.kernel.astype(dtype), positions_BxL, segment_ids_BxL, scale)
 
     out_BxLxHxV = constrain(out_BxLxHxV.astype(dtype), _BLHE)
     return constrain(o_proj(out_BxLxHxV), ("batch", "length", "embed")), new_cache
