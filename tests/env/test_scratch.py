@@ -59,7 +59,8 @@ def test_a_killed_process_leaves_mounts_that_the_next_sweep_removes(tmp_path, re
   assert scratch.sweep(str(tmp)) == [left]
   assert not os.path.exists(left) and scratch.mounts_under(left) == []
   assert live.is_dir() and cache.is_dir()
-  assert os.path.isfile(os.path.join(repo, 'README.md'))  # the snapshot under the overlay is the user's
+  # The snapshot under the overlay is the user's folder: untouched.
+  assert os.path.isfile(os.path.join(repo, 'README.md'))
 
 
 def test_whose_folders_count_as_gone(tmp_path):
@@ -71,7 +72,8 @@ def test_whose_folders_count_as_gone(tmp_path):
   done.wait()
   assert scratch.owner_gone(dict(here, pid=done.pid, start='1'))
   parent = os.getppid()  # alive, but a reused pid starts at another time
-  assert not scratch.owner_gone(dict(here, pid=parent, start=scratch._start_time(parent)))  # pylint: disable=protected-access
+  started = scratch._start_time(parent)  # pylint: disable=protected-access
+  assert not scratch.owner_gone(dict(here, pid=parent, start=started))
   assert scratch.owner_gone(dict(here, pid=parent, start='0'))
 
   # Folders from before owner files: removed once older than the grace period.

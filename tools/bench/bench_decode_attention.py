@@ -43,8 +43,8 @@ def dot_form(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT):
 
 
 def stream_form(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT):
-  return attention._gqa_step(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT,  # pylint: disable=protected-access
-                             jnp.float32)
+  step = attention._gqa_step  # pylint: disable=protected-access
+  return step(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT, jnp.float32)
 
 
 def _inputs(shape: str, dtype=jnp.float32):
