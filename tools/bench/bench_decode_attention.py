@@ -10,6 +10,12 @@ With --target (a TPU slice or GPU name as `c2jax plan --target` spells it) nothi
 both forms compile for one compile-only device of that target, and the compiler's own time
 estimate and bytes accessed are printed instead (estimates, not measured speed).
 
+    PYTHONPATH=. python tools/bench/bench_decode_attention.py --target=v5p-8 --mla_prefill=4096
+
+--mla_prefill L compiles one DeepSeek-V3 MLA layer (bf16) taking an L-token chunk against
+its latent cache, both ways the engine can (`attention.prefill_expands`: the latent
+up-projected per head, or absorbed), and prints the compiler's time, FLOPs and temporaries.
+
 A shape is BxTxKxGxE: batch, cache slots, KV heads, query heads per KV head, head width.
 The cache is [B, T, K, E], the engine's layout. Each form is one jitted call; the two
 alternate for --rounds rounds of --calls calls and the best round counts. Both forms are
@@ -72,6 +78,44 @@ def compiled_estimates(shape: str, target_name: str, dtype) -> dict:
   return row
 
 
+def mla_prefill_estimates(target_name: str, length: int) -> dict:
+  """{'absorbed' | 'expanded': (seconds, flops, temporary bytes)} for one DeepSeek-V3 MLA
+  layer's cached prefill of `length` tokens, compiled for one device of `target_name`."""
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from c2jax.model import variants  # pylint: disable=g-import-not-at-top
+  from c2jax.plan import topologies  # pylint: disable=g-import-not-at-top
+  cfg = variants.get("deepseek_v3", num_layers=1, first_k_dense=1, dtype="bfloat16",
+                     param_dtype="bfloat16")
+  mesh = jax.sharding.Mesh([topologies.parse_target(target_name).devices()[0]], ("x",))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  spec = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=replicated)
+  module = attention.MLA(cfg)
+  params = jax.eval_shape(lambda: nn.unbox(module.init(
+      jax.random.key(0), jnp.zeros((1, 1, cfg.hidden_size)), jnp.zeros((1, 1), jnp.int32))))
+  params = jax.tree.map(lambda a: spec(a.shape, a.dtype), params["params"])
+  slots = length + 128
+  cache = {"c_kv": spec((1, slots, cfg.kv_lora_rank), jnp.bfloat16),
+           "k_rope": spec((1, slots, cfg.qk_rope_head_dim), jnp.bfloat16)}
+  x = spec((1, length, cfg.hidden_size), jnp.bfloat16)
+  positions = spec((1, length), jnp.int32)
+  rule, out = attention.prefill_expands, {}
+  try:
+    for name, expands in (("absorbed", False), ("expanded", True)):
+      attention.prefill_expands = lambda *_, e=expands: e
+      with jax.set_mesh(mesh):
+        compiled = jax.jit(lambda p, x, pos, c: module.apply({"params": p}, x, pos, None, c)
+                           ).lower(params, x, positions, cache).compile()
+      cost = compiled.cost_analysis()
+      cost = cost[0] if isinstance(cost, list) else cost
+      out[name] = (float(cost.get("optimal_seconds", 0.0)), float(cost.get("flops", 0.0)),
+                   compiled.memory_analysis().temp_size_in_bytes)
+  finally:
+    attention.prefill_expands = rule
+  out["rule"] = "expanded" if rule(length, cfg.qk_nope_head_dim, cfg.v_head_dim,
+                                   cfg.kv_lora_rank) else "absorbed"
+  return out
+
+
 def measure(shape: str, rounds: int, calls: int) -> dict:
   q, keys, values, mask = _inputs(shape)
   forms = {"dot": jax.jit(dot_form), "stream": jax.jit(stream_form)}
@@ -96,7 +140,20 @@ def main(argv=None) -> None:
   parser.add_argument("--calls", type=int, default=100)
   parser.add_argument("--target", default=None, help="compile for this TPU/GPU target")
   parser.add_argument("--dtype", default="float32", help="with --target: the cache's dtype")
+  parser.add_argument("--mla_prefill", type=int, default=0,
+                      help="with --target: a DeepSeek-V3 MLA prefill chunk of this many "
+                           "tokens, expanded against absorbed")
   args = parser.parse_args(argv)
+  if args.mla_prefill:
+    if not args.target:
+      parser.error("--mla_prefill needs --target")
+    rows = mla_prefill_estimates(args.target, args.mla_prefill)
+    print(f"DeepSeek-V3 MLA layer, {args.mla_prefill}-token prefill chunk, {args.target}, "
+          f"bf16; compiler estimates (prefill_expands picks {rows.pop('rule')})")
+    for name, (seconds, flops, temps) in rows.items():
+      print(f"{name:>9}: {seconds * 1e3:8.2f} ms  {flops / 1e12:6.2f} TFLOP  "
+            f"temporaries {temps / 1e9:6.2f} GB")
+    return
   if args.target:
     print(f"one-token attention compiled for {args.target}, {args.dtype}; compiler "
           "estimates, not measured speed")
