@@ -67,9 +67,10 @@ def owner_record() -> dict:
           'boot': boot.strip() if boot else None, 'pidns': _pid_namespace()}
 
 
-def owner_gone(record: dict) -> bool:
-  """Whether the process `record` names has certainly exited."""
-  here = owner_record()
+def owner_gone(record: dict, here: dict | None = None) -> bool:
+  """Whether the process `record` names has certainly exited (`here`: this process's
+  owner_record, if already read)."""
+  here = here or owner_record()
   if record.get('boot') and here['boot'] and record['boot'] != here['boot']:
     return True  # made before this boot: nothing of it runs or is mounted any more
   if record.get('pidns') != here['pidns']:
@@ -114,7 +115,7 @@ def mounts_under(root: str) -> list[str]:
   return sorted(set(found), key=lambda p: p.count(os.sep), reverse=True)
 
 
-def _stale(root: str, name: str) -> bool:
+def _stale(root: str, name: str, here: dict) -> bool:
   text = _read(os.path.join(root, OWNER_FILE))
   if text is None:
     if not _LEGACY.match(name):
@@ -128,7 +129,7 @@ def _stale(root: str, name: str) -> bool:
     int(record['pid'])
   except (ValueError, KeyError, TypeError):
     return False  # not a record this module wrote
-  return owner_gone(record)
+  return owner_gone(record, here)
 
 
 def remove(root: str) -> bool:
@@ -154,11 +155,11 @@ def sweep(tmpdir: str | None = None) -> list[str]:
     names = sorted(os.listdir(tmpdir))
   except OSError:
     return []
-  removed = []
+  removed, here = [], owner_record()
   for name in names:
     root = os.path.join(tmpdir, name)
     if name.startswith('c2jax-') and os.path.isdir(root) and not os.path.islink(root):
-      if _stale(root, name) and remove(root):
+      if _stale(root, name, here) and remove(root):
         removed.append(root)
   if removed:
     _log.info('Removed %d scratch folder(s) left by processes that were killed.',
