@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from c2jax.model import attention, init_cache
+from c2jax.model import attention, attention_forms, init_cache
 from c2jax.model import rope as rope_lib
 from tests.model.conftest import ATTENTION_CASES, draw_params, tiny_cfg
 
@@ -135,7 +135,8 @@ def test_mla_long_prefill_chunks_attend_expanded_and_agree(impl):
   tiles); a short one stays absorbed. Chunk after chunk, both give the training path."""
   cfg = tiny_cfg(**ATTENTION_CASES["mla"], attention_impl=impl, attention_block=16)
   n, v, c = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
-  assert attention.prefill_expands(40, n, v, c) and not attention.prefill_expands(8, n, v, c)
+  expands = attention_forms.prefill_expands
+  assert expands(40, n, v, c) and not expands(8, n, v, c)
   module = attention.ATTENTION[cfg.attention](cfg)
   x, positions = _inputs(cfg, length=48)
   shapes = jax.eval_shape(lambda: nn.unbox(module.init(jax.random.key(0), x, positions)))

@@ -1,6 +1,7 @@
 """A one-token GQA attention step over a KV cache, two ways, side by side on this backend:
 `dot` (two einsums, as training and prefill compute attention) and `stream` (the decode
-step's multiply-and-sum over the cache as it lies; c2jax/model/attention.py `_gqa_step`).
+step's multiply-and-sum over the cache as it lies: c2jax/model/attention_forms.py
+`gqa_step`).
 
     PYTHONPATH=. python tools/bench/bench_decode_attention.py
     PYTHONPATH=. python tools/bench/bench_decode_attention.py --shapes 8x4168x4x2x64 --calls 20
@@ -13,7 +14,7 @@ estimate and bytes accessed are printed instead (estimates, not measured speed).
     PYTHONPATH=. python tools/bench/bench_decode_attention.py --target=v5p-8 --mla_prefill=4096
 
 --mla_prefill L compiles one DeepSeek-V3 MLA layer (bf16) taking an L-token chunk against
-its latent cache, both ways the engine can (`attention.prefill_expands`: the latent
+its latent cache, both ways the engine can (`attention_forms.prefill_expands`: the latent
 up-projected per head, or absorbed), and prints the compiler's time, FLOPs and temporaries.
 
 A shape is BxTxKxGxE: batch, cache slots, KV heads, query heads per KV head, head width.
@@ -31,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from c2jax.model import attention
+from c2jax.model import attention, attention_forms
 
 # qwen3_tiny and qwen3_small (bench_decode_peers.py) at a 16-token prompt + 64 new + 8,
 # and qwen3_small at 4,096 prompt tokens.
@@ -39,26 +40,18 @@ DEFAULT_SHAPES = ("1x88x2x2x16", "8x88x2x2x16", "32x88x2x2x16", "1x88x4x2x64", "
                   "32x88x4x2x64", "1x4168x4x2x64", "8x4168x4x2x64")
 
 
-def dot_form(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT):
-  """The einsum form (`attention._gqa_attend` before one-token steps had their own)."""
-  e = q_BxKxGxE.shape[-1]
-  scores = jnp.einsum("bkge,btke->bkgt", q_BxKxGxE, keys_BxTxKxE,
-                      preferred_element_type=jnp.float32) * e ** -0.5
-  scores = jnp.where(mask_BxT[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  return jnp.einsum("bkgt,btke->bkge", jax.nn.softmax(scores, axis=-1), values_BxTxKxE)
-
-
-def stream_form(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT):
-  step = attention._gqa_step  # pylint: disable=protected-access
-  return step(q_BxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_BxT, jnp.float32)
+# Both forms as the model has them (c2jax/model/attention_forms.py), float32 out.
+FORMS = {"dot": lambda *a: attention_forms.gqa_dots(*a, jnp.float32),
+         "stream": lambda *a: attention_forms.gqa_step(*a, jnp.float32)}
 
 
 def _inputs(shape: str, dtype=jnp.float32):
+  """q [B, 1, K, G, E], the cache's keys and values [B, T, K, E], mask [B, 1, 1, T]."""
   b, t, k, g, e = map(int, shape.split("x"))
   rng = np.random.default_rng(0)
-  q = jnp.asarray(rng.standard_normal((b, k, g, e)), dtype)
+  q = jnp.asarray(rng.standard_normal((b, 1, k, g, e)), dtype)
   keys, values = (jnp.asarray(rng.standard_normal((b, t, k, e)), dtype) for _ in "kv")
-  mask = jnp.asarray(np.arange(t)[None, :] < rng.integers(1, t + 1, (b, 1)))
+  mask = jnp.asarray(np.arange(t)[None, :] < rng.integers(1, t + 1, (b, 1)))[:, None, None]
   return q, keys, values, mask
 
 
@@ -71,7 +64,7 @@ def compiled_estimates(shape: str, target_name: str, dtype) -> dict:
   args = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
           for x in _inputs(shape, dtype)]
   row = {"shape": shape}
-  for name, form in (("dot", dot_form), ("stream", stream_form)):
+  for name, form in FORMS.items():
     cost = jax.jit(form).lower(*args).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     row[name] = (float(cost.get("optimal_seconds", 0.0)), float(cost.get("bytes accessed", 0)))
@@ -98,10 +91,10 @@ def mla_prefill_estimates(target_name: str, length: int) -> dict:
            "k_rope": spec((1, slots, cfg.qk_rope_head_dim), jnp.bfloat16)}
   x = spec((1, length, cfg.hidden_size), jnp.bfloat16)
   positions = spec((1, length), jnp.int32)
-  rule, out = attention.prefill_expands, {}
+  rule, out = attention_forms.prefill_expands, {}
   try:
     for name, expands in (("absorbed", False), ("expanded", True)):
-      attention.prefill_expands = lambda *_, e=expands: e
+      attention_forms.prefill_expands = lambda *_, e=expands: e
       with jax.set_mesh(mesh):
         compiled = jax.jit(lambda p, x, pos, c: module.apply({"params": p}, x, pos, None, c)
                            ).lower(params, x, positions, cache).compile()
@@ -110,7 +103,7 @@ def mla_prefill_estimates(target_name: str, length: int) -> dict:
       out[name] = (float(cost.get("optimal_seconds", 0.0)), float(cost.get("flops", 0.0)),
                    compiled.memory_analysis().temp_size_in_bytes)
   finally:
-    attention.prefill_expands = rule
+    attention_forms.prefill_expands = rule
   out["rule"] = "expanded" if rule(length, cfg.qk_nope_head_dim, cfg.v_head_dim,
                                    cfg.kv_lora_rank) else "absorbed"
   return out
@@ -118,7 +111,7 @@ def mla_prefill_estimates(target_name: str, length: int) -> dict:
 
 def measure(shape: str, rounds: int, calls: int) -> dict:
   q, keys, values, mask = _inputs(shape)
-  forms = {"dot": jax.jit(dot_form), "stream": jax.jit(stream_form)}
+  forms = {name: jax.jit(form) for name, form in FORMS.items()}
   outs = [f(q, keys, values, mask) for f in forms.values()]
   np.testing.assert_allclose(*outs, rtol=1e-4, atol=1e-5)
   best = {name: float("inf") for name in forms}
