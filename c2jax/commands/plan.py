@@ -74,6 +74,12 @@ _TARGET_COST = flags.DEFINE_bool("target_cost", True, "With --target: also compi
                                  "step with its loops unrolled for the compiler's cost "
                                  "figures. --notarget_cost skips that compile, which grows "
                                  "with the layers: memory and collectives only.")
+_TARGET_COST_ATTENTION = flags.DEFINE_enum(
+    "target_cost_attention", "as_configured", ["as_configured", "dense"],
+    "With --target: how the cost compile attends. Blockwise attention's tiles are a loop "
+    "whose body XLA's cost analysis counts once (a lower bound); 'dense' costs every "
+    "query-key pair instead (no causal skip: an upper bound). Memory always comes from "
+    "the step as configured.")
 _PREFILL_LEN = flags.DEFINE_integer("prefill_len", None, "Tokens per engine prefill chunk "
                                     "(--roofline --target; default: the decode context, "
                                     "at most 512).")
@@ -112,7 +118,8 @@ def main(argv) -> int:
     return plan_target.run(cfg, _TARGET.value, _TARGET_SLICES.value, engine=_ROOFLINE.value,
                            rl_rows=_RL_ROWS.value, decode_batch=_DECODE_BATCH.value,
                            decode_context=_DECODE_CONTEXT.value,
-                           prefill_len=_PREFILL_LEN.value, cost=_TARGET_COST.value)
+                           prefill_len=_PREFILL_LEN.value, cost=_TARGET_COST.value,
+                           cost_attention=_TARGET_COST_ATTENTION.value)
   if (_MEMORY.value or _ROOFLINE.value) and os.environ.get(_CHILD_ENV) is None:
     return _reexecute_with_fake_devices(cfg)
   if _COUNT.value:

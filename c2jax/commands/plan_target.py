@@ -22,8 +22,10 @@ def _prepare_process() -> None:
 
 
 def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_batch: int,
-        decode_context, prefill_len, cost: bool = True) -> int:
-  """`cost=False` (--notarget_cost): the steps as configured only, no cost compile."""
+        decode_context, prefill_len, cost: bool = True,
+        cost_attention: str = "as_configured") -> int:
+  """`cost=False` (--notarget_cost): the steps as configured only, no cost compile;
+  `cost_attention` (--target_cost_attention): how the cost compile attends."""
   from c2jax.plan import hlo_comms, memory, target as target_lib, topologies
 
   if "parallel" not in cfg or not ("train" in cfg or cfg.get("task") == "rl"):
@@ -49,8 +51,13 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
         f"params {cfg.model.param_dtype}. Every figure below is a {target.compiler} "
         "estimate, not a measured speed.\n", flush=True)
   costed = target.has_cost_model and cost
+  if costed and cost_attention == "dense" and cfg.model.attention_impl != "dense":
+    print(f"cost compile: dense attention in place of '{cfg.model.attention_impl}' "
+          "(every query-key pair costed, no causal skip: the time estimate is an upper "
+          "bound for the attention; memory is the step's as configured)\n", flush=True)
   try:
-    steps = [target_lib.compile_job_step(cfg, devices, rl_rows, costed=costed)]
+    steps = [target_lib.compile_job_step(cfg, devices, rl_rows, costed=costed,
+                                         cost_attention=cost_attention)]
   except ValueError as err:
     raise SystemExit(f"c2jax plan: {err}") from None
   if engine:
@@ -60,7 +67,7 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
     slots = -(-decode_batch // ways) * ways  # slots split evenly over the batch axes
     steps += target_lib.compile_engine_steps(cfg, devices, slots=slots, context=context,
                                              prefill=prefill_len or min(context, 512),
-                                             costed=costed)
+                                             costed=costed, cost_attention=cost_attention)
   reports = []
   for step in steps:
     report = target_lib.step_report(step, target, costed=costed)
@@ -83,7 +90,9 @@ def run(cfg, target_name: str, slices: int, *, engine: bool, rl_rows, decode_bat
       "cost_model_note": main["cost_model_note"],
       "mfu_estimate": main["mfu_estimate"], "collectives": main["collectives"],
       "compile_seconds": main["compile_seconds"],
-      "loops_costed_once": main["loops_costed_once"], "mosaic_calls": main["mosaic_calls"],
+      "loops_costed_once": main["loops_costed_once"],
+      "cost_attention": cost_attention if costed else None,
+      "mosaic_calls": main["mosaic_calls"],
       "sparsecore_offloads": main["sparsecore_offloads"],
       "engine": {r["step"]: r for r in reports[1:]}}))
   return 0

@@ -34,7 +34,11 @@ costed as one layer: the cost figures come from a second compile with the layer 
 unrolled (`model.scan_unroll` = layers) and the losses' vocabulary chunks made one
 (`train.loss_vocab_chunk`, `train.mtp_vocab_chunk` = the vocabulary), the memory from the
 step as configured. Loops that remain (blockwise attention tiles, the decode loop's
-steps) are still counted once; the report names how many there are.
+steps) are still counted once; the report names how many there are. With
+`cost_attention='dense'` (`c2jax plan --target_cost_attention=dense`) the cost compile
+runs dense attention instead of blockwise tiles: every query-key pair is costed, with no
+causal skip and with the float32 scores' traffic, so the time estimate is an upper bound
+for the tiles where the default is a lower bound.
 """
 
 from __future__ import annotations
@@ -83,15 +87,23 @@ class CompiledStep:
     return hlo_comms.comm_volume(self.hlo_text, self.num_devices)
 
 
-def cost_config(cfg, losses: bool = True):
+COST_ATTENTION = ("as_configured", "dense")
+
+
+def cost_config(cfg, losses: bool = True, attention: str = "as_configured"):
   """cfg for the cost compile: the layer scans unrolled and (`losses`) the losses'
   vocabulary-chunk loops (train.loss_vocab_chunk, train.mtp_vocab_chunk) cut to one
   chunk, a loop of one trip that XLA removes, so every layer and every column is costed;
+  `attention='dense'`: dense attention instead of blockwise tiles (module docstring).
   None when cfg is that already."""
+  if attention not in COST_ATTENTION:
+    raise ValueError(f"cost attention {attention!r}: one of {COST_ATTENTION}")
   unrolled = cfg.copy_and_resolve_references()
   layers = max(cfg.model.num_layers, cfg.model.num_mtp_layers, 1)
   changed = cfg.model.scan_unroll < layers
   unrolled.model.scan_unroll = max(layers, cfg.model.scan_unroll)
+  if attention == "dense" and cfg.model.attention_impl != "dense":
+    unrolled.model.attention_impl, changed = "dense", True
   train = unrolled.get("train")
   for key in ("loss_vocab_chunk", "mtp_vocab_chunk") if losses else ():
     if train is not None and 0 < train.get(key, 0) < cfg.model.vocab_size:
@@ -99,19 +111,20 @@ def cost_config(cfg, losses: bool = True):
   return unrolled if changed else None
 
 
-def _twice(compile_fn, cfg, costed: bool) -> tuple:
+def _twice(compile_fn, cfg, costed: bool, cost_attention: str) -> tuple:
   """(as configured, with layers unrolled (or the same one), seconds); `costed=False` (a
   compiler without a cost model) skips the unrolled compile."""
   begun = time.perf_counter()
   compiled = compile_fn(cfg)
-  unrolled_cfg = cost_config(cfg) if costed else None
+  unrolled_cfg = cost_config(cfg, attention=cost_attention) if costed else None
   cost = compiled if unrolled_cfg is None else compile_fn(unrolled_cfg)
   return compiled, cost, time.perf_counter() - begun
 
 
-def compile_job_step(cfg, devices, rl_rows: int | None = None, *,
-                     costed: bool = True) -> CompiledStep:
-  """The job's step (train step; RL learner step for task = 'rl') for `devices`."""
+def compile_job_step(cfg, devices, rl_rows: int | None = None, *, costed: bool = True,
+                     cost_attention: str = "as_configured") -> CompiledStep:
+  """The job's step (train step; RL learner step for task = 'rl') for `devices`;
+  `cost_attention`: how the cost compile attends (cost_config)."""
   devices = list(devices)
   if cfg.get("task") == "rl":
     rows = rl_rows or memory_lib.rl_batch_rows(cfg, memory_lib.job_runtime(cfg, devices))
@@ -122,7 +135,7 @@ def compile_job_step(cfg, devices, rl_rows: int | None = None, *,
     fn = lambda c: memory_lib.compile_train_step(c, devices)[0]
     tokens, seq_len = cfg.train.batch_size * cfg.train.seq_len, cfg.train.seq_len
     label = "train step"
-  compiled, cost, seconds = _twice(fn, cfg, costed)
+  compiled, cost, seconds = _twice(fn, cfg, costed, cost_attention)
   flops = roofline.train_flops_per_token(cfg.model, seq_len) * tokens / len(devices)
   return CompiledStep(label, compiled, cost, seconds, flops, len(devices))
 
@@ -176,7 +189,8 @@ def _compile_engine(model_cfg, placement, *, slots: int, max_length: int, prefil
 
 def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int,
                          decode_steps: int = jax_engine.DEFAULT_MAX_DECODE_STEPS,
-                         costed: bool = True) -> list[CompiledStep]:
+                         costed: bool = True,
+                         cost_attention: str = "as_configured") -> list[CompiledStep]:
   """The rollout engine's prefill (one slot, a chunk of `prefill` tokens) and decode
   (up to `decode_steps` tokens for `slots` slots at `context` tokens) programs on
   `devices`: the programs JaxEngine compiles (its decode call runs up to
@@ -188,7 +202,7 @@ def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int
   kwargs = dict(slots=slots, max_length=max_length, prefill=prefill, decode_steps=decode_steps)
   begun = time.perf_counter()
   as_configured = _compile_engine(cfg.model, placement, **kwargs)
-  unrolled = cost_config(cfg, losses=False) if costed else None
+  unrolled = cost_config(cfg, losses=False, attention=cost_attention) if costed else None
   costed = (as_configured if unrolled is None else
             _compile_engine(unrolled.model, placement, **kwargs))
   seconds = time.perf_counter() - begun

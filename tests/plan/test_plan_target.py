@@ -119,6 +119,15 @@ def test_the_cost_compile_unrolls_the_layers_and_the_losses_vocabulary_loops():
   cfg.model.scan_unroll, cfg.train.loss_vocab_chunk = 8, 0  # 0: the full-logits path
   cfg.train.mtp_vocab_chunk = cfg.model.vocab_size
   assert target_lib.cost_config(cfg) is None  # nothing to unroll: one compile
+  # Blockwise tiles are a loop too: costed dense on request, as configured otherwise.
+  cfg.model.attention_impl = "blockwise"
+  assert target_lib.cost_config(cfg) is None
+  dense = target_lib.cost_config(cfg, attention="dense")
+  assert dense.model.attention_impl == "dense" and cfg.model.attention_impl == "blockwise"
+  cfg.model.attention_impl = "dense"
+  assert target_lib.cost_config(cfg, attention="dense") is None
+  with pytest.raises(ValueError, match="cost attention 'flash'"):
+    target_lib.cost_config(cfg, attention="flash")
 
 
 def test_a_report_without_its_cost_compile_says_why():
@@ -149,7 +158,8 @@ def test_plan_memory_target_v5p8_tiny():
           f"--config.model.scan_unroll={layers}", "--config.train.batch_size=8",
           "--config.train.seq_len=64", "--config.model.moe_impl=pallas",
           "--config.parallel.mesh.expert=2", "--config.parallel.mesh.context=2",
-          "--config.train.loss_vocab_chunk=8192"]  # one chunk: no loop left to unroll
+          "--config.train.loss_vocab_chunk=8192",  # one chunk: no loop left to unroll
+          "--target_cost_attention=dense"]  # tiny attends dense already: still one compile
   result = subprocess.run([sys.executable, "-m", "c2jax.cli", "plan", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
@@ -162,6 +172,7 @@ def test_plan_memory_target_v5p8_tiny():
   assert (mesh["fsdp"], mesh["expert"], mesh["context"], out["fits"]) == (1, 2, 2, True)
   assert out["flops"] > 0 and 0 < out["cost_model_seconds"] < 1
   assert 0 < out["mfu_estimate"] < 1 and out["sparsecore_offloads"] == 0
+  assert out["cost_attention"] == "dense" and out["loops_costed_once"] >= 0
   assert out["collectives"]["all-gather"]["executions"] > 0  # sharded params are gathered
   assert out["mosaic_calls"] >= 3  # megablox forward and both gradients, through Mosaic
 

@@ -13,6 +13,20 @@ layers), because XLA's cost analysis counts a loop body once. c2jax's side is
 own virtualenv: pip install "maxtext[tpu]==0.2.5"), which prints the compiled step's cost
 and memory analyses. Prints both, and c2jax / MaxText ratios: compiler estimates, not
 measured speed. --maxtext_log reads a saved train_compile output instead of compiling.
+
+--model=deepseek_v3 compiles DeepSeek-V3 671B's dimensions instead (MaxText's
+`deepseek3-671b`, c2jax's `configs/pretrain.py:deepseek_v3`) with --layers decoder layers
+(3 dense, then MoE) and one MTP layer, unrolled on both sides, on the real-scale mesh:
+expert 8 x context 2 (contiguous shards, as MTP needs) x fsdp the rest, one sequence of
+--seq_len tokens per chip, group-limited sigmoid routing (8 groups, top 4), expert
+parallelism with bf16 dispatch. MaxText's megablox path is dropless (its capacity_factor
+applies only to its dense einsum path); c2jax runs its config's capacity factor 1.25, or
+dropless with --c2jax_extra=model.moe.ep_capacity_factor=0. At 4,096 tokens c2jax attends
+in blockwise tiles, a loop the cost analysis counts once; --c2jax_cost_attention=dense
+costs every query-key pair instead (an upper bound; MaxText runs its splash kernel):
+
+  MAXTEXT_PYTHON=... PYTHONPATH=. python tools/bench/compile_vs_maxtext.py \
+      --model=deepseek_v3 --target=v5p-512 --layers=4 --per_device_batch=1 --seq_len=4096
 """
 
 from __future__ import annotations
@@ -38,18 +52,38 @@ SMALL_OVERRIDES = (
     "kv_lora_rank=128 qk_nope_head_dim=32 qk_rope_head_dim=16 v_head_dim=32 "
     "rope_type=default").split()
 LAYERS = 8
+# DeepSeek-V3 671B as c2jax's real-scale config runs it (configs/pretrain.py): the mesh's
+# expert and context axes, MTP, group-limited routing, capacity-bounded EP dispatch.
+EXPERT_WAYS, CONTEXT_WAYS = 8, 2
 
 
-def maxtext_command(python: str, target: str, per_device_batch: int, seq_len: int) -> list:
+def deepseek_v3_overrides(layers: int, chips: int) -> list[str]:
+  """MaxText's `deepseek3-671b` with `layers` decoder layers on c2jax's real-scale mesh."""
+  if chips % (EXPERT_WAYS * CONTEXT_WAYS):
+    raise SystemExit(f"--model=deepseek_v3 needs a multiple of {EXPERT_WAYS * CONTEXT_WAYS} "
+                     f"chips (expert x context); the target has {chips}")
+  return ["model_name=deepseek3-671b", "override_model_config=true",
+          f"base_num_decoder_layers={layers}", "mtp_num_layers=1",
+          "n_routing_groups=8", "topk_routing_group=4",
+          f"ici_fsdp_parallelism={chips // (EXPERT_WAYS * CONTEXT_WAYS)}",
+          f"ici_expert_parallelism={EXPERT_WAYS}", f"ici_context_parallelism={CONTEXT_WAYS}",
+          "context_parallel_load_balance=false", "allow_split_physical_axes=true"]
+
+
+def maxtext_command(python: str, target: str, per_device_batch: int, seq_len: int,
+                    model: str = "small", layers: int = LAYERS, chips: int = 0,
+                    extra: tuple = ()) -> list:
   configs = subprocess.run(
       [python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
       capture_output=True, text=True, check=True).stdout.strip()
+  overrides = (SMALL_OVERRIDES if model == "small"
+               else deepseek_v3_overrides(layers, chips))
   return [python, "-m", "maxtext.trainers.pre_train.train_compile",
           f"{configs}/configs/base.yml", "run_name=compile_vs_c2jax",
           f"base_output_directory={os.path.join(tempfile.gettempdir(), 'maxtext_compile')}", f"compile_topology={target}",
           "compile_topology_num_slices=1", f"per_device_batch_size={per_device_batch}",
           f"max_target_length={seq_len}", "dataset_type=synthetic", "scan_layers=false",
-          "remat_policy=full", "enable_checkpointing=false", *SMALL_OVERRIDES]
+          "remat_policy=full", "enable_checkpointing=false", *overrides, *extra]
 
 
 def parse_maxtext(log: str) -> dict:
@@ -71,18 +105,31 @@ def parse_maxtext(log: str) -> dict:
           "cost_model_seconds": float(analysis["optimal_seconds"])}
 
 
-def c2jax_settings(global_batch: int, seq_len: int) -> list[str]:
-  """c2jax's `small` as it is compiled beside MaxText: 'key=value' config overrides."""
+def c2jax_settings(global_batch: int, seq_len: int, model: str = "small",
+                   layers: int = LAYERS) -> list[str]:
+  """c2jax's step as it is compiled beside MaxText: 'key=value' config overrides."""
+  if model == "small":
+    return [f"train.batch_size={global_batch}", f"train.seq_len={seq_len}",
+            "model.dtype=bfloat16", "model.param_dtype=float32",
+            "model.opt_state_dtype=float32", "model.remat=full", "model.moe_impl=pallas",
+            f"model.scan_unroll={LAYERS}"]
+  # configs/pretrain.py:deepseek_v3 already has bf16 compute, float32 masters and
+  # moments, full remat, megablox and the mesh; only MXFP8 dispatch is turned off,
+  # as MaxText dispatches in the compute dtype.
   return [f"train.batch_size={global_batch}", f"train.seq_len={seq_len}",
-          "model.dtype=bfloat16", "model.param_dtype=float32",
-          "model.opt_state_dtype=float32", "model.remat=full", "model.moe_impl=pallas",
-          f"model.scan_unroll={LAYERS}"]
+          f"model.num_layers={layers}", f"model.scan_unroll={layers}",
+          "model.moe.ep_dispatch_quant=none"]
 
 
-def c2jax_plan(target: str, global_batch: int, seq_len: int) -> dict:
-  args = ["--config=configs/pretrain.py:small", "--memory", f"--target={target}",
-          *(f"--config.{setting}" for setting in c2jax_settings(global_batch, seq_len))]
-  env = dict(os.environ, PYTHONPATH=str(REPO))
+def c2jax_plan(target: str, global_batch: int, seq_len: int, model: str = "small",
+               layers: int = LAYERS, extra: tuple = (),
+               cost_attention: str = "as_configured") -> dict:
+  config = "small" if model == "small" else "deepseek_v3"
+  args = [f"--config=configs/pretrain.py:{config}", "--memory", f"--target={target}",
+          f"--target_cost_attention={cost_attention}",
+          *(f"--config.{setting}"
+            for setting in (*c2jax_settings(global_batch, seq_len, model, layers), *extra))]
+  env = dict(os.environ, PYTHONPATH=str(REPO), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
   result = subprocess.run([sys.executable, "-m", "c2jax.cli", "plan", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, check=False)
   if result.returncode:
@@ -96,6 +143,18 @@ def c2jax_plan(target: str, global_batch: int, seq_len: int) -> dict:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--model", choices=("small", "deepseek_v3"), default="small")
+  parser.add_argument("--layers", type=int, default=None,
+                      help="decoder layers (--model=deepseek_v3; default 4: 3 dense, 1 MoE)")
+  parser.add_argument("--maxtext_extra", default="",
+                      help="more MaxText overrides, space-separated (e.g. num_vocab_tiling=16)")
+  parser.add_argument("--c2jax_extra", default="",
+                      help="more c2jax config overrides, space-separated key=value")
+  parser.add_argument("--c2jax_cost_attention", choices=("as_configured", "dense"),
+                      default="as_configured",
+                      help="c2jax plan --target_cost_attention: blockwise attention's "
+                           "tiles costed once (as_configured, a lower bound) or every "
+                           "query-key pair (dense, an upper bound)")
   parser.add_argument("--target", default="v5p-8")
   parser.add_argument("--per_device_batch", type=int, default=8)
   parser.add_argument("--seq_len", type=int, default=256)
@@ -108,6 +167,9 @@ def main(argv=None) -> int:
   from c2jax.plan import topologies  # pylint: disable=g-import-not-at-top
 
   chips = topologies.parse_target(args.target).num_devices
+  layers = args.layers or (LAYERS if args.model == "small" else 4)
+  if args.model == "small" and layers != LAYERS:
+    raise SystemExit(f"--layers applies to --model=deepseek_v3; small has {LAYERS}")
   if args.maxtext_log:
     log = pathlib.Path(args.maxtext_log).read_text()
   else:
@@ -115,14 +177,16 @@ def main(argv=None) -> int:
     if not python:
       raise SystemExit("set MAXTEXT_PYTHON to the python of a MaxText 0.2.5 virtualenv, "
                        "or pass --maxtext_log")
-    command = maxtext_command(python, args.target, args.per_device_batch, args.seq_len)
+    command = maxtext_command(python, args.target, args.per_device_batch, args.seq_len,
+                              args.model, layers, chips, tuple(args.maxtext_extra.split()))
     result = subprocess.run(command, capture_output=True, text=True, check=False,
                             env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
     log = result.stdout + result.stderr
     if args.save_maxtext_log:
       pathlib.Path(args.save_maxtext_log).write_text(log)
   maxtext = parse_maxtext(log)
-  c2jax = c2jax_plan(args.target, args.per_device_batch * chips, args.seq_len)
+  c2jax = c2jax_plan(args.target, args.per_device_batch * chips, args.seq_len, args.model,
+                     layers, tuple(args.c2jax_extra.split()), args.c2jax_cost_attention)
   rows = [("per device, TPU compiler estimates", "c2jax", "MaxText 0.2.5", "c2jax / MaxText")]
   for key, scale, unit in (("argument_bytes", 1e6, "MB"), ("output_bytes", 1e6, "MB"),
                            ("alias_bytes", 1e6, "MB"), ("temp_bytes", 1e6, "MB"),
@@ -134,7 +198,9 @@ def main(argv=None) -> int:
   widths = [max(len(r[i]) for r in rows) for i in range(4)]
   for row in rows:
     print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
-  print(json.dumps({"target": args.target, "c2jax": c2jax, "maxtext": maxtext}))
+  print(json.dumps({"target": args.target, "model": args.model, "layers": layers,
+                    "c2jax_cost_attention": args.c2jax_cost_attention,
+                    "c2jax": c2jax, "maxtext": maxtext}))
   return 0
 
 
