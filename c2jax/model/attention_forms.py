@@ -122,13 +122,25 @@ def training_impl(cfg, queries_BxLx_, keys_BxTx_, heads, kv_heads, qk_dim, v_dim
                           mask=mask)
 
 
+# Cache elements a layer (B x T x K x E) from which a one-token CPU step streams the cache
+# (gqa_step) instead of running the dots. Measured in the engine's decode loop (tokens/s,
+# streaming / dots, 2026-11-28, 2-core Xeon): 0.92-0.96 at qwen3_small batch 1 and
+# qwen3_tiny batch 1 and 32 (22.5k, 2.8k, 90k elements), 1.00 at qwen3_small batch 8
+# (180k), 1.08 at batch 32 (720k); 1.5-5.9x for the attention alone at 4,096 tokens of
+# context (1.07M and more; docs/benchmarks.md). Below it the streaming reductions' fixed
+# cost (YNNPACK fusions of 40-100 us each, two a layer) outweighs the cache copy they save.
+STREAM_MIN_CACHE = 1 << 17
+
+
 def gqa_attend(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1xLxT, dtype):
   """Query head j*G + i reads kv head j (HF repeat_kv order), without materialising
   repeated keys; works on per-shard heads as long as both head axes split alike."""
   batch, length, heads, e = q_BxLxHxE.shape
   kv_heads = keys_BxTxKxE.shape[2]
   q_BxLxKxGxE = q_BxLxHxE.reshape(batch, length, kv_heads, heads // kv_heads, e)
-  form = gqa_step if length == 1 and kernels.target_platform() == "cpu" else gqa_dots
+  streams = (length == 1 and kernels.target_platform() == "cpu"
+             and keys_BxTxKxE.size >= STREAM_MIN_CACHE)
+  form = gqa_step if streams else gqa_dots
   out_BxLxKxGxE = form(q_BxLxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1xLxT, dtype)
   return out_BxLxKxGxE.reshape(q_BxLxHxE.shape)
 
@@ -142,8 +154,9 @@ def gqa_dots(q_BxLxKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1xLxT, dtype):
 
 
 def gqa_step(q_Bx1xKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1x1xT, dtype):
-  """One query token a row (a decode step) on CPU, as multiply-and-sum over the cache as it
-  lies ([B, T, K, E]), in float32. A dot_general wants the batch axes (B, K) outermost,
+  """One query token a row (a decode step) on CPU, with a cache of STREAM_MIN_CACHE
+  elements or more, as multiply-and-sum over the cache as it lies ([B, T, K, E]), in
+  float32. A dot_general wants the batch axes (B, K) outermost,
   so XLA:CPU copies each layer's whole cache into [B, K, T, E] on every step: at 4,096
   tokens of context and batch 8 that copy made the attention 5.9x slower than these two
   streaming reductions (tools/bench/bench_decode_attention.py). Not on TPU: its compiler

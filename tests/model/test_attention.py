@@ -108,10 +108,28 @@ def test_prefill_through_cache_matches_training_path(layer):
   assert np.all(np.asarray(filled[:, L:]) == 0)  # slots past the prompt stay untouched
 
 
-def test_one_token_steps_through_cache_match_training_path(layer):
-  """Decode steps (one token a row: GQA's streaming `_gqa_step`, MLA's absorbed dots)
-  give the training path's outputs, rows at different positions included."""
-  cfg, params, run = layer
+@pytest.fixture(name="step_layer", params=["as_chosen", "gqa_streaming"])
+def _step_layer(request, layer, monkeypatch):
+  """`layer`, and GQA once more with every one-token step streaming the cache
+  (attention_forms.gqa_step, which these tiny caches are below the size of)."""
+  if request.param == "as_chosen":
+    return layer
+  if layer[0].attention != "gqa":
+    pytest.skip("GQA's decode form")
+  monkeypatch.setattr(attention_forms, "STREAM_MIN_CACHE", 0)
+  return _build("gqa")  # traced afresh under the patched threshold
+
+
+def test_one_token_steps_through_cache_match_training_path(step_layer, monkeypatch):
+  """Decode steps (one token a row: GQA's dots or streaming `gqa_step`, MLA's absorbed
+  dots) give the training path's outputs, rows at different positions included."""
+  cfg, params, run = step_layer
+  if cfg.attention == "gqa":  # the form each step takes, recorded as it is traced
+    forms_used = []
+    for form in ("gqa_step", "gqa_dots"):
+      real = getattr(attention_forms, form)
+      monkeypatch.setattr(attention_forms, form, lambda *a, real=real, form=form: (
+          forms_used.append((form, a[0].shape[1])), real(*a))[1])
   x, positions = _inputs(cfg)
   expected, _ = run(params, x, positions)
   cache = jax.tree.map(lambda c: c[0], init_cache(cfg, B, 16)["dense_layers"])
@@ -127,6 +145,10 @@ def test_one_token_steps_through_cache_match_training_path(layer):
   row1, _ = run(params, rewound, positions[1:, :L - 3])
   np.testing.assert_allclose(staggered[0], expected[0, L - 2:L - 1], atol=1e-5)
   np.testing.assert_allclose(staggered[1], row1[0, -1:], atol=1e-5)
+  if cfg.attention == "gqa":
+    streaming = attention_forms.STREAM_MIN_CACHE == 0
+    steps = {form for form, length in forms_used if length == 1}
+    assert steps == {"gqa_step" if streaming else "gqa_dots"}
 
 
 @pytest.mark.parametrize("impl", ["dense", "blockwise"])
