@@ -70,7 +70,7 @@ def deepseek_v3_overrides(layers: int, chips: int) -> list[str]:
           "context_parallel_load_balance=false", "allow_split_physical_axes=true"]
 
 
-def maxtext_command(python: str, target: str, per_device_batch: int, seq_len: int,
+def maxtext_command(python: str, target: str, per_device_batch: float | str, seq_len: int,
                     model: str = "small", layers: int = LAYERS, chips: int = 0,
                     extra: tuple = ()) -> list:
   configs = subprocess.run(
@@ -156,7 +156,9 @@ def main(argv=None) -> int:
                            "tiles costed once (as_configured, a lower bound) or every "
                            "query-key pair (dense, an upper bound)")
   parser.add_argument("--target", default="v5p-8")
-  parser.add_argument("--per_device_batch", type=int, default=8)
+  parser.add_argument("--per_device_batch", type=float, default=8,
+                      help="sequences per chip; a fraction when a sequence spans chips "
+                           "(e.g. 0.5 on v5p-1024 for DeepSeek-V3's 256 sequences)")
   parser.add_argument("--seq_len", type=int, default=256)
   parser.add_argument("--maxtext_log", default=None,
                       help="a saved train_compile output to read instead of compiling")
@@ -167,6 +169,11 @@ def main(argv=None) -> int:
   from c2jax.plan import topologies  # pylint: disable=g-import-not-at-top
 
   chips = topologies.parse_target(args.target).num_devices
+  global_batch = args.per_device_batch * chips
+  if global_batch != int(global_batch) or global_batch < 1:
+    raise SystemExit(f"--per_device_batch={args.per_device_batch} x {chips} chips is not a "
+                     "whole number of sequences")
+  per_device = f"{args.per_device_batch:g}"
   layers = args.layers or (LAYERS if args.model == "small" else 4)
   if args.model == "small" and layers != LAYERS:
     raise SystemExit(f"--layers applies to --model=deepseek_v3; small has {LAYERS}")
@@ -177,7 +184,7 @@ def main(argv=None) -> int:
     if not python:
       raise SystemExit("set MAXTEXT_PYTHON to the python of a MaxText 0.2.5 virtualenv, "
                        "or pass --maxtext_log")
-    command = maxtext_command(python, args.target, args.per_device_batch, args.seq_len,
+    command = maxtext_command(python, args.target, per_device, args.seq_len,
                               args.model, layers, chips, tuple(args.maxtext_extra.split()))
     result = subprocess.run(command, capture_output=True, text=True, check=False,
                             env=dict(os.environ, ALLOW_MULTIPLE_LIBTPU_LOAD="1"))
@@ -185,7 +192,7 @@ def main(argv=None) -> int:
     if args.save_maxtext_log:
       pathlib.Path(args.save_maxtext_log).write_text(log)
   maxtext = parse_maxtext(log)
-  c2jax = c2jax_plan(args.target, args.per_device_batch * chips, args.seq_len, args.model,
+  c2jax = c2jax_plan(args.target, int(global_batch), args.seq_len, args.model,
                      layers, tuple(args.c2jax_extra.split()), args.c2jax_cost_attention)
   rows = [("per device, TPU compiler estimates", "c2jax", "MaxText 0.2.5", "c2jax / MaxText")]
   for key, scale, unit in (("argument_bytes", 1e6, "MB"), ("output_bytes", 1e6, "MB"),
