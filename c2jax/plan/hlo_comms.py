@@ -11,6 +11,9 @@ does for the SPMD partitioner's windowed einsums, the count of a loop of the for
 `for i = a; i < N; i += s` read from its condition and body), nested loops multiply;
 every branch of a conditional counts as taken (an upper bound). The compiled text
 names operands without shapes, so shapes are looked up from their defining instructions.
+libtpu writes a reduce-scatter as a fusion named `all-reduce-scatter*` around an
+all-reduce and the dynamic slice of this device's part; such an all-reduce is counted as
+the reduce-scatter it runs as.
 
 Two byte counts per device:
   operand bytes  what the device passes in (its shard for an all-gather, its full
@@ -41,6 +44,8 @@ _CALLEE = re.compile(r"\b(?:body|condition|calls|to_apply|true_computation|"
                      r"false_computation)=%?([^\s,}]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+# The computation libtpu fuses a reduce-scatter into (an all-reduce, then a dynamic slice).
+_REDUCE_SCATTER_FUSION = "all-reduce-scatter"
 
 
 def dtype_bits(name: str) -> int:
@@ -266,6 +271,8 @@ def comm_volume(hlo_text: str, num_devices: int | None = None) -> dict[str, Comm
       kind = ins.opcode.removesuffix("-start")
       if kind not in volumes or ins.opcode.endswith("-done") or runs[name] == 0:
         continue
+      if kind == "all-reduce" and name.startswith(_REDUCE_SCATTER_FUSION):
+        kind = "reduce-scatter"
       operand = sum(shape_bytes(types[o]) for o in ins.operands if o in types)
       if ins.opcode.endswith("-start") and kind != "collective-permute":
         # Async starts return (operands, results[, scratch]): the results follow.

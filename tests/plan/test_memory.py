@@ -108,6 +108,48 @@ _TPU_LOOP = textwrap.dedent("""\
     """)
 
 
+# libtpu's reduce-scatter, as its compiled HLO prints it: an all-reduce and the slice of
+# this device's part, fused (the head's gradient of `tiny` on v5p-8, fsdp 4).
+_TPU_REDUCE_SCATTER = textwrap.dedent("""\
+    HloModule jit_train_step
+
+    %add (x: f32[], y: f32[]) -> f32[] {
+      %x = f32[] parameter(0)
+      %y = f32[] parameter(1)
+      ROOT %s = f32[] add(%x, %y)
+    }
+
+    %all-reduce-scatter.6 (input.6: f32[64,8192]) -> f32[16,8192] {
+      %input.6 = f32[64,8192]{1,0:T(8,128)} parameter(0)
+      %all-reduce.129 = f32[64,8192]{1,0:T(8,128)} all-reduce(%input.6), channel_id=103, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add
+      %partition-id.36 = u32[] partition-id()
+      %constant.1079 = u32[] constant(16)
+      %multiply.202 = u32[]{:T(128)} multiply(%partition-id.36, %constant.1079)
+      %constant.1080 = u32[] constant(0)
+      ROOT %dynamic-slice.171 = f32[16,8192]{1,0:T(8,128)} dynamic-slice(%all-reduce.129, %multiply.202, %constant.1080), dynamic_slice_sizes={16,8192}
+    }
+
+    ENTRY %main (g: f32[64,8192], l: f32[]) -> (f32[16,8192], f32[]) {
+      %g = f32[64,8192]{1,0:T(8,128)} parameter(0)
+      %l = f32[]{:T(128)} parameter(1)
+      %fusion.6 = f32[16,8192]{1,0:T(8,128)} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.6
+      %all-reduce.7 = f32[]{:T(128)} all-reduce(%l), channel_id=104, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add
+      ROOT %t = (f32[16,8192]{1,0:T(8,128)}, f32[]{:T(128)}) tuple(%fusion.6, %all-reduce.7)
+    }
+    """)
+
+
+def test_libtpu_reduce_scatter_fusions_count_as_reduce_scatters():
+  """The fused all-reduce + slice moves a reduce-scatter's bytes, (n-1)/n of the summand,
+  not an all-reduce's twice that; a plain all-reduce (the loss) stays one."""
+  volumes = hlo_comms.comm_volume(_TPU_REDUCE_SCATTER)
+  rs, ar = volumes["reduce-scatter"], volumes["all-reduce"]
+  summand = 64 * 8192 * 4
+  assert (rs.ops, rs.executions, rs.operand_bytes) == (1, 1, summand)
+  assert rs.wire_bytes == pytest.approx(0.75 * summand)
+  assert (ar.ops, ar.operand_bytes, ar.wire_bytes) == (1, 4, pytest.approx(2 * 0.75 * 4))
+
+
 def test_loops_without_a_trip_count_are_counted_from_their_condition():
   """i = 1; 9 > i; i += 2: 4 trips of the body's permute. A loop whose condition is not
   of that form (the second, `true`) stays unknown, so its collectives are an error."""
