@@ -172,7 +172,7 @@ def test_plan_memory_target_v5p8_tiny():
   assert (mesh["fsdp"], mesh["expert"], mesh["context"], out["fits"]) == (1, 2, 2, True)
   assert out["flops"] > 0 and 0 < out["cost_model_seconds"] < 1
   assert 0 < out["mfu_estimate"] < 1 and out["sparsecore_offloads"] == 0
-  assert out["cost_attention"] == "dense" and out["loops_costed_once"] >= 0
+  assert out["cost_attention"] == "dense"
   assert out["collectives"]["all-gather"]["executions"] > 0  # sharded params are gathered
   assert out["mosaic_calls"] >= 3  # megablox forward and both gradients, through Mosaic
 

@@ -16,10 +16,10 @@ measured speed. --maxtext_log reads a saved train_compile output instead of comp
 
 --model=deepseek_v3 compiles DeepSeek-V3 671B's dimensions instead (MaxText's
 `deepseek3-671b`, c2jax's `configs/pretrain.py:deepseek_v3`) with --layers decoder layers
-(3 dense, then MoE) and one MTP layer, unrolled on both sides, on the real-scale mesh:
-expert 8 x context 2 (contiguous shards, as MTP needs) x fsdp the rest, one sequence of
---seq_len tokens per chip, group-limited sigmoid routing (8 groups, top 4), expert
-parallelism with bf16 dispatch. MaxText's megablox path is dropless (its capacity_factor
+(3 dense, then MoE) and its MTP layer, unrolled on both sides, on c2jax's real-scale mesh
+(the config's expert and context axes, contiguous context shards as MTP needs, fsdp the
+rest), --per_device_batch sequences of --seq_len tokens per chip, the config's
+group-limited routing, expert parallelism with bf16 dispatch. MaxText's megablox path is dropless (its capacity_factor
 applies only to its dense einsum path); c2jax runs its config's capacity factor 1.25, or
 dropless with --c2jax_extra=model.moe.ep_capacity_factor=0. At 4,096 tokens c2jax attends
 in blockwise tiles, a loop the cost analysis counts once; --c2jax_cost_attention=dense
@@ -52,22 +52,31 @@ SMALL_OVERRIDES = (
     "kv_lora_rank=128 qk_nope_head_dim=32 qk_rope_head_dim=16 v_head_dim=32 "
     "rope_type=default").split()
 LAYERS = 8
-# DeepSeek-V3 671B as c2jax's real-scale config runs it (configs/pretrain.py): the mesh's
-# expert and context axes, MTP, group-limited routing, capacity-bounded EP dispatch.
-EXPERT_WAYS, CONTEXT_WAYS = 8, 2
+
+
+def deepseek_v3_config():
+  """c2jax's real-scale DeepSeek-V3 job (configs/pretrain.py:deepseek_v3; the repository
+  root on sys.path, as main puts it)."""
+  from configs import pretrain  # pylint: disable=g-import-not-at-top
+  return pretrain.get_config("deepseek_v3")
 
 
 def deepseek_v3_overrides(layers: int, chips: int) -> list[str]:
-  """MaxText's `deepseek3-671b` with `layers` decoder layers on c2jax's real-scale mesh."""
-  if chips % (EXPERT_WAYS * CONTEXT_WAYS):
-    raise SystemExit(f"--model=deepseek_v3 needs a multiple of {EXPERT_WAYS * CONTEXT_WAYS} "
-                     f"chips (expert x context); the target has {chips}")
+  """MaxText's `deepseek3-671b` with `layers` decoder layers, laid out as c2jax's
+  real-scale job is: its mesh, MTP layers, routing groups and context sharding."""
+  cfg = deepseek_v3_config()
+  expert, context = cfg.parallel.mesh.expert, cfg.parallel.mesh.context
+  if chips % (expert * context):
+    raise SystemExit(f"--model=deepseek_v3 needs a multiple of {expert * context} chips "
+                     f"(expert {expert} x context {context}); the target has {chips}")
+  moe = cfg.model.moe
   return ["model_name=deepseek3-671b", "override_model_config=true",
-          f"base_num_decoder_layers={layers}", "mtp_num_layers=1",
-          "n_routing_groups=8", "topk_routing_group=4",
-          f"ici_fsdp_parallelism={chips // (EXPERT_WAYS * CONTEXT_WAYS)}",
-          f"ici_expert_parallelism={EXPERT_WAYS}", f"ici_context_parallelism={CONTEXT_WAYS}",
-          "context_parallel_load_balance=false", "allow_split_physical_axes=true"]
+          f"base_num_decoder_layers={layers}", f"mtp_num_layers={cfg.model.num_mtp_layers}",
+          f"n_routing_groups={moe.n_group}", f"topk_routing_group={moe.topk_group}",
+          f"ici_fsdp_parallelism={chips // (expert * context)}",
+          f"ici_expert_parallelism={expert}", f"ici_context_parallelism={context}",
+          f"context_parallel_load_balance={str(cfg.parallel.context_load_balance).lower()}",
+          "allow_split_physical_axes=true"]
 
 
 def maxtext_command(python: str, target: str, per_device_batch: float | str, seq_len: int,
