@@ -4,7 +4,8 @@ Behaviour follows explicit fields, never a model's name:
   attention   'mla' (DeepSeek/Kimi latent attention) | 'gqa' (grouped-query, Qwen3)
   moe.router  'sigmoid_bias' (DeepSeek-V3 scores + selection-only correction bias) | 'softmax'
   moe.expert_parallel  'auto' (all-to-all expert parallelism when the mesh has an expert
-              axis) | 'off'; moe.ep_capacity_factor, moe.ep_dispatch_quant 'none' | 'mxfp8'
+              axis) | 'off'; moe.ep_capacity_factor, moe.ep_dispatch_quant 'none' | 'mxfp8',
+              moe.ep_exchange 'auto' | 'fixed' | 'ragged'
   moe_impl    'dense' (reference) | 'ragged' (sort by expert + grouped matmul) | 'pallas'
               | 'gathered' (per-copy weight gather; chosen anyway for calls with T*K <= E);
               calls against a KV cache (decoding, prefill) run 'ragged' in place of 'dense'
@@ -108,6 +109,9 @@ def defaults() -> ml_collections.ConfigDict:
   c.moe.ep_capacity_factor = 0.0
   # Dispatched tokens' wire format: 'none' (model dtype) | 'mxfp8' (E4M3 + E8M0 per 32).
   c.moe.ep_dispatch_quant = "none"
+  # Token exchange: 'fixed' capacity buckets | 'ragged' only the copies each shard has for
+  # another (dropless: capacity factor 0) | 'auto' ragged where dropless on TPU and GPU.
+  c.moe.ep_exchange = "auto"
 
   c.moe_impl = "dense"
   c.quant = "none"
@@ -146,6 +150,11 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   configlib.check_choice(cfg, "moe_impl", moe.DISPATCH)
   configlib.check_choice(cfg, "moe.expert_parallel", expert_parallel.MODES)
   configlib.check_choice(cfg, "moe.ep_dispatch_quant", expert_parallel.DISPATCH_FORMATS)
+  configlib.check_choice(cfg, "moe.ep_exchange", expert_parallel.EXCHANGES)
+  if cfg.moe.ep_exchange == "ragged" and cfg.moe.ep_capacity_factor != 0:
+    raise configlib.ConfigError(
+        "moe.ep_exchange", f"= 'ragged' drops nothing, but moe.ep_capacity_factor = "
+        f"{cfg.moe.ep_capacity_factor}; set the factor to 0 or the exchange to 'fixed'.")
   configlib.check_choice(cfg, "quant", _quant_recipes())
 
   if cfg.attention == "gqa":

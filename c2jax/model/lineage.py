@@ -49,6 +49,7 @@ FREE_KEYS: dict[str, str] = {
     "moe.ep_capacity_factor": "expert-parallel buffer size (drops are reported as a metric)",
     "moe.ep_dispatch_quant": "wire format of dispatched tokens; the expert weights and "
                              "the routing are the checkpoint's",
+    "moe.ep_exchange": "how dispatched tokens travel between expert shards",
     "moe.bias_update_rate": "a training hyperparameter of the load balancer",
     "moe.aux_loss_coef": "a training loss weight",
     "moe.replay_filter_factor": "an RL router-replay setting",

@@ -126,7 +126,8 @@ class Experts(nn.Module):
     return expert_parallel.moe_forward(
         x_TxD, weights_TxK, indices_TxK, experts, plan, local_dispatch=DISPATCH[cfg.moe_impl],
         quant=cfg.quant, capacity_factor=cfg.moe.ep_capacity_factor,
-        dispatch_quant=cfg.moe.ep_dispatch_quant, logical_axes=axes)
+        dispatch_quant=cfg.moe.ep_dispatch_quant, logical_axes=axes,
+        exchange=cfg.moe.ep_exchange)
 
 
 class MoE(nn.Module):

@@ -17,6 +17,8 @@ every shard, for its local tokens:
      (c2jax.model.moe_dispatch.DISPATCH: sort by local expert, grouped matmul);
   4. sends the outputs back with a second all-to-all (model dtype) and combines them with
      the float32 gate weights, as the single-device dispatches do.
+Without drops, `exchange='ragged'` (c2jax.parallel.expert_ragged) sends only the copies a
+shard has for another instead of worst-case buckets; 'auto' picks it on TPU and GPU.
 Capacity C is per (source, destination) pair. The default (capacity_factor 0) is the
 no-drop worst case, every local copy to one shard: C = T_local * K. A factor f > 0 gives
 C = min(T_local * K, ceil(f * T_local * K / N)); a dropped copy contributes zero to its
@@ -42,8 +44,13 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import c2jax_kernels as kernels
+from c2jax.parallel import expert_ragged
 
 MODES = ("auto", "off")  # config.moe.expert_parallel
+# config.moe.ep_exchange: 'fixed' buckets of capacity C both ways (this module), 'ragged'
+# only the rows each shard has for another (c2jax.parallel.expert_ragged; dropless), 'auto'
+# ragged where the run is dropless and the platform has the collective (TPU, GPU).
+EXCHANGES = ("auto", "fixed", "ragged")
 # config.moe.ep_dispatch_quant -> block format of the dispatched tokens (None: model dtype).
 DISPATCH_FORMATS: dict[str, str | None] = {"none": None, "mxfp8": "mxfp8_e4m3"}
 
@@ -267,10 +274,27 @@ def dispatch_combine_local(x_TxD, weights_TxK, indices_TxK, valid_T, local_exper
   return y_TxD.astype(x_TxD.dtype), dropped
 
 
+def resolve_exchange(exchange: str, capacity_factor: float,
+                     platform: str | None = None) -> str:
+  """'fixed' | 'ragged' for config.moe.ep_exchange; 'ragged' drops nothing, so it needs
+  capacity_factor 0. `platform`: the one the step compiles for (default: the mesh's)."""
+  if exchange not in EXCHANGES:
+    raise ValueError(f"ep_exchange = {exchange!r}; choose one of {list(EXCHANGES)} "
+                     "(config.moe.ep_exchange).")
+  if exchange == "auto":
+    platform = platform or kernels.target_platform()
+    return "ragged" if capacity_factor == 0 and platform in ("tpu", "gpu") else "fixed"
+  if exchange == "ragged" and capacity_factor != 0:
+    raise ValueError(f"ep_exchange = 'ragged' is dropless, but ep_capacity_factor = "
+                     f"{capacity_factor}; set config.moe.ep_capacity_factor = 0 or "
+                     "config.moe.ep_exchange = 'fixed'.")
+  return exchange
+
+
 def moe_forward(x_TxD, weights_TxK, indices_TxK, experts, plan: ExpertParallelPlan, *,
                 local_dispatch: Callable, quant: str = "none",
                 capacity_factor: float = 0.0, dispatch_quant: str = "none",
-                logical_axes=None):
+                logical_axes=None, exchange: str = "fixed"):
   """Routed-expert output of global tokens under `plan`: (y_TxD, dropped int32 scalar).
 
   experts: pytree of [E, ...] arrays (e.g. moe_dispatch.ExpertWeights); E must divide by
@@ -280,6 +304,7 @@ def moe_forward(x_TxD, weights_TxK, indices_TxK, experts, plan: ExpertParallelPl
   enter the shard_map split and are gathered inside, so their gradient is
   reduce-scattered; without them, XLA gathers the weights on entry and their gradient is
   all-reduced over the token shards at full size.
+  exchange: 'fixed' | 'ragged' | 'auto' (config.moe.ep_exchange, `resolve_exchange`).
   """
   if dispatch_quant not in DISPATCH_FORMATS:
     raise ValueError(f"ep_dispatch_quant = {dispatch_quant!r}; choose one of "
@@ -295,12 +320,14 @@ def moe_forward(x_TxD, weights_TxK, indices_TxK, experts, plan: ExpertParallelPl
   pad = -num_tokens % plan.token_ways
   valid_T = jnp.arange(num_tokens + pad) < num_tokens
   pad_rows = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-  body = functools.partial(
-      dispatch_combine_local, axis_names=plan.expert_axes, num_shards=num_shards,
-      capacity=capacity((num_tokens + pad) // plan.token_ways, top_k, num_shards,
-                        capacity_factor),
-      local_dispatch=local_dispatch, quant=quant,
-      dispatch_format=DISPATCH_FORMATS[dispatch_quant])
+  common = dict(axis_names=plan.expert_axes, num_shards=num_shards,
+                local_dispatch=local_dispatch, quant=quant,
+                dispatch_format=DISPATCH_FORMATS[dispatch_quant])
+  if resolve_exchange(exchange, capacity_factor) == "ragged":
+    body = functools.partial(expert_ragged.dispatch_combine_ragged, **common)
+  else:
+    body = functools.partial(dispatch_combine_local, capacity=capacity(
+        (num_tokens + pad) // plan.token_ways, top_k, num_shards, capacity_factor), **common)
 
   data_axes = tuple(a for a in plan.token_axes if a not in plan.expert_axes)
   weight_specs = _weight_specs(experts, logical_axes, data_axes, plan.mesh,

@@ -4,7 +4,7 @@
     print(format_comm_table(volumes))
 
 Every collective instruction (all-gather, reduce-scatter, all-reduce, all-to-all,
-collective-permute, and their async -start forms) is counted with the number of times it
+ragged-all-to-all, collective-permute, and their async -start forms) is counted with the number of times it
 runs per step: an instruction inside a while body (the scan over layers) counts its
 loop's trip count (XLA's `known_trip_count`, or where the compiler wrote none, as libtpu
 does for the SPMD partitioner's windowed einsums, the count of a loop of the form
@@ -22,6 +22,10 @@ Two byte counts per device:
                  all-gather (n-1)/n * result, reduce-scatter and all-to-all
                  (n-1)/n * operand, all-reduce 2 (n-1)/n * operand,
                  collective-permute the operand
+A ragged-all-to-all's operands are its send buffer, the buffer it receives into and four
+offset arrays; only the send buffer (and the offsets) leave the device, and how many of
+its rows do is decided at run time, so both counts are upper bounds: operand bytes
+exclude the receive buffer, wire bytes are (n-1)/n of the send buffer.
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ import re
 
 from c2jax.plan.memory import GB, format_table
 
-KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "ragged-all-to-all",
+         "collective-permute")
 
 _BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "f16": 16,
          "bf16": 16, "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64,
@@ -256,7 +261,8 @@ class CommVolume:
 def _wire_bytes(kind: str, operand: int, result: int, n: int) -> float:
   share = (n - 1) / n if n > 1 else 0.0
   return {"all-gather": result * share, "reduce-scatter": operand * share,
-          "all-to-all": operand * share, "all-reduce": 2 * operand * share,
+          "all-to-all": operand * share, "ragged-all-to-all": operand * share,
+          "all-reduce": 2 * operand * share,
           "collective-permute": float(operand)}[kind]
 
 
@@ -273,7 +279,8 @@ def comm_volume(hlo_text: str, num_devices: int | None = None) -> dict[str, Comm
         continue
       if kind == "all-reduce" and name.startswith(_REDUCE_SCATTER_FUSION):
         kind = "reduce-scatter"
-      operand = sum(shape_bytes(types[o]) for o in ins.operands if o in types)
+      sent = [o for i, o in enumerate(ins.operands) if kind != "ragged-all-to-all" or i != 1]
+      operand = sum(shape_bytes(types[o]) for o in sent if o in types)
       if ins.opcode.endswith("-start") and kind != "collective-permute":
         # Async starts return (operands, results[, scratch]): the results follow.
         result = _async_result_bytes(ins.type_text, len(ins.operands))

@@ -19,11 +19,12 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import c2jax_kernels as kernels  # noqa: E402
 from c2jax import compile_cache, parallel  # noqa: E402
 from c2jax.model import moe, moe_dispatch, variants  # noqa: E402
-from c2jax.parallel import expert  # noqa: E402
+from c2jax.parallel import expert, expert_ragged  # noqa: E402
 from c2jax.plan import hlo_comms  # noqa: E402
 from c2jax.train import jobs, loop  # noqa: E402
 from c2jax.train import step as step_lib  # noqa: E402
@@ -89,10 +90,11 @@ def max_diff(tree_a, tree_b):
 
 
 def dispatch_case(mesh_sizes, num_tokens, capacity_factor=0.0, dispatch_quant="none",
-                  local="ragged", logical_axes=moe_dispatch.EXPERT_AXES):
+                  local="ragged", logical_axes=moe_dispatch.EXPERT_AXES, exchange="fixed"):
   """EP against the dense reference. With `logical_axes` (as the MoE layer passes them)
   the weights' FSDP dimensions are gathered inside the shard_map; None gathers them
-  on entry."""
+  on entry. exchange='ragged' runs c2jax.parallel.expert_ragged (on the CPU through its
+  all-gather emulation of the ragged all-to-all)."""
   mesh, rules = make_mesh(**mesh_sizes)
   a, indices = inputs(num_tokens)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
@@ -100,7 +102,7 @@ def dispatch_case(mesh_sizes, num_tokens, capacity_factor=0.0, dispatch_quant="n
     ep = functools.partial(expert.moe_forward, plan=plan,
                            local_dispatch=moe_dispatch.DISPATCH[local],
                            capacity_factor=capacity_factor, dispatch_quant=dispatch_quant,
-                           logical_axes=logical_axes)
+                           logical_axes=logical_axes, exchange=exchange)
     y, dropped, grads, collectives = loss_and_grads(ep, a, indices, collectives=True)
     hlo = jax.jit(ep).lower(a["x"], a["weights"], indices, a["experts"]).as_text()
   cap = expert.capacity(-(-num_tokens // plan.token_ways), K, plan.num_shards,
@@ -124,7 +126,24 @@ def dispatch_case(mesh_sizes, num_tokens, capacity_factor=0.0, dispatch_quant="n
           "y_scale": float(jnp.max(jnp.abs(y_ref))),
           "diff_from_plain": max_diff(y, y_plain), "collectives": collectives,
           "local_expert_bytes": _expert_bytes(a) // plan.num_shards,
-          "all_to_all": "all_to_all" in hlo or "all-to-all" in hlo}
+          "all_to_all": "all_to_all" in hlo or "all-to-all" in hlo,
+          "all_gather": "all_gather" in hlo or "all-gather" in hlo}
+
+
+def emulated_ragged_example():
+  """The example of `lax.ragged_all_to_all`'s docstring, through the CPU emulation."""
+  mesh = jax.make_mesh((2,), ("x",), devices=jax.devices()[:2])
+  put = lambda rows: jax.device_put(jnp.asarray(rows, jnp.int32).reshape(-1),
+                                    jax.sharding.NamedSharding(mesh, P("x")))
+  operand = put([[1, 2, 2], [3, 4, 0]])
+  input_offsets, send_sizes = put([[0, 1], [0, 1]]), put([[1, 2], [1, 1]])
+  output_offsets, recv_sizes = put([[0, 0], [1, 2]]), put([[1, 1], [2, 1]])
+  exchange = jax.shard_map(
+      lambda o, *offsets: expert_ragged.emulated_ragged_all_to_all(
+          o, jnp.zeros(4, o.dtype), *offsets, axis_name="x"),
+      mesh=mesh, in_specs=(P("x"),) * 5, out_specs=P("x"))
+  result = jax.jit(exchange)(operand, input_offsets, send_sizes, output_offsets, recv_sizes)
+  return np.asarray(result).reshape(2, 4).tolist()
 
 
 def token_local_case(mesh_sizes, num_tokens, logical_axes=moe_dispatch.EXPERT_AXES):
@@ -186,6 +205,13 @@ def run_dispatch():
       "data2_fsdp2_expert2_drops": dispatch_case({"data": 2, "fsdp": 2, "expert": 2}, 32,
                                                  capacity_factor=1.0),
       "expert4_mxfp8": dispatch_case({"data": 2, "expert": 4}, 32, dispatch_quant="mxfp8"),
+      "expert4_ragged": dispatch_case({"data": 2, "expert": 4}, 32, exchange="ragged"),
+      "expert4_ragged_uneven": dispatch_case({"data": 2, "expert": 4}, 13, exchange="ragged"),
+      "data2_fsdp2_expert2_ragged": dispatch_case({"data": 2, "fsdp": 2, "expert": 2}, 32,
+                                                  exchange="ragged"),
+      "expert4_ragged_mxfp8": dispatch_case({"data": 2, "expert": 4}, 32,
+                                            dispatch_quant="mxfp8", exchange="ragged"),
+      "emulated_ragged_example": emulated_ragged_example(),
       "moe_layer": moe_layer_case(),
       "token_local_data2_fsdp4": token_local_case({"data": 2, "fsdp": 4}, 30),
       "token_local_data2_fsdp4_entry_gather": token_local_case({"data": 2, "fsdp": 4}, 30,

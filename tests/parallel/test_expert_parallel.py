@@ -1,6 +1,7 @@
 """Expert parallelism (c2jax.parallel.expert): all-to-all dispatch against the dense
-reference on 8 fake CPU devices, capacity drops, MXFP8 dispatch, the MoE layer with router
-replay, and real train steps on several meshes against one device."""
+reference on 8 fake CPU devices, fixed and ragged exchanges, capacity drops, MXFP8
+dispatch, the MoE layer with router replay, and real train steps on several meshes
+against one device."""
 
 import json
 import os
@@ -49,6 +50,45 @@ def test_no_drop_dispatch_matches_dense_reference(dispatch_results, case):
   # Experts 3 and 6 receive no tokens: their shards run empty groups.
   assert result["y_err"] <= TOLERANCE, result
   assert result["grad_err"] <= TOLERANCE, result
+
+
+@pytest.mark.parametrize("case", ["expert4_ragged", "expert4_ragged_uneven",
+                                  "data2_fsdp2_expert2_ragged", "expert4_ragged_mxfp8"])
+def test_ragged_exchange_matches_dense_reference(dispatch_results, case):
+  """Dropless EP that sends only the copies each shard has for another (on the CPU the
+  ragged all-to-all runs as its all-gather emulation): exact forward and gradient,
+  13 tokens included (padded rows are not sent); MXFP8 against fake-quantised tokens."""
+  result = dispatch_results[case]
+  assert result["all_gather"] and result["expert_axes"] == ["expert"]
+  assert result["dropped"] == 0 and result["dropped_ref"] == 0
+  assert result["y_err"] <= TOLERANCE, result
+  assert result["grad_err"] <= TOLERANCE, result
+  if case.endswith("mxfp8"):
+    fixed = dispatch_results["expert4_mxfp8"]
+    assert result["diff_from_plain"] == pytest.approx(fixed["diff_from_plain"], rel=1e-5)
+
+
+def test_emulated_ragged_all_to_all_follows_the_jax_docstring_example(dispatch_results):
+  # lax.ragged_all_to_all's docstring: results [1, 3, 0, 0] and [2, 2, 4, 0].
+  assert dispatch_results["emulated_ragged_example"] == [[1, 3, 0, 0], [2, 2, 4, 0]]
+
+
+@pytest.mark.parametrize("exchange,factor,platform,expected", [
+    ("auto", 0.0, "tpu", "ragged"), ("auto", 0.0, "gpu", "ragged"),
+    ("auto", 0.0, "cpu", "fixed"),  # XLA:CPU has no ragged all-to-all
+    ("auto", 1.25, "tpu", "fixed"),  # a capacity bounds the buckets: fixed shapes
+    ("fixed", 0.0, "tpu", "fixed"), ("ragged", 0.0, "cpu", "ragged")])
+def test_exchange_resolution(exchange, factor, platform, expected):
+  assert expert.resolve_exchange(exchange, factor, platform) == expected
+
+
+def test_ragged_exchange_with_a_capacity_is_refused():
+  with pytest.raises(ValueError, match="ep_capacity_factor = 1.25"):
+    expert.resolve_exchange("ragged", 1.25, "tpu")
+  cfg = variants.get("tiny")
+  cfg.moe.update(ep_exchange="ragged", ep_capacity_factor=1.25)
+  with pytest.raises(configlib.ConfigError, match="moe.ep_exchange"):
+    model_config.validate(cfg)
 
 
 def test_fsdp_split_expert_weights_are_gathered_inside_and_their_gradient_reduce_scattered(
@@ -179,6 +219,7 @@ def test_experts_must_divide_over_shards():
 
 @pytest.mark.parametrize("key,value", [("expert_parallel", "on"),
                                        ("ep_dispatch_quant", "fp8"),
+                                       ("ep_exchange", "ragged_v2"),
                                        ("ep_capacity_factor", -0.5)])
 def test_config_validation_names_the_key(key, value):
   cfg = variants.get("tiny")

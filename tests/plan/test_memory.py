@@ -150,6 +150,31 @@ def test_libtpu_reduce_scatter_fusions_count_as_reduce_scatters():
   assert (ar.ops, ar.operand_bytes, ar.wire_bytes) == (1, 4, pytest.approx(2 * 0.75 * 4))
 
 
+# A ragged all-to-all as libtpu prints it (async start and done): operands are the send
+# buffer, the receive buffer and four offset arrays; the start returns them and the result.
+_TPU_RAGGED = textwrap.dedent("""\
+    HloModule jit_r, entry_computation_layout={(bf16[32,2,64]{2,1,0})->bf16[128,2,64]{2,1,0}}
+
+    ENTRY %main (x: bf16[32,2,64], o: s32[4], s: s32[4]) -> bf16[128,2,64] {
+      %x = bf16[32,2,64]{2,1,0:T(2,128)(2,1)} parameter(0)
+      %o = s32[4]{0:T(128)} parameter(1)
+      %s = s32[4]{0:T(128)} parameter(2)
+      %zeros = bf16[128,2,64]{2,1,0:T(2,128)(2,1)} broadcast(%c), dimensions={}
+      %ragged-all-to-all-start = ((bf16[32,2,64]{2,1,0:T(2,128)(2,1)}, bf16[128,2,64]{2,1,0:T(2,128)(2,1)}, s32[4]{0:T(128)}, s32[4]{0:T(128)}, s32[4]{0:T(128)}, /*index=5*/s32[4]{0:T(128)}), bf16[128,2,64]{2,1,0:T(2,128)(2,1)}, u32[]{:S(2)}) ragged-all-to-all-start(%x, %zeros, %o, %s, %o, /*index=5*/%s), channel_id=7, replica_groups={{0,1,2,3}}
+      ROOT %ragged-all-to-all-done = bf16[128,2,64]{2,1,0:T(2,128)(2,1)} ragged-all-to-all-done(%ragged-all-to-all-start)
+    }
+    """)
+
+
+def test_ragged_all_to_all_counts_its_send_buffer_not_the_receive_buffer():
+  """What may leave the device is the send buffer (8 KB here) and the offsets, not the
+  4x larger buffer it receives into; wire bytes: (n-1)/n of that, an upper bound."""
+  ragged = hlo_comms.comm_volume(_TPU_RAGGED)["ragged-all-to-all"]
+  sent = 32 * 2 * 64 * 2 + 4 * 4 * 4
+  assert (ragged.ops, ragged.executions, ragged.operand_bytes) == (1, 1, sent)
+  assert ragged.wire_bytes == pytest.approx(0.75 * sent)
+
+
 def test_loops_without_a_trip_count_are_counted_from_their_condition():
   """i = 1; 9 > i; i += 2: 4 trips of the body's permute. A loop whose condition is not
   of that form (the second, `true`) stays unknown, so its collectives are an error."""

@@ -145,7 +145,7 @@ def test_a_report_without_its_cost_compile_says_why():
 
 def test_plan_memory_target_v5p8_tiny():
   """The tiny train step for v5p-8 with expert and context parallelism (expert=2,
-  context=2): the JSON fields; a positive time estimate with no op offloaded to the
+  context=2; dropless, so tokens travel by ragged all-to-all): the JSON fields; a positive time estimate with no op offloaded to the
   SparseCore (a boolean all-reduce over the split length, the router's gather and the EP
   dispatch's bincount once made the cost model return a negative time); per-device
   arguments that are the sharding plan's parameter and optimizer shards plus the batch
@@ -174,6 +174,8 @@ def test_plan_memory_target_v5p8_tiny():
   assert 0 < out["mfu_estimate"] < 1 and out["sparsecore_offloads"] == 0
   assert out["cost_attention"] == "dense"
   assert out["collectives"]["all-gather"]["executions"] > 0  # sharded params are gathered
+  # Dropless expert parallelism on a TPU exchanges tokens with ragged all-to-alls.
+  assert out["collectives"]["ragged-all-to-all"]["executions"] >= 2
   assert out["mosaic_calls"] >= 3  # megablox forward and both gradients, through Mosaic
 
   from configs import pretrain
