@@ -26,6 +26,7 @@ token, Fe expert width.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.linen as nn
@@ -127,7 +128,8 @@ class Experts(nn.Module):
         x_TxD, weights_TxK, indices_TxK, experts, plan, local_dispatch=DISPATCH[cfg.moe_impl],
         quant=cfg.quant, capacity_factor=cfg.moe.ep_capacity_factor,
         dispatch_quant=cfg.moe.ep_dispatch_quant, logical_axes=axes,
-        exchange=cfg.moe.ep_exchange)
+        exchange=cfg.moe.ep_exchange, local_grouped=functools.partial(
+            moe_dispatch.grouped_experts, impl=moe_dispatch.grouped_impl(cfg.moe_impl)))
 
 
 class MoE(nn.Module):

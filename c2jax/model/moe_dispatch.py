@@ -106,16 +106,31 @@ def sorted_by_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
   under the quant recipe), unsort, combine."""
   num_experts = experts.gate_ExDxF.shape[0]
   order_M, rows_M, group_sizes_E = _sort_copies(indices_TxK, num_experts)
+  out_MxD = grouped_experts(x_TxD, group_sizes_E, experts, quant=quant, impl=impl,
+                            rows=rows_M)
+  return _unsort_combine(out_MxD, order_M, weights_TxK, x_TxD.dtype)
+
+
+def grouped_experts(x, group_sizes_E, experts: ExpertWeights, *, quant: str = "none",
+                    impl: str, rows=None) -> jax.Array:
+  """The three grouped matmuls of rows already grouped by expert (group_sizes_E rows of
+  expert 0, then of expert 1, ...; rows past their sum come out zero): out_MxD in
+  `combine_dtype`. rows: as for quant.grouped_dot (x is then [T, D], gathered per row)."""
 
   def grouped(lhs, rhs_ExCxN, **kwargs):
     return quantlib.grouped_dot(quant, lhs, rhs_ExCxN, group_sizes_E, impl=impl, **kwargs)
 
-  gate_MxF = grouped(x_TxD, experts.gate_ExDxF, rows=rows_M)
-  up_MxF = grouped(x_TxD, experts.up_ExDxF, rows=rows_M)
-  out_MxD = grouped(jax.nn.silu(gate_MxF) * up_MxF, experts.down_ExFxD,
-                    preferred_element_type=combine_dtype(quant, x_TxD.dtype))
+  gate_MxF = grouped(x, experts.gate_ExDxF, rows=rows)
+  up_MxF = grouped(x, experts.up_ExDxF, rows=rows)
+  return grouped(jax.nn.silu(gate_MxF) * up_MxF, experts.down_ExFxD,
+                 preferred_element_type=combine_dtype(quant, x.dtype))
 
-  return _unsort_combine(out_MxD, order_M, weights_TxK, x_TxD.dtype)
+
+def grouped_impl(moe_impl: str) -> str:
+  """The grouped-matmul impl (kernels.grouped_matmul) for rows already grouped by expert
+  under cfg.moe_impl: 'pallas' its platform's kernel; the others `lax.ragged_dot`, as
+  'ragged' (every expert on every row, as 'dense' does, would be E times the work)."""
+  return pallas_impl() if moe_impl == "pallas" else "ragged_dot"
 
 
 def _sort_copies(indices_TxK, num_experts):

@@ -10,9 +10,9 @@ every shard, for its local tokens:
   1. buckets each (token, k) copy by the shard owning its expert (expert // E_local) into
      a fixed [N, C, D] send buffer, in token order; copies past a bucket's capacity C are
      dropped (and counted);
-  2. exchanges buffers with `lax.all_to_all` (static shapes: `ragged_all_to_all` has no
-     CPU implementation), optionally as MXFP8 (E4M3 values + E8M0 scale per 32 features,
-     dequantised by the receiver to the model dtype);
+  2. exchanges buffers with `lax.all_to_all` (static shapes, the same on every platform),
+     optionally as MXFP8 (E4M3 values + E8M0 scale per 32 features, dequantised by the
+     receiver to the model dtype);
   3. runs its E_local experts on the received rows with a plain MoE dispatch function
      (c2jax.model.moe_dispatch.DISPATCH: sort by local expert, grouped matmul);
   4. sends the outputs back with a second all-to-all (model dtype) and combines them with
@@ -294,7 +294,8 @@ def resolve_exchange(exchange: str, capacity_factor: float,
 def moe_forward(x_TxD, weights_TxK, indices_TxK, experts, plan: ExpertParallelPlan, *,
                 local_dispatch: Callable, quant: str = "none",
                 capacity_factor: float = 0.0, dispatch_quant: str = "none",
-                logical_axes=None, exchange: str = "fixed"):
+                logical_axes=None, exchange: str = "fixed",
+                local_grouped: Callable | None = None):
   """Routed-expert output of global tokens under `plan`: (y_TxD, dropped int32 scalar).
 
   experts: pytree of [E, ...] arrays (e.g. moe_dispatch.ExpertWeights); E must divide by
@@ -305,6 +306,8 @@ def moe_forward(x_TxD, weights_TxK, indices_TxK, experts, plan: ExpertParallelPl
   reduce-scattered; without them, XLA gathers the weights on entry and their gradient is
   all-reduced over the token shards at full size.
   exchange: 'fixed' | 'ragged' | 'auto' (config.moe.ep_exchange, `resolve_exchange`).
+  local_grouped: for the ragged exchange, the experts' grouped matmuls on rows grouped by
+  expert, (rows, group_sizes, experts, quant=) -> outputs (moe_dispatch.grouped_experts).
   """
   if dispatch_quant not in DISPATCH_FORMATS:
     raise ValueError(f"ep_dispatch_quant = {dispatch_quant!r}; choose one of "
@@ -320,14 +323,18 @@ def moe_forward(x_TxD, weights_TxK, indices_TxK, experts, plan: ExpertParallelPl
   pad = -num_tokens % plan.token_ways
   valid_T = jnp.arange(num_tokens + pad) < num_tokens
   pad_rows = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-  common = dict(axis_names=plan.expert_axes, num_shards=num_shards,
-                local_dispatch=local_dispatch, quant=quant,
+  common = dict(axis_names=plan.expert_axes, num_shards=num_shards, quant=quant,
                 dispatch_format=DISPATCH_FORMATS[dispatch_quant])
   if resolve_exchange(exchange, capacity_factor) == "ragged":
-    body = functools.partial(expert_ragged.dispatch_combine_ragged, **common)
+    if local_grouped is None:
+      raise ValueError("the ragged exchange runs the experts on rows grouped by expert; "
+                       "pass local_grouped (moe_dispatch.grouped_experts).")
+    body = functools.partial(expert_ragged.dispatch_combine_ragged,
+                             local_grouped=local_grouped, **common)
   else:
     body = functools.partial(dispatch_combine_local, capacity=capacity(
-        (num_tokens + pad) // plan.token_ways, top_k, num_shards, capacity_factor), **common)
+        (num_tokens + pad) // plan.token_ways, top_k, num_shards, capacity_factor),
+                             local_dispatch=local_dispatch, **common)
 
   data_axes = tuple(a for a in plan.token_axes if a not in plan.expert_axes)
   weight_specs = _weight_specs(experts, logical_axes, data_axes, plan.mesh,

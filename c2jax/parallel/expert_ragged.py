@@ -10,9 +10,9 @@ scattered) than there are copies. Here, inside `jax.shard_map`, every shard:
      which each shard derives all offsets and sizes without another collective;
   3. exchanges rows with `lax.ragged_all_to_all` into an [N * M, D] receive buffer (a shard
      may receive every copy of every shard: the buffer is worst-case, the traffic is not);
-     received rows lie by source shard, then by local expert;
-  4. runs its E_local experts on them with a plain MoE dispatch function, the rows past
-     the received count naming expert E_local, which no dispatch computes;
+  4. runs its E_local experts on them: one ragged slice per (destination, local expert)
+     puts every source's rows for expert e in expert e's block of the receive buffer, so
+     the grouped matmuls run on it as it lies, with no second sort;
   5. returns the outputs with the reverse ragged exchange into the sender's sorted order,
      unsorts, and combines with the float32 gate weights.
 Nothing is dropped. The receive buffer is what MaxText's dropless path allocates too.
@@ -42,25 +42,30 @@ import c2jax_kernels as kernels
 
 def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
                                recv_sizes, *, axis_name):
-  """`lax.ragged_all_to_all` with one slice per peer, from an all-gather (any platform).
+  """`lax.ragged_all_to_all` from an all-gather (any platform), S slices per peer.
 
-  Peer i's slice `operand_i[input_offsets_i[me] : + send_sizes_i[me]]` lands at
-  `output[output_offsets_i[me] : + send_sizes_i[me]]` of this shard `me`; rows no slice
-  covers keep `output`'s values. `recv_sizes` must equal what the peers send (as for the
-  real collective); it is checked by nothing here, as there."""
-  del recv_sizes  # the senders' sizes say the same, and are the ones the rows follow
+  Slice k of peer i (k in [me * S, (me + 1) * S) for this shard `me`, S = len(offsets) / N)
+  is `operand_i[input_offsets_i[k] : + send_sizes_i[k]]` and lands at
+  `output[output_offsets_i[k] : + send_sizes_i[k]]`; rows no slice covers keep `output`'s
+  values. `recv_sizes` must equal what the peers send (as for the real collective); the
+  rows follow the senders' sizes."""
+  del recv_sizes
   me = jax.lax.axis_index(axis_name)
   operands = jax.lax.all_gather(operand, axis_name)            # [N, rows, ...]
-  starts_N = jax.lax.all_gather(input_offsets, axis_name)[:, me]
-  sizes_N = jax.lax.all_gather(send_sizes, axis_name)[:, me]
-  lands_N = jax.lax.all_gather(output_offsets, axis_name)[:, me]
+  num_peers = operands.shape[0]
+  per_peer = input_offsets.shape[0] // num_peers
+
+  def mine(a):  # [N, N * S] -> the N * S slices addressed to this shard, by source
+    return jax.lax.dynamic_slice_in_dim(
+        jax.lax.all_gather(a, axis_name), me * per_peer, per_peer, axis=1).reshape(-1)
+  starts, sizes, lands = mine(input_offsets), mine(send_sizes), mine(output_offsets)
+  source = jnp.arange(num_peers * per_peer) // per_peer
   row_R = jnp.arange(output.shape[0])
-  inside_RxN = (row_R[:, None] >= lands_N) & (row_R[:, None] < lands_N + sizes_N)
-  source_R = jnp.argmax(inside_RxN, axis=1)
-  covered_R = jnp.any(inside_RxN, axis=1)
-  src_row_R = jnp.clip(starts_N[source_R] + row_R - lands_N[source_R], 0,
-                       operand.shape[0] - 1)
-  received = operands[source_R, src_row_R]
+  inside_RxQ = (row_R[:, None] >= lands) & (row_R[:, None] < lands + sizes)
+  slice_R = jnp.argmax(inside_RxQ, axis=1)
+  covered_R = jnp.any(inside_RxQ, axis=1)
+  src_row_R = jnp.clip(starts[slice_R] + row_R - lands[slice_R], 0, operand.shape[0] - 1)
+  received = operands[source[slice_R], src_row_R]
   covered = covered_R.reshape((-1,) + (1,) * (output.ndim - 1))
   return jnp.where(covered, received, output)
 
@@ -106,10 +111,16 @@ _quantized_exchange.defvjp(_quantized_exchange_fwd, _quantized_exchange_bwd)
 
 def dispatch_combine_ragged(x_TxD, weights_TxK, indices_TxK, valid_T, local_experts, *,
                             axis_names: tuple[str, ...], num_shards: int,
-                            local_dispatch: Callable, quant: str = "none",
+                            local_grouped: Callable, quant: str = "none",
                             dispatch_format: str | None = None):
-  """One shard's side of dropless EP with ragged exchanges (call inside shard_map, as
-  `expert.dispatch_combine_local`, whose arguments and result these are; `dropped` is 0)."""
+  """One shard's side of dropless EP with ragged exchanges (call inside shard_map).
+
+  Arguments and result as `expert.dispatch_combine_local` (`dropped` is 0), except
+  local_grouped: (rows, group_sizes_L, local_experts, quant=) -> outputs, the experts'
+  grouped matmuls on rows already grouped by local expert (moe_dispatch.grouped_experts):
+  each source's rows for expert e land in expert e's block of the receive buffer (one
+  ragged slice per destination and expert), so the receiver does not sort them again.
+  """
   num_tokens, top_k = indices_TxK.shape
   experts_per_shard = jax.tree.leaves(local_experts)[0].shape[0]
   num_experts = experts_per_shard * num_shards
@@ -117,44 +128,44 @@ def dispatch_combine_ragged(x_TxD, weights_TxK, indices_TxK, valid_T, local_expe
   num_rows = num_shards * num_copies
   exchange = ragged_exchange(axis_names)
 
-  # 1. Copies sorted by global expert; unsent (padding) copies last, under expert E.
+  # 1. Copies sorted by global expert (destination shard, then its local expert); unsent
+  # (padding) copies last, under expert E.
   expert_M = jnp.where(jnp.repeat(valid_T, top_k), indices_TxK.reshape(-1), num_experts)
   order_M = jnp.argsort(expert_M, stable=True)
   send_MxD = jnp.take(x_TxD, order_M // top_k, axis=0)
 
-  # 2. Every shard's copies per global expert: [source, destination, local expert].
+  # 2. Every shard's copies per expert, C[source i, destination j, local expert e], and
+  # where each (i, j, e) block starts on its sender (sorted by expert) and on its receiver
+  # (by local expert, then by source).
   counts_E = jax.nn.one_hot(expert_M, num_experts + 1, dtype=jnp.int32).sum(0)[:num_experts]
   counts_NxNxL = jax.lax.all_gather(counts_E, axis_names).reshape(
       num_shards, num_shards, experts_per_shard)
-  pairs_NxN = counts_NxNxL.sum(-1)                       # rows source i sends to j
-  me = jax.lax.axis_index(axis_names)
   exclusive = lambda a, axis: jnp.cumsum(a, axis=axis) - a
-  send_starts_NxN = exclusive(pairs_NxN, 1)              # where i's rows for j begin on i
-  recv_starts_NxN = exclusive(pairs_NxN, 0)              # where i's rows land on j
-  send_sizes, recv_sizes = pairs_NxN[me], pairs_NxN[:, me]
-  input_offsets, output_offsets = send_starts_NxN[me], recv_starts_NxN[me]
+  send_pos_NxNxL = exclusive(counts_NxNxL.reshape(num_shards, -1), 1).reshape(
+      counts_NxNxL.shape)
+  totals_NxL = counts_NxNxL.sum(0)                        # rows each shard's experts get
+  recv_pos_NxNxL = exclusive(totals_NxL, 1)[None] + exclusive(counts_NxNxL, 0)
+  me = jax.lax.axis_index(axis_names)
+  flat = lambda a: a.reshape(-1)
+  mine_sent = lambda a: flat(a[me])          # [j, e]: blocks this shard sends
+  mine_recv = lambda a: flat(a[:, me])       # [i, e]: blocks this shard receives
 
-  # 3. Rows in: by source shard, then by local expert within each source's slice.
-  offsets = (input_offsets, send_sizes, output_offsets, recv_sizes)
-  recv_zeros = jnp.zeros((num_rows, x_TxD.shape[1]), x_TxD.dtype)
+  # 3. Rows in, grouped by local expert: one slice per (destination, local expert).
+  offsets = (mine_sent(send_pos_NxNxL), mine_sent(counts_NxNxL), mine_sent(recv_pos_NxNxL),
+             mine_recv(counts_NxNxL))
   if dispatch_format is None:
-    recv_RxD = exchange(send_MxD, recv_zeros, *offsets)
+    recv_RxD = exchange(send_MxD, jnp.zeros((num_rows, x_TxD.shape[1]), x_TxD.dtype),
+                        *offsets)
   else:
     recv_RxD = _quantized_exchange(send_MxD, offsets, num_rows, exchange, dispatch_format)
-  segment_ends = jnp.cumsum(counts_NxNxL[:, me, :].reshape(-1))  # (source, local expert)
-  segment_R = jnp.sum(jnp.arange(num_rows)[:, None] >= segment_ends[None, :], axis=1)
-  local_expert_R = jnp.where(segment_R < segment_ends.shape[0],
-                             segment_R % experts_per_shard, experts_per_shard)
 
-  # 4. This shard's experts; each row is one copy with gate weight 1 (the sender applies
-  # the real one).
-  ones_Rx1 = jnp.ones((num_rows, 1), jnp.float32)
-  out_RxD = local_dispatch(recv_RxD, ones_Rx1, local_expert_R[:, None].astype(jnp.int32),
-                           local_experts, quant=quant)
+  # 4. This shard's experts on their blocks (rows past the received ones come out zero).
+  out_RxD = local_grouped(recv_RxD, totals_NxL[me], local_experts, quant=quant)
 
   # 5. Back to each sender, into its sorted order; unsent copies stay zero.
   back_MxD = exchange(out_RxD, jnp.zeros((num_copies, x_TxD.shape[1]), out_RxD.dtype),
-                      recv_starts_NxN[:, me], recv_sizes, send_starts_NxN[:, me], send_sizes)
+                      mine_recv(recv_pos_NxNxL), mine_recv(counts_NxNxL),
+                      mine_recv(send_pos_NxNxL), mine_sent(counts_NxNxL))
   out_MxD = jnp.zeros_like(back_MxD).at[order_M].set(back_MxD)
   y_TxD = jnp.einsum("tkd,tk->td", out_MxD.reshape(num_tokens, top_k, -1).astype(
       jnp.float32), weights_TxK * valid_T[:, None])

@@ -102,7 +102,10 @@ def dispatch_case(mesh_sizes, num_tokens, capacity_factor=0.0, dispatch_quant="n
     ep = functools.partial(expert.moe_forward, plan=plan,
                            local_dispatch=moe_dispatch.DISPATCH[local],
                            capacity_factor=capacity_factor, dispatch_quant=dispatch_quant,
-                           logical_axes=logical_axes, exchange=exchange)
+                           logical_axes=logical_axes, exchange=exchange,
+                           local_grouped=functools.partial(
+                               moe_dispatch.grouped_experts,
+                               impl=moe_dispatch.grouped_impl(local)))
     y, dropped, grads, collectives = loss_and_grads(ep, a, indices, collectives=True)
     hlo = jax.jit(ep).lower(a["x"], a["weights"], indices, a["experts"]).as_text()
   cap = expert.capacity(-(-num_tokens // plan.token_ways), K, plan.num_shards,
