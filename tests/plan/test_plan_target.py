@@ -84,6 +84,26 @@ def test_grouped_matmul_kernels_compile_through_mosaic(v5p_devices, monkeypatch)
   assert result["cost_model_s"] > 0 and result["temp_bytes"] > 0
 
 
+@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
+def test_ragged_ep_exchange_compiles_for_tpu_and_moves_less_than_fixed_buckets(
+    monkeypatch, capsys):
+  """A dropless expert-parallel MoE layer (forward and backward) on v5p-8, expert 4: the
+  ragged exchange compiles to ragged all-to-alls that send less than the fixed
+  worst-case buckets' all-to-alls, and the compiler sees fewer bytes accessed."""
+  monkeypatch.syspath_prepend(str(REPO / "tools" / "bench"))
+  bench = importlib.import_module("compile_ep_exchange")
+  bench.main(["--shape=tiny", "--target=v5p-8", "--expert=4", "--seq_len=256",
+              "--exchanges=ragged:0,fixed:0"])
+  ragged, fixed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+  assert (ragged["exchange"], fixed["exchange"]) == ("ragged", "fixed")
+  sent = ragged["collective_operand_bytes"]
+  assert sent["ragged-all-to-all"] > 0
+  assert sent.get("all-to-all", 0) < 1024  # offsets only: no token rows in fixed buckets
+  assert sent["ragged-all-to-all"] < fixed["collective_operand_bytes"]["all-to-all"]
+  assert 0 < ragged["bytes_accessed"] < fixed["bytes_accessed"]
+  assert ragged["cost_model_seconds"] > 0
+
+
 @pytest.mark.slow
 def test_a_time_estimate_that_is_not_positive_is_reported_as_none_with_the_reason():
   """The TPU cost model has no estimate for gathers/scatters it offloads to the SparseCore
