@@ -41,7 +41,8 @@ def get_config(variant: str = "tiny"):
     # The grouped-matmul kernel: the dense reference would run all experts on all tokens.
     c.model.moe_impl = "pallas"
     # The memory plan (docs/scaling.md): the no-drop expert-parallel buffers are 8x the
-    # balanced ones; MXFP8 tokens on the wire, as in the Composer 2 report.
+    # balanced ones; MXFP8 tokens on the wire, as in the Composer 2 report. Dropless
+    # instead: ep_capacity_factor = 0 (ep_exchange 'auto' then sends ragged slices).
     c.model.moe.ep_capacity_factor = 1.25
     c.model.moe.ep_dispatch_quant = "mxfp8"
     # Flash-style tiles: dense float32 scores [heads, t, 32k] alone would need ~63 MB per

@@ -7,8 +7,9 @@ token exchange: fixed buckets (dropless or with a capacity) and ragged.
 
 The layer is `c2jax.parallel.expert.moe_forward` with the Pallas grouped matmuls (megablox
 on TPU), bf16 tokens and weights, one --seq_len sequence per chip, the mesh fsdp x expert
---expert (the weights split over both, gathered inside as the model does), routing
-uniform at random. Each row: the compiler's time estimate, FLOPs and bytes accessed, the
+--expert (the weights split over both, gathered inside as the model does). Only shapes
+are compiled (no routing values exist), so the dropless rows are priced at their static
+worst-case buffers. Each row: the compiler's time estimate, FLOPs and bytes accessed, the
 temporaries, and the collectives' operand bytes per chip (hlo_comms; a ragged exchange's
 count is an upper bound, its send buffer). All of it is the TPU compiler's estimate,
 not measured speed; the cost model prices a collective by the bytes it touches in HBM,
