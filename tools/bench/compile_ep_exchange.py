@@ -39,13 +39,15 @@ SHAPES = {"deepseek_v3": (256, 8, 7168, 2048), "kimi_k25": (384, 8, 7168, 2048),
           "tiny": (16, 2, 256, 128)}
 
 
-def compile_layer(mesh, rules, shape, seq_len, exchange, capacity_factor):
+def compile_layer(mesh, rules, shape, seq_len, exchange, capacity_factor,
+                  dispatch_quant="none"):
   num_experts, top_k, hidden, width = shape
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     plan = expert.plan_from_context()
     forward = functools.partial(
         expert.moe_forward, plan=plan, local_dispatch=moe_dispatch.DISPATCH["pallas"],
-        capacity_factor=capacity_factor, logical_axes=moe_dispatch.EXPERT_AXES,
+        capacity_factor=capacity_factor, dispatch_quant=dispatch_quant,
+        logical_axes=moe_dispatch.EXPERT_AXES,
         exchange=exchange, local_grouped=functools.partial(
             moe_dispatch.grouped_experts, impl=moe_dispatch.grouped_impl("pallas")))
 
@@ -86,6 +88,8 @@ def main(argv=None):
   parser.add_argument("--seq_len", type=int, default=4096, help="tokens per chip")
   parser.add_argument("--exchanges", default="ragged:0,fixed:0,fixed:1.25",
                       help="comma-separated EXCHANGE:CAPACITY_FACTOR")
+  parser.add_argument("--dispatch_quant", choices=sorted(expert.DISPATCH_FORMATS),
+                      default="none", help="tokens' wire format (config.moe.ep_dispatch_quant)")
   args = parser.parse_args(argv)
   devices = topologies.parse_target(args.target).devices()
   if len(devices) % args.expert:
@@ -102,14 +106,16 @@ def main(argv=None):
         f"{'temp GB':>8}  collectives (operand GB)")
   for item in args.exchanges.split(","):
     name, factor = item.split(":")
-    row = compile_layer(mesh, rules, SHAPES[args.shape], args.seq_len, name, float(factor))
+    row = compile_layer(mesh, rules, SHAPES[args.shape], args.seq_len, name, float(factor),
+                        args.dispatch_quant)
     rows.append(row)
     comms = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in row["collective_operand_bytes"].items())
     print(f"{item:<14} {row['cost_model_seconds'] * 1e3:>9.1f} {row['flops'] / 1e12:>8.2f} "
           f"{row['bytes_accessed'] / 1e9:>12.1f} {row['temp_bytes'] / 1e9:>8.2f}  {comms}",
           flush=True)
   print(json.dumps({"target": args.target, "shape": args.shape, "expert": args.expert,
-                    "seq_len": args.seq_len, "rows": rows}))
+                    "seq_len": args.seq_len, "dispatch_quant": args.dispatch_quant,
+                    "rows": rows}))
 
 
 if __name__ == "__main__":
