@@ -12,11 +12,14 @@ K experts per token, E experts, T cache length.
 
 from __future__ import annotations
 
+import math
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from c2jax.model import attention as attention_lib
+from c2jax.model import layers
 from c2jax.model.layers import MLP, Embed, Linear, RMSNorm, constrain
 from c2jax.model.moe import MoE
 
@@ -234,38 +237,98 @@ def cache_axes(cfg) -> dict:
 
 
 _EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+# Linear projections a decode layout may store another way (projection_layout), by module
+# name, with how many leading kernel axes each contracts; MLA's kv_b_proj is left whole
+# (its absorbed decode multiplies by the kernel itself), as are routers and experts.
+_PROJECTION_INPUT_AXES = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "q_a_proj": 1,
+                          "q_b_proj": 1, "kv_a_proj": 1, "gate_proj": 1, "up_proj": 1,
+                          "down_proj": 1, "lm_head": 1}
+TRANSPOSED = "transposed"
 
 
-def unstack_layers(params, split_experts: bool = False) -> dict:
+def unstack_layers(params, split_experts: bool = False, projection_layout=None) -> dict:
   """`params` (model.init's tree) with each stacked layer stack [layers, ...] split into
   {'0': layer 0's params, '1': ...}: the tree Transformer(unrolled_layers=True) reads.
   A cache (init_cache's tree) splits the same way, into the per-layer caches it also
   reads (a layer's cache leaves are then [B, T, ...]).
   split_experts: also split each MoE layer's routed expert weights [E, ...] into a tuple
   of E arrays, run by moe_dispatch.per_expert (unquantised, off a mesh: decode engines).
-  Other entries (embedding, head, 'mtp_layers') are kept as they are."""
+  projection_layout: None, or a function (name, inputs, outputs) -> how to store each of
+  the layers' and the LM head's projection kernels (`name` e.g. 'down_proj' or 'lm_head';
+  inputs and outputs the sizes it contracts and produces): an int, that many column
+  pieces (layers.split_columns; 1 keeps the kernel as it is), or TRANSPOSED, stored as
+  'kernel_t' with the output axes first (Linear multiplies by it as one 2-D product).
+  Other entries (embedding, norms, routers, 'mtp_layers') are kept as they are."""
   out = dict(params)
   for name in _STACKS:
     if name in params:
       count = jax.tree.leaves(params[name])[0].shape[0]
-      layers = [jax.tree.map(lambda a, i=i: a[i], params[name]) for i in range(count)]
+      per_layer = [jax.tree.map(lambda a, i=i: a[i], params[name]) for i in range(count)]
       if split_experts and name == "moe_layers":
-        layers = [_map_experts(layer, lambda w: tuple(w[e] for e in range(w.shape[0])))
-                  for layer in layers]
-      out[name] = {str(i): layer for i, layer in enumerate(layers)}
+        per_layer = [_map_experts(layer, lambda w: tuple(w[e] for e in range(w.shape[0])))
+                     for layer in per_layer]
+      if projection_layout is not None:
+        per_layer = [_relayout_projections(layer, projection_layout) for layer in per_layer]
+      out[name] = {str(i): layer for i, layer in enumerate(per_layer)}
+  if projection_layout is not None and "lm_head" in params:
+    out["lm_head"] = _relayout_projections({"lm_head": params["lm_head"]},
+                                           projection_layout)["lm_head"]
   return out
 
 
 def stack_layers(params) -> dict:
-  """Inverse of unstack_layers (split experts included)."""
-  out = dict(params)
+  """Inverse of unstack_layers (split experts and projection layouts included)."""
+  out = _join_projections(dict(params))
   for name in _STACKS:
     if name in params:
-      layers = [params[name][str(i)] for i in range(len(params[name]))]
+      per_layer = [out[name][str(i)] for i in range(len(params[name]))]
       if name == "moe_layers":
-        layers = [_map_experts(layer, lambda w: jnp.stack(w) if isinstance(w, (tuple, list))
-                               else w) for layer in layers]
-      out[name] = jax.tree.map(lambda *leaves: jnp.stack(leaves), *layers)
+        per_layer = [_map_experts(layer, lambda w: jnp.stack(w) if isinstance(w, (tuple, list))
+                                  else w) for layer in per_layer]
+      out[name] = jax.tree.map(lambda *leaves: jnp.stack(leaves), *per_layer)
+  return out
+
+
+def _relayout_projections(tree, projection_layout):
+  """`tree` with every projection kernel stored as projection_layout says."""
+  if not isinstance(tree, dict):
+    return tree
+  out = {}
+  for key, value in tree.items():
+    if (key in _PROJECTION_INPUT_AXES and isinstance(value, dict)
+        and hasattr(value.get("kernel"), "shape")):
+      kernel = value["kernel"]
+      n_in = _PROJECTION_INPUT_AXES[key]
+      layout = projection_layout(key, math.prod(kernel.shape[:n_in]),
+                                 math.prod(kernel.shape[n_in:]))
+      rest = {k: v for k, v in value.items() if k != "kernel"}
+      if layout == TRANSPOSED:
+        perm = (*range(n_in, kernel.ndim), *range(n_in))
+        value = {**rest, "kernel_t": jnp.transpose(kernel, perm)}
+      elif isinstance(layout, int) and layout > 1:
+        value = {**rest, "kernel": layers.split_columns(kernel, layout)}
+      elif layout != 1:
+        raise ValueError(f"projection_layout({key!r}, ...) gave {layout!r}; return a number "
+                         f"of column pieces (1 keeps the kernel) or {TRANSPOSED!r}.")
+    out[key] = _relayout_projections(value, projection_layout)
+  return out
+
+
+def _join_projections(tree):
+  """Inverse of _relayout_projections: every kernel back as model.init stores it."""
+  if not isinstance(tree, dict):
+    return tree
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict) and "kernel_t" in value:
+      kernel_t = value["kernel_t"]
+      n_out = kernel_t.ndim - _PROJECTION_INPUT_AXES[key]
+      perm = (*range(n_out, kernel_t.ndim), *range(n_out))
+      value = {**{k: v for k, v in value.items() if k != "kernel_t"},
+               "kernel": jnp.transpose(kernel_t, perm)}
+    elif isinstance(value, dict) and isinstance(value.get("kernel"), (tuple, list)):
+      value = {**value, "kernel": layers.join_columns(value["kernel"])}
+    out[key] = _join_projections(value)
   return out
 
 

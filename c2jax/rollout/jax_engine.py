@@ -25,7 +25,9 @@ On one CPU device, with enough slots (decode_layout_pays), the engine keeps its 
 in a decode layout (model.unstack_layers): one array per layer, and per routed expert
 when unquantised, so the layers run as a Python loop and XLA reads every weight in place
 (XLA:CPU copies a weight it slices out of a stacked array, per step); the KV cache is
-kept per layer too (without speculation), for the same reason; `update_params`
+kept per layer too (without speculation), for the same reason; when the weights stream
+from memory, the projection kernels are stored as the step's rows multiply them fastest
+(cpu_layout.projection_layout: some transposed, the LM head in column pieces); `update_params`
 and `param_like` still take and give model.init's stacked tree. Accelerators (whose
 compilers read such slices in place and whose grouped matmuls want stacked experts) and
 meshes keep the stacked tree.
@@ -45,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax import model
-from c2jax.rollout import decode_loop
+from c2jax.rollout import cpu_layout, decode_loop
 from c2jax.rollout import sampling as sampling_lib
 from c2jax.rollout import sharding as sharding_lib
 from c2jax.rollout import speculative
@@ -195,8 +197,15 @@ class JaxEngine(Engine):
     # stacked tree the sharding rules name (expert parallelism needs stacked experts).
     decode_layout = (placement is None and jax.default_backend() == "cpu"
                      and decode_layout_pays(cfg, num_slots * (1 + num_draft_tokens)))
+    # Projection kernels stored as the step's rows run them fastest (cpu_layout); not
+    # when quantised, nor when speculating (the MTP drafter reads the LM head's kernel).
+    projections = None
+    if decode_layout and cfg.quant == "none" and not num_draft_tokens:
+      projections = cpu_layout.projection_layout(
+          num_slots, sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params)))
     self._to_layout = jax.jit(functools.partial(
-        model.unstack_layers, split_experts=cfg.quant == "none")) if decode_layout else None
+        model.unstack_layers, split_experts=cfg.quant == "none",
+        projection_layout=projections)) if decode_layout else None
     with self._scope():
       self._param_shardings = placement and placement.param_shardings(cfg, params)
       self._params = self._place(params)

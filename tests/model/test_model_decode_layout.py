@@ -91,3 +91,57 @@ def test_unstacked_layout_decodes_as_stacked(small_moe):
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_allclose(got[2], want[2])
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), got[3], want[3])
+
+
+def _every_way(name, inputs, outputs):
+  """A projection_layout that uses every form: transposed, pieces (uneven too), whole."""
+  if outputs < inputs or name == "o_proj":
+    return model.TRANSPOSED
+  return 3 if name in ("lm_head", "gate_proj", "q_b_proj") else 1
+
+
+@pytest.mark.parametrize("attention", ["mla", "gqa"])
+def test_projection_layouts_decode_as_stacked_and_round_trip(attention):
+  """Transposed kernels (kernel_t) and column pieces, MLA and GQA: the same prefill and
+  decode step as the stacked tree, and stack_layers gives model.init's tree back."""
+  from tests.model.conftest import ATTENTION_CASES
+  moe = Model(tiny_cfg(num_layers=2, **ATTENTION_CASES[attention]))
+  cfg, params = moe.cfg, moe.params
+  laid = model.unstack_layers(params, split_experts=True, projection_layout=_every_way)
+  layer = laid["dense_layers"]["0"]
+  assert "kernel_t" in layer["attn"]["o_proj"] and "kernel" not in layer["attn"]["o_proj"]
+  assert isinstance(laid["lm_head"]["kernel"], tuple) and len(laid["lm_head"]["kernel"]) == 3
+  assert isinstance(layer["mlp"]["gate_proj"]["kernel"], tuple)
+  if attention == "mla":  # read whole by the absorbed decode
+    assert not isinstance(layer["attn"]["kv_b_proj"]["kernel"], tuple)
+  jax.tree.map(np.testing.assert_array_equal, model.stack_layers(laid), params)
+  tokens = jnp.asarray([[3, 17, 5, 9, 60, 2]], jnp.int32)
+  positions = jnp.arange(6, dtype=jnp.int32)[None]
+
+  def run(p):
+    cache = model.init_cache(cfg, 1, 8)
+    _, _, cache = model.apply(cfg, p, tokens[:, :5], positions_BxL=positions[:, :5],
+                              cache=cache)
+    return model.apply(cfg, p, tokens[:, 5:], positions_BxL=positions[:, 5:], cache=cache)[0]
+
+  np.testing.assert_allclose(jax.jit(run)(laid), jax.jit(run)(params), rtol=1e-5, atol=1e-5)
+
+
+def test_projection_layout_errors_name_the_kernel():
+  from c2jax.model import layers
+  params = Model(tiny_cfg(num_layers=2)).params
+  with pytest.raises(ValueError,
+                     match=r"projection_layout\('kv_a_proj', ...\) gave 'sideways'"):
+    model.unstack_layers(params, projection_layout=lambda name, i, o: "sideways")
+  with pytest.raises(ValueError, match="1 to 4"):
+    layers.split_columns(jnp.ones((2, 4)), 5)
+  cfg = tiny_cfg()
+  linear = layers.Linear((4,), (6,), ("embed", "mlp"), cfg)
+  with pytest.raises(ValueError, match=r"kernel_t: a transposed kernel needs shape \(6, 4\)"):
+    linear.apply({"params": {"kernel_t": jnp.ones((4, 6))}}, jnp.ones((1, 4)))
+  with pytest.raises(ValueError, match="widths summing to 6"):
+    linear.apply({"params": {"kernel": (jnp.ones((4, 2)), jnp.ones((4, 3)))}},
+                 jnp.ones((1, 4)))
+  pieces = layers.split_columns(jnp.arange(20.0).reshape(2, 10), 3)
+  assert [p.shape[-1] for p in pieces] == [4, 3, 3]
+  np.testing.assert_array_equal(layers.join_columns(pieces), jnp.arange(20.0).reshape(2, 10))

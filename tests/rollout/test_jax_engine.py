@@ -234,6 +234,49 @@ def test_decode_layout_only_where_it_pays():
   assert all(decode_layout_pays(dense_only, s) for s in (1, 8, 32))
 
 
+def test_projection_layout_by_rows_and_cache():
+  """cpu_layout's rule: nothing when the weights fit in the last-level cache; at one row
+  only kernels that contract more than they produce transposed; from
+  ALL_TRANSPOSED_MIN_ROWS every projection transposed but the LM head, in 256-column
+  pieces."""
+  from c2jax.rollout import cpu_layout
+  assert cpu_layout.projection_layout(1, 10 << 20, cache_bytes=32 << 20) is None
+  one = cpu_layout.projection_layout(1, 200 << 20, cache_bytes=32 << 20)
+  assert [one("down_proj", 1536, 512), one("k_proj", 512, 256), one("q_proj", 512, 512),
+          one("gate_proj", 512, 1536), one("lm_head", 512, 16384)] == [
+      model.TRANSPOSED, model.TRANSPOSED, 1, 1, 1]
+  many = cpu_layout.projection_layout(cpu_layout.ALL_TRANSPOSED_MIN_ROWS, 200 << 20,
+                                      cache_bytes=32 << 20)
+  assert [many("gate_proj", 512, 1536), many("k_proj", 512, 256),
+          many("lm_head", 512, 16384), many("lm_head", 64, 100)] == [
+      model.TRANSPOSED, model.TRANSPOSED, 64, 1]
+  assert cpu_layout.last_level_cache_bytes() > 0
+
+
+@pytest.mark.parametrize("slots", [2, 8])
+def test_engine_with_projection_layouts_matches_teacher(setup, monkeypatch, slots):
+  """With the weights taken as streaming from memory (a last-level cache of 0 bytes) the
+  engine stores its projections as cpu_layout says for its slots, and still decodes the
+  teacher's greedy tokens and log-probs; param_like and stack_layers are unchanged."""
+  from c2jax.rollout import cpu_layout
+  monkeypatch.setattr(cpu_layout, "last_level_cache_bytes", lambda: 0)
+  engine = JaxEngine(setup.cfg, setup.params, num_slots=slots, max_length=MAX_LENGTH,
+                     prefill_buckets=(16,), detokenize=detokenize, max_decode_steps=8)
+  down = engine._params["dense_layers"]["0"]["mlp"]["down_proj"]
+  assert "kernel_t" in down
+  head = engine._params["lm_head"]  # [64, 16]: fewer columns than one 256-column piece
+  gate = engine._params["dense_layers"]["0"]["mlp"]["gate_proj"]  # [64, 192]
+  if slots >= cpu_layout.ALL_TRANSPOSED_MIN_ROWS:
+    assert head["kernel"].shape == (64, VOCAB) and "kernel_t" in gate
+  else:
+    assert "kernel_t" in head and gate["kernel"].shape == (64, 192)
+  jax.tree.map(np.testing.assert_array_equal, model.stack_layers(engine._params),
+               setup.params)
+  requests = [Request(p, GREEDY) for p in prompts()]
+  for prompt, generation in zip(prompts(), engine.generate(requests)):
+    check_against_teacher(setup, setup.params, prompt, generation)
+
+
 def test_logprobs_scores_sequences(setup, engine):
   tokens = np.concatenate([prompts()[2], prompts()[0]])
   logp, _ = setup.teacher(setup.params, tokens)

@@ -2,7 +2,9 @@
 alone, interleaved round by round, best of --rounds (ms per decode step):
 
   layers     the decoder layers and final norm over a one-token step against the KV
-             cache (in the layout JaxEngine picks on one CPU device), no LM head
+             cache (in the per-layer layout JaxEngine picks on one CPU device, with the
+             projection kernels as model.init stores them: the engine may also transpose
+             or split some, cpu_layout.py), no LM head
   head       the LM head over the step's hidden state
   sampler    greedy sampling and the token's log-prob (c2jax.rollout.sampling.sample)
   loop       one compiled 64-step decode loop (decode_loop.decode_steps), per step: the

@@ -1,0 +1,60 @@
+"""How a CPU decode engine stores its projection kernels (model.unstack_layers'
+projection_layout), by the rows a step multiplies and whether the weights stream from
+memory.
+
+XLA:CPU's products with a few rows run far below the memory's bandwidth on some shapes,
+and which shape of the same weight runs faster depends on the rows (measured on a 2-core
+AMD EPYC VM, 2026-12-01, jax 0.12.0.1; docs/benchmarks.md, "Decode against the JAX
+peers"):
+  - one row (batch 1): a kernel that contracts more than it produces (`qwen3_small`'s
+    down projection, 1,536 -> 512; k and v, 512 -> 256) runs faster transposed, output
+    axes first (a chain of such products: 1.2-1.9x); wider ones run slower so (0.8x);
+  - 8 or more rows: every projection runs faster transposed, except the LM head, which
+    runs faster as 256-column pieces (one product each, which also spreads over the cores);
+    the whole `qwen3_small` decode step 1.21-1.26x at batch 8 and 32;
+  - when the weights fit in the last-level cache (`qwen3_tiny`, 4.6 MB) none of this pays
+    (0.55-1.02x), so the kernels stay as model.init stores them.
+"""
+
+from __future__ import annotations
+
+import os
+
+from c2jax.model import TRANSPOSED
+
+# Rows from which every projection is stored transposed (and the LM head in pieces).
+ALL_TRANSPOSED_MIN_ROWS = 8
+HEAD_PIECE_COLUMNS = 256
+# Used when the machine does not say its last-level cache size (that of the VM above).
+DEFAULT_LAST_LEVEL_CACHE = 32 << 20
+
+
+def last_level_cache_bytes() -> int:
+  """The CPU's largest cache (Linux sysfs), else DEFAULT_LAST_LEVEL_CACHE."""
+  root = "/sys/devices/system/cpu/cpu0/cache"
+  sizes = []
+  try:
+    for index in os.listdir(root):
+      with open(os.path.join(root, index, "size")) as f:
+        text = f.read().strip()
+      scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+      sizes.append(int(text.rstrip("KMG")) * scale)
+  except (OSError, ValueError):
+    return DEFAULT_LAST_LEVEL_CACHE
+  return max(sizes, default=DEFAULT_LAST_LEVEL_CACHE)
+
+
+def projection_layout(rows: int, weight_bytes: int, cache_bytes: int | None = None):
+  """unstack_layers' projection_layout for decode steps of `rows` tokens over a model
+  whose weights take `weight_bytes`, or None (every kernel as it is) when they fit in the
+  last-level cache (`cache_bytes`, default last_level_cache_bytes())."""
+  if weight_bytes <= (last_level_cache_bytes() if cache_bytes is None else cache_bytes):
+    return None
+
+  def layout(name: str, inputs: int, outputs: int):
+    if rows < ALL_TRANSPOSED_MIN_ROWS:
+      return TRANSPOSED if outputs < inputs else 1
+    if name == "lm_head":
+      return max(1, outputs // HEAD_PIECE_COLUMNS)
+    return TRANSPOSED
+  return layout
