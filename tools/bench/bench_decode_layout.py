@@ -1,10 +1,14 @@
 """One compiled decode chunk with model.init's stacked weights against the engines' decode
-layout (model.unstack_layers: per-layer arrays, per-expert ones with --split), in one
-process, interleaved, best of --rounds: the in-process ratio behind docs/benchmarks.md
-"Decoding" (its decode layout row). Greedy, 8 steps a chunk (decode_loop.decode_steps),
-16-token positions into a cache of 88 slots; checks that both layouts sample the same tokens.
+layout (model.unstack_layers: per-layer arrays, per-expert ones, and the projection kernels
+as cpu_layout.projection_layout stores them for the batch when the weights stream from
+memory), in one process, interleaved, best of --rounds: the in-process ratios behind
+docs/benchmarks.md "Decoding" (its decode layout row) and "Decode against the JAX peers".
+Greedy, --steps steps a chunk (decode_loop.decode_steps), 16-token positions into a cache
+of 88 slots; checks that every layout samples the same tokens.
 
     PYTHONPATH=. python tools/bench/bench_decode_layout.py --variant small --batches 1,8,32
+    PYTHONPATH=. python tools/bench/bench_decode_layout.py --variant qwen3_small \
+        --layouts layers+experts,+projections --steps 64
 """
 
 from __future__ import annotations
@@ -19,9 +23,9 @@ import numpy as np
 
 from c2jax import host_memory, model
 from c2jax.model import variants
-from c2jax.rollout import decode_loop
+from c2jax.rollout import cpu_layout, decode_loop
 
-STEPS = 8
+LAYOUTS = ("stacked", "layers", "layers+experts", "+projections")
 
 
 def _inputs(batch: int):
@@ -37,17 +41,32 @@ def main():
   parser.add_argument("--variant", default="small")
   parser.add_argument("--batches", default="1,8,32")
   parser.add_argument("--rounds", type=int, default=7)
+  parser.add_argument("--steps", type=int, default=8, help="decode steps a chunk")
+  parser.add_argument("--layouts", default=",".join(LAYOUTS),
+                      help=f"comma-separated, of {LAYOUTS}; the first is the baseline. "
+                      "+projections: layers+experts with cpu_layout's projection kernels "
+                      "(the same as layers+experts where the weights fit in the cache)")
   args = parser.parse_args()
+  names = args.layouts.split(",")
+  if not names or any(name not in LAYOUTS for name in names):
+    raise SystemExit(f"--layouts: choose from {LAYOUTS}; got {args.layouts!r}.")
   host_memory.retain_freed_memory()
   cfg = variants.get(args.variant)
   params = model.init(cfg, jax.random.key(0))
-  layouts = {"stacked": params,
-             "layers": model.unstack_layers(params),
-             "layers+experts": model.unstack_layers(params, split_experts=True)}
-  chunk = jax.jit(functools.partial(decode_loop.decode_steps, cfg, STEPS), donate_argnums=(1,))
+  weight_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
+  chunk = jax.jit(functools.partial(decode_loop.decode_steps, cfg, args.steps),
+                  donate_argnums=(1,))
 
   for batch in (int(b) for b in args.batches.split(",")):
     inputs = _inputs(batch)
+    make = {"stacked": lambda: params,
+            "layers": lambda: model.unstack_layers(params),
+            "layers+experts": lambda: model.unstack_layers(params, split_experts=True),
+            "+projections": lambda: model.unstack_layers(
+                params, split_experts=True,
+                projection_layout=cpu_layout.projection_layout(batch, weight_bytes))}
+    layouts = {name: make[name]() for name in names}
+    base = names[0]
 
     def run(p, inputs=inputs, batch=batch):
       cache = jax.tree.map(lambda a: a + 0.01, model.init_cache(cfg, batch, 88))
@@ -58,14 +77,14 @@ def main():
 
     first = {name: run(p)[1] for name, p in layouts.items()}  # compile
     for name in layouts:
-      same = np.array_equal(first[name][1], first["stacked"][1])
-      assert same, f"{name}: sampled tokens differ from the stacked layout's"
+      same = np.array_equal(first[name][1], first[base][1])
+      assert same, f"{name}: sampled tokens differ from the {base} layout's"
     best = dict.fromkeys(layouts, float("inf"))
     for _ in range(args.rounds):
       for name, p in layouts.items():
         best[name] = min(best[name], run(p)[0])
     print(f"{args.variant} batch {batch}: " + "  ".join(
-        f"{name} {best[name] * 1e3 / STEPS:.2f} ms/step ({best['stacked'] / best[name]:.2f}x)"
+        f"{name} {best[name] * 1e3 / args.steps:.2f} ms/step ({best[base] / best[name]:.2f}x)"
         for name in layouts), flush=True)
 
 
