@@ -3,6 +3,7 @@ off, by the engine's own limits. (Against the fake engine, whose containers are
 bubblewrap sandboxes, test_containment.py covers the same ground.)"""
 
 import os
+import re
 import socket
 import time
 
@@ -77,9 +78,13 @@ def test_fork_bomb_is_contained_by_the_pids_limit(real_box):
 
 
 def test_large_files_are_refused(real_box):
-  result = real_box.run_shell('head -c 300M /dev/zero > big.bin; echo $?; '
-                              'stat -c %s big.bin')
-  code, size = result.text.split()[-2:]
+  # head's error goes to a file and is printed after: docker exec carries stderr apart
+  # from stdout, so their order in the text is not the order they were written in.
+  result = real_box.run_shell('head -c 300M /dev/zero > big.bin 2> head.err; '
+                              'echo "exit=$? bytes=$(stat -c %s big.bin)"; cat head.err')
+  found = re.search(r'exit=(\d+) bytes=(\d+)', result.text)
+  assert found, result.text
+  code, size = found.groups()
   assert code != '0' and int(size) <= 256 << 20, result.text
 
 
