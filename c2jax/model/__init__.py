@@ -23,8 +23,8 @@ from c2jax.model.transformer import (REMAT_POLICIES, TRANSPOSED, Transformer, ca
                                      has_unstacked_layers, init_cache, lm_head,
                                      stack_layers, transformer_for, unstack_layers)
 
-__all__ = ["REMAT_POLICIES", "TRANSPOSED", "Transformer", "apply", "cache_axes", "forward", "head",
-           "has_unstacked_layers", "init", "init_cache", "param_axes", "stack_layers",
+__all__ = ["REMAT_POLICIES", "TRANSPOSED", "Transformer", "apply", "cache_axes", "forward",
+           "head", "has_unstacked_layers", "init", "init_cache", "param_axes", "stack_layers",
            "trainable_mask", "transformer_for", "unstack_layers"]
 
 _NOT_TRAINED = frozenset({"correction_bias"})

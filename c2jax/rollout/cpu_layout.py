@@ -11,7 +11,8 @@ peers"):
     axes first (a chain of such products: 1.2-1.9x); wider ones run slower so (0.8x);
   - 8 or more rows: every projection runs faster transposed, except the LM head, which
     runs faster as 256-column pieces (one product each, which also spreads over the cores);
-    the whole `qwen3_small` decode step 1.21-1.26x at batch 8 and 32;
+    the whole `qwen3_small` decode step 1.16-1.26x at batch 8 and 32 (several runs; 1.11x
+    at batch 1 with the one-row rule);
   - when the weights fit in the last-level cache (`qwen3_tiny`, 4.6 MB) none of this pays
     (0.55-1.02x), so the kernels stay as model.init stores them.
 """

@@ -27,10 +27,10 @@ when unquantised, so the layers run as a Python loop and XLA reads every weight 
 (XLA:CPU copies a weight it slices out of a stacked array, per step); the KV cache is
 kept per layer too (without speculation), for the same reason; when the weights stream
 from memory, the projection kernels are stored as the step's rows multiply them fastest
-(cpu_layout.projection_layout: some transposed, the LM head in column pieces); `update_params`
-and `param_like` still take and give model.init's stacked tree. Accelerators (whose
-compilers read such slices in place and whose grouped matmuls want stacked experts) and
-meshes keep the stacked tree.
+(cpu_layout.projection_layout: some transposed, the LM head in column pieces);
+`update_params` and `param_like` still take and give model.init's stacked tree.
+Accelerators (whose compilers read such slices in place and whose grouped matmuls want
+stacked experts) and meshes keep the stacked tree.
 
 Shape legend: S slots, C chunk length, T max_length, V vocab, Lm MoE layers, K experts
 per token, D draft tokens per step.
