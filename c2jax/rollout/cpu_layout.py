@@ -1,4 +1,5 @@
-"""How a CPU decode engine stores its projection kernels (model.unstack_layers'
+"""Whether a CPU decode engine keeps the per-layer decode layout (decode_layout_pays), and
+how it stores its projection kernels (model.unstack_layers'
 projection_layout), by the rows a step multiplies and whether the weights stream from
 memory.
 
@@ -59,3 +60,21 @@ def projection_layout(rows: int, weight_bytes: int, cache_bytes: int | None = No
       return max(1, outputs // HEAD_PIECE_COLUMNS)
     return TRANSPOSED
   return layout
+
+
+def decode_layout_pays(cfg, tokens_per_step: int) -> bool:
+  """Whether the CPU decode layout (model.unstack_layers) beats the stacked tree for
+  decode steps of `tokens_per_step` tokens.
+
+  Without MoE layers (dense models) always: a scanned dense layer's every weight is
+  copied out of the stack per step, and nothing else differs (measured 2026-11-27 at
+  qwen3_small, tools/bench/bench_decode_layout.py; docs/benchmarks.md, "Decode against the
+  JAX peers"). With MoE layers, when the steps choose at least half a MoE layer's
+  experts' worth of token copies. Below that the stacked tree's 'gathered' dispatch copies
+  only a few experts' weights, which costs less than the unrolled layers' own overhead
+  (measured 2026-11-26 at small, one compiled chunk, quiet: the layout ran 0.75x / 0.89x
+  / 1.01x / 1.6-1.85x / 1.24-1.45x the stacked tree at batch 1 / 2 / 4 / 8 / 32)."""
+  moe = cfg.moe
+  if cfg.num_layers == cfg.first_k_dense:
+    return True
+  return 2 * tokens_per_step * moe.num_experts_per_tok >= moe.num_experts

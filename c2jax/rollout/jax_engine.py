@@ -21,8 +21,8 @@ model's MTP module drafts tokens that one forward over all slots verifies.
 With a `parallel` config the engine spans a mesh of local devices (see sharding.py):
 parameters and caches are placed by the training logical rules, and every program keeps
 the state's shardings from step to step (and across weight swaps).
-On one CPU device, with enough slots (decode_layout_pays), the engine keeps its weights
-in a decode layout (model.unstack_layers): one array per layer, and per routed expert
+On one CPU device, with enough slots (cpu_layout.decode_layout_pays), the engine keeps its
+weights in a decode layout (model.unstack_layers): one array per layer, and per routed expert
 when unquantised, so the layers run as a Python loop and XLA reads every weight in place
 (XLA:CPU copies a weight it slices out of a stacked array, per step); the KV cache is
 kept per layer too (without speculation), for the same reason; when the weights stream
@@ -133,24 +133,6 @@ def _score(cfg, params, tokens_1xC):
   return jnp.take_along_axis(logp_1xCxV[0, :-1], tokens_1xC[0, 1:, None], axis=-1)[:, 0]
 
 
-def decode_layout_pays(cfg, tokens_per_step: int) -> bool:
-  """Whether the CPU decode layout (model.unstack_layers) beats the stacked tree for
-  decode steps of `tokens_per_step` tokens.
-
-  Without MoE layers (dense models) always: a scanned dense layer's every weight is
-  copied out of the stack per step, and nothing else differs (measured 2026-11-27 at
-  qwen3_small, tools/bench/bench_decode_layout.py; docs/benchmarks.md, "Decode against the
-  JAX peers"). With MoE layers, when the steps choose at least half a MoE layer's
-  experts' worth of token copies. Below that the stacked tree's 'gathered' dispatch copies
-  only a few experts' weights, which costs less than the unrolled layers' own overhead
-  (measured 2026-11-26 at small, one compiled chunk, quiet: the layout ran 0.75x / 0.89x
-  / 1.01x / 1.6-1.85x / 1.24-1.45x the stacked tree at batch 1 / 2 / 4 / 8 / 32)."""
-  moe = cfg.moe
-  if cfg.num_layers == cfg.first_k_dense:
-    return True
-  return 2 * tokens_per_step * moe.num_experts_per_tok >= moe.num_experts
-
-
 class JaxEngine(Engine):
   """The model-backed engine. `params` is the tree of `c2jax.model.init` (plus
   'mtp_layers' when speculating); `version` tags tokens sampled with these weights.
@@ -196,7 +178,8 @@ class JaxEngine(Engine):
     # On one CPU device the decode layout (see the module docstring); on a mesh the
     # stacked tree the sharding rules name (expert parallelism needs stacked experts).
     decode_layout = (placement is None and jax.default_backend() == "cpu"
-                     and decode_layout_pays(cfg, num_slots * (1 + num_draft_tokens)))
+                     and cpu_layout.decode_layout_pays(cfg,
+                                                       num_slots * (1 + num_draft_tokens)))
     # Projection kernels stored as the step's rows run them fastest (cpu_layout); not
     # when quantised, nor when speculating (the MTP drafter reads the LM head's kernel).
     projections = None

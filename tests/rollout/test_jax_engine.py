@@ -225,7 +225,7 @@ def test_decode_layout_only_where_it_pays():
   16 experts, 2 per token: from 4 slots; speculation's draft tokens count as tokens), and
   always for a model without MoE layers."""
   from c2jax.model import variants
-  from c2jax.rollout.jax_engine import decode_layout_pays
+  from c2jax.rollout.cpu_layout import decode_layout_pays
   small = variants.get("small")
   assert [decode_layout_pays(small, s) for s in (1, 2, 3, 4, 8, 32)] == [
       False, False, False, True, True, True]

@@ -31,7 +31,7 @@ import numpy as np
 from c2jax import host_memory, model
 from c2jax.model import variants
 from c2jax.rollout import JaxEngine, Request, SamplingParams, decode_loop, sampling
-from c2jax.rollout.jax_engine import decode_layout_pays
+from c2jax.rollout.cpu_layout import decode_layout_pays
 
 PROMPT, STEPS = 16, 64
 
