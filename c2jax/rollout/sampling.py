@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 
 NEG_INF = -jnp.inf
+# argmax's block of a row (the entries reduced to one maximum in its first pass).
+ARGMAX_BLOCK = 256
 
 
 def row_keys(seeds_B: jax.Array, positions_B: jax.Array, stream: int = 0) -> jax.Array:
@@ -36,15 +38,40 @@ def policy_logprobs(logits_BxV: jax.Array, temperature_B: jax.Array) -> jax.Arra
   return jax.nn.log_softmax(_scaled(logits_BxV, temperature_B), axis=-1)
 
 
-def argmax(x_BxV: jax.Array) -> jax.Array:
-  """[B] int32 jnp.argmax(x, axis=-1) (the first maximal index; a NaN counts as maximal,
-  the first NaN wins), as two plain reductions (max, then the least index holding it):
-  XLA:CPU runs argmax's variadic (value, index) reduce unvectorised, 4-7x slower over a
-  vocabulary row, and the sampler takes an argmax per decode step."""
-  max_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)
-  index_BxV = jax.lax.broadcasted_iota(jnp.int32, x_BxV.shape, x_BxV.ndim - 1)
-  hit_BxV = (x_BxV == max_Bx1) | (jnp.isnan(x_BxV) & jnp.isnan(max_Bx1))
-  return jnp.min(jnp.where(hit_BxV, index_BxV, x_BxV.shape[-1]), axis=-1)
+def _first_index_of(x_BxN: jax.Array, target_Bx1: jax.Array) -> jax.Array:
+  """[B] int32: the least index along the last axis holding target (a NaN target: the
+  first NaN), or N where none does."""
+  index_BxN = jax.lax.broadcasted_iota(jnp.int32, x_BxN.shape, x_BxN.ndim - 1)
+  hit_BxN = (x_BxN == target_Bx1) | (jnp.isnan(x_BxN) & jnp.isnan(target_Bx1))
+  return jnp.min(jnp.where(hit_BxN, index_BxN, x_BxN.shape[-1]), axis=-1)
+
+
+def argmax(x_BxV: jax.Array, block: int = ARGMAX_BLOCK) -> jax.Array:
+  """[B] int32 jnp.argmax(x, axis=-1): the first maximal index (a NaN counts as maximal,
+  the first NaN wins, wherever the backend's max reduction propagates NaN).
+
+  One pass over the row: the maximum of each block of `block` entries (the largest power
+  of two up to `block` that divides V), then the first block holding the row's maximum
+  and the first entry of that block holding it, over [B, V / block] and [B, block] only.
+  XLA:CPU runs jnp.argmax's variadic (value, index) reduce unvectorised (2.0-5.3x slower
+  than this form over a vocabulary row), and an index pass over the whole row (max, then
+  the least index holding it) costs three more passes there: the broadcast maximum and
+  the selected indices materialised, and their reduction. The greedy sampler (argmax and log-prob) ran
+  1.17-1.36x faster this way at [1-32, 8192-16384] (tools/bench/bench_sampler.py,
+  2026-12-02; docs/benchmarks.md).
+
+  XLA:CPU's YNNPACK max reduction over a long row skips NaNs, so there a row holding a
+  NaN gets the argmax of its other entries; the engine's log-prob of such a row is NaN
+  (token_logprobs), which says so."""
+  rows, vocab = x_BxV.shape
+  while vocab % block:
+    block //= 2
+  blocks_BxNxK = x_BxV.reshape(rows, vocab // block, block)
+  block_max_BxN = jnp.max(blocks_BxNxK, axis=-1)
+  max_Bx1 = jnp.max(block_max_BxN, axis=-1, keepdims=True)
+  first_block_B = jnp.minimum(_first_index_of(block_max_BxN, max_Bx1), vocab // block - 1)
+  chosen_BxK = jnp.take_along_axis(blocks_BxNxK, first_block_B[:, None, None], axis=1)[:, 0]
+  return first_block_B * block + _first_index_of(chosen_BxK, max_Bx1)
 
 
 def _truncated(scaled_BxV, top_k_B, top_p_B) -> jax.Array:
@@ -140,8 +167,8 @@ def sample(logits_BxV, temperature_B, top_k_B, top_p_B, keys_B):
   model's whole greedy decode step.
 
   An all-greedy batch takes the argmax of the logits (what the one-hot rows of
-  sampling_logprobs draw) and builds no [B, V] distribution: three passes over the
-  logits (max, first index of it, sum of exponentials) instead of about ten."""
+  sampling_logprobs draw) and builds no [B, V] distribution: the argmax's pass over the
+  logits and the log-prob's two (max, sum of exponentials) instead of about ten."""
   greedy_B = argmax(logits_BxV.astype(jnp.float32))
 
   def sampled():

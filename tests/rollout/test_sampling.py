@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from c2jax.rollout import sampling
 
@@ -118,6 +119,31 @@ def test_argmax_is_jnp_argmax_with_ties_infinities_and_nans():
   assert got.dtype == jnp.int32
   np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
   np.testing.assert_array_equal(got[:5], [0, 0, 3, 41, 9])
+
+
+@pytest.mark.parametrize("vocab", [8192, 151936, 129280, 7 * 1024 + 3])
+def test_argmax_over_vocabulary_rows_is_jnp_argmax(vocab):
+  # Blocks of 256, 128 (Qwen3's 151,936), 256 (DeepSeek-V3's 129,280) and 1 (odd) entries;
+  # the maximum tied across blocks and within one, in the last block, and masked rows.
+  rng = np.random.default_rng(vocab)
+  x = rng.integers(0, 40, (6, vocab)).astype(np.float32)
+  x[1] = -np.inf
+  x[2, -1] = np.inf
+  x[3, [5, 300, vocab - 2]] = 99.0
+  x[4, 1000:1003] = 99.0
+  got = jax.jit(sampling.argmax)(jnp.asarray(x))
+  np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
+  assert got[3] == 5 and got[4] == 1000
+
+
+def test_a_row_with_a_nan_reports_a_nan_logprob():
+  # XLA:CPU's long-row max reduction may skip the NaN (the token is then the argmax of the
+  # rest); the row's log-prob is NaN either way, so the caller can tell.
+  logits = jnp.zeros((2, 8192)).at[0, 17].set(jnp.nan).at[1, 3].set(1.0)
+  keys = lambda: sampling.row_keys(jnp.zeros(2, jnp.uint32), jnp.zeros(2, jnp.int32))  # noqa: E731
+  tokens, logprobs = jax.jit(lambda x: sampling.sample(
+      x, jnp.zeros(2), jnp.zeros(2, jnp.int32), jnp.ones(2), keys))(logits)
+  assert np.isnan(logprobs[0]) and tokens[1] == 3 and np.isfinite(logprobs[1])
 
 
 def test_token_logprobs_are_log_softmax_entries_bit_for_bit():
