@@ -69,6 +69,7 @@ def argmax(x_BxV: jax.Array, block: int = ARGMAX_BLOCK) -> jax.Array:
   blocks_BxNxK = x_BxV.reshape(rows, vocab // block, block)
   block_max_BxN = jnp.max(blocks_BxNxK, axis=-1)
   max_Bx1 = jnp.max(block_max_BxN, axis=-1, keepdims=True)
+  # In range even if the two reductions disagree on a NaN (then no block matches).
   first_block_B = jnp.minimum(_first_index_of(block_max_BxN, max_Bx1), vocab // block - 1)
   chosen_BxK = jnp.take_along_axis(blocks_BxNxK, first_block_B[:, None, None], axis=1)[:, 0]
   return first_block_B * block + _first_index_of(chosen_BxK, max_Bx1)

@@ -35,8 +35,8 @@ random prompts of --prompt_lens tokens (16 by default), greedy, --new_tokens new
 t(n) is the wall time of one whole generate call for n new tokens, so prefill and compile
 drop out; each t is the best of --rounds (or, --stat median, their median), and the
 rounds interleave the sides (c2jax, then each peer, per round) so the machine's load falls
-on all alike. Before each timed
-call the machine idles --settle_s (0.2 s) and the side makes an untimed one-token call:
+on all alike. Before each timed call the machine idles --settle_s (0.2 s) and the side
+makes an untimed one-token call:
 without that, a side timed right after another process's call ran beside that process's
 still-spinning threads (measured 2026-11-28 at `qwen3_small` batch 1: c2jax's prefill
 595 tokens/s alone, 174 with the Tunix workers beside it). Prefill tokens/s
