@@ -2,16 +2,11 @@
 "What limits `small` on XLA:CPU"), every row timed, and lax.ragged_dot agrees with the tile
 loop it is compared against."""
 
-import importlib
-import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-
-def test_cpu_limits_smoke_tables(monkeypatch, capsys):
-  monkeypatch.syspath_prepend(str(ROOT / "tools" / "bench"))
-  importlib.import_module("bench_cpu_limits").main(["--smoke"])
+def test_cpu_limits_smoke_tables(bench_script, capsys):
+  bench_script("bench_cpu_limits").main(["--smoke"])
   out = capsys.readouterr().out
   assert re.search(r"^XLA:CPU limits, \d{4}-\d\d-\d\d, cpu .* ceiling [\d.]+ GFLOP/s$", out,
                    re.M)

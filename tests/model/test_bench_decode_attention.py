@@ -1,15 +1,9 @@
 """tools/bench/bench_decode_attention.py at tiny shapes: both one-token attention forms
 agree (the bench checks before timing) and a row per shape comes out."""
 
-import importlib
-import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def test_decode_attention_bench_rows(monkeypatch, capsys):
-  monkeypatch.syspath_prepend(str(ROOT / "tools" / "bench"))
-  bench = importlib.import_module("bench_decode_attention")
+def test_decode_attention_bench_rows(bench_script, capsys):
+  bench = bench_script("bench_decode_attention")
   bench.main(["--shapes", "2x8x2x2x4,1x5x1x3x8", "--rounds", "1", "--calls", "1"])
   lines = capsys.readouterr().out.splitlines()
   assert lines[0].startswith("one-token attention, cpu")

@@ -3,21 +3,16 @@ comparison's MaxText overrides put the chips on c2jax's real-scale mesh, c2jax's
 give a config that validates on that many devices, and MaxText's printed analyses parse."""
 
 import ast
-import importlib
-import pathlib
 
 import pytest
 
 from c2jax.train import jobs
 from tests.test_configs import CONFIG_DIR, load_config_module
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(name="bench")
-def _bench(monkeypatch):
-  monkeypatch.syspath_prepend(str(ROOT / "tools" / "bench"))
-  return importlib.import_module("compile_vs_maxtext")
+def _bench(bench_script):
+  return bench_script("compile_vs_maxtext")
 
 
 def _overrides(args):

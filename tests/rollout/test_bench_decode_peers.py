@@ -2,21 +2,16 @@
 without any peer installed and reports a row with the model's parameter count (what the
 peers are built to match) and both rates; the peers' shape is the c2jax config's."""
 
-import importlib
 import json
 import math
-import pathlib
 
 import pytest
 
 from c2jax.model import variants
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-
-def test_decode_peers_smoke(monkeypatch, capsys):
-  monkeypatch.syspath_prepend(str(ROOT / "tools" / "bench"))
-  bench = importlib.import_module("bench_decode_peers")
+def test_decode_peers_smoke(bench_script, capsys):
+  bench = bench_script("bench_decode_peers")
   bench.main(["--smoke"])
   out = capsys.readouterr().out
   assert out.startswith("decode against the JAX peers, ")
@@ -44,9 +39,8 @@ def test_decode_peers_smoke(monkeypatch, capsys):
   assert bench.peers_for("qwen3_moe_tiny") == ["tunix", "tunix_logprobs", "hf"]
 
 
-def test_repeats_report_the_median_ratio_of_each_row(monkeypatch):
-  monkeypatch.syspath_prepend(str(ROOT / "tools" / "bench"))
-  bench = importlib.import_module("bench_decode_peers")
+def test_repeats_report_the_median_ratio_of_each_row(bench_script):
+  bench = bench_script("bench_decode_peers")
   runs = [[{"model": "qwen3_tiny", "prompt": 16, "batch": b, "c2jax decode tok/s": 1.0,
             "decode vs tunix": ratio * b, "prefill vs tunix": 2.0}
            for b in (1, 8)] for ratio in (0.9, 1.4, 1.1)]

@@ -1,15 +1,9 @@
 """tools/bench/bench_sampler.py: the three argmax forms agree (the script asserts it) and
 each prints its per-step time, alone and with the log-prob."""
 
-import importlib
-import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def test_bench_sampler_times_every_form(monkeypatch, capsys):
-  monkeypatch.syspath_prepend(str(ROOT / "tools" / "bench"))
-  bench = importlib.import_module("bench_sampler")
+def test_bench_sampler_times_every_form(bench_script, capsys):
+  bench = bench_script("bench_sampler")
   bench.main(["--batches", "2", "--vocabs", "96", "--rounds", "1"])
   lines = capsys.readouterr().out.splitlines()
   assert lines[0].startswith("greedy sampler, ")
