@@ -185,7 +185,7 @@ class JaxEngine(Engine):
     projections = None
     if decode_layout and cfg.quant == "none" and not num_draft_tokens:
       projections = cpu_layout.projection_layout(
-          num_slots, sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(params)))
+          num_slots, sum(leaf.nbytes for leaf in jax.tree.leaves(params)))
     self._to_layout = jax.jit(functools.partial(
         model.unstack_layers, split_experts=cfg.quant == "none",
         projection_layout=projections)) if decode_layout else None

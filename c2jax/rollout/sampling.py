@@ -46,12 +46,12 @@ def _first_index_of(x_BxN: jax.Array, target_Bx1: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(hit_BxN, index_BxN, x_BxN.shape[-1]), axis=-1)
 
 
-def argmax(x_BxV: jax.Array, block: int = ARGMAX_BLOCK) -> jax.Array:
+def argmax(x_BxV: jax.Array) -> jax.Array:
   """[B] int32 jnp.argmax(x, axis=-1): the first maximal index (a NaN counts as maximal,
   the first NaN wins, wherever the backend's max reduction propagates NaN).
 
-  One pass over the row: the maximum of each block of `block` entries (the largest power
-  of two up to `block` that divides V), then the first block holding the row's maximum
+  One pass over the row: the maximum of each block of ARGMAX_BLOCK entries (the largest
+  power of two up to it that divides V), then the first block holding the row's maximum
   and the first entry of that block holding it, over [B, V / block] and [B, block] only.
   XLA:CPU runs jnp.argmax's variadic (value, index) reduce unvectorised (2.0-5.3x slower
   than this form over a vocabulary row), and an index pass over the whole row (max, then
@@ -64,6 +64,7 @@ def argmax(x_BxV: jax.Array, block: int = ARGMAX_BLOCK) -> jax.Array:
   NaN gets the argmax of its other entries; the engine's log-prob of such a row is NaN
   (token_logprobs), which says so."""
   rows, vocab = x_BxV.shape
+  block = ARGMAX_BLOCK
   while vocab % block:
     block //= 2
   blocks_BxNxK = x_BxV.reshape(rows, vocab // block, block)

@@ -35,10 +35,7 @@ STEPS = 64
 
 
 def two_pass_argmax(x_BxV):
-  max_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)
-  index_BxV = jax.lax.broadcasted_iota(jnp.int32, x_BxV.shape, 1)
-  hit_BxV = (x_BxV == max_Bx1) | (jnp.isnan(x_BxV) & jnp.isnan(max_Bx1))
-  return jnp.min(jnp.where(hit_BxV, index_BxV, x_BxV.shape[-1]), axis=-1)
+  return sampling._first_index_of(x_BxV, jnp.max(x_BxV, axis=-1, keepdims=True))
 
 
 FORMS = {"blocks": sampling.argmax, "two_pass": two_pass_argmax,
@@ -57,9 +54,7 @@ def _loop(argmax, logprobs: bool, x_BxV):
 
 
 def _decode_loop(variant: str, batches: list[int], rounds: int) -> None:
-  import sys
-  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-  from bench_decode_layout import _inputs
+  from bench_decode_layout import _inputs  # this script's directory is on sys.path
 
   from c2jax import host_memory, model
   from c2jax.model import variants
