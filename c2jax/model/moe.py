@@ -37,7 +37,7 @@ import c2jax_kernels as kernels
 from c2jax.model import layers
 from c2jax.model import moe_dispatch
 from c2jax.model import moe_routing
-from c2jax.model.moe_dispatch import DISPATCH, ExpertWeights
+from c2jax.model.moe_dispatch import DISPATCH, FUSED_GATE_UP, ExpertWeights
 from c2jax.model.moe_routing import ROUTERS
 from c2jax.parallel import expert as expert_parallel
 
@@ -98,11 +98,35 @@ class Experts(nn.Module):
                                    axes, layers.param_dtype(cfg))
       return value.astype(dtype)
 
+    fused = None
+    if self.has_variable("params", FUSED_GATE_UP):
+      # Gate and up of every expert side by side, [D, 2, E, F] (model.unstack_layers(...,
+      # fuse_experts=True)): every expert on every token for a few tokens
+      # (moe_dispatch.all_experts); more tokens get the stacked weights back (a copy of
+      # small weights, which only fused_experts_pay layouts fuse) and the usual dispatch.
+      fused = self.get_variable("params", FUSED_GATE_UP)
+      if fused.shape != (d, 2, e, f):
+        raise ValueError(f"experts/{FUSED_GATE_UP}: fused weights need shape {(d, 2, e, f)} "
+                         f"(hidden, gate and up, experts, expert width); got {fused.shape}.")
+      if cfg.quant != "none":
+        raise ValueError("Fused expert weights (model.unstack_layers(..., fuse_experts=True)) "
+                         f"run unquantised; quant = {cfg.quant!r} needs the stacked ones.")
+      fused = fused.astype(dtype)
+      if x_TxD.shape[0] <= moe_dispatch.ALL_EXPERTS_MAX_TOKENS:
+        down = weight("down_proj", (e, f, d), moe_dispatch.EXPERT_AXES.down_ExFxD)
+        return (moe_dispatch.all_experts(x_TxD.astype(dtype), weights_TxK, indices_TxK, fused,
+                                         down), jnp.zeros((), jnp.int32))
     axes = moe_dispatch.EXPERT_AXES
-    experts = ExpertWeights(
-        gate_ExDxF=weight("gate_proj", (e, d, f), axes.gate_ExDxF),
-        up_ExDxF=weight("up_proj", (e, d, f), axes.up_ExDxF),
-        down_ExFxD=weight("down_proj", (e, f, d), axes.down_ExFxD))
+    if fused is not None:
+      experts = ExpertWeights(
+          gate_ExDxF=jnp.transpose(fused[:, 0], (1, 0, 2)),
+          up_ExDxF=jnp.transpose(fused[:, 1], (1, 0, 2)),
+          down_ExFxD=weight("down_proj", (e, f, d), axes.down_ExFxD))
+    else:
+      experts = ExpertWeights(
+          gate_ExDxF=weight("gate_proj", (e, d, f), axes.gate_ExDxF),
+          up_ExDxF=weight("up_proj", (e, d, f), axes.up_ExDxF),
+          down_ExFxD=weight("down_proj", (e, f, d), axes.down_ExFxD))
     x_TxD = x_TxD.astype(dtype)
     plan = (expert_parallel.plan_from_context() if cfg.moe.expert_parallel == "auto"
             else None)

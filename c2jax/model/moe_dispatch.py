@@ -29,6 +29,10 @@ Register a new one with `DISPATCH['name'] = fn`; config validation reads the key
           XLA:CPU copies an expert's weights out of a stacked [E, D, F] array before a
           matmul reads them (static or dynamic index alike); separate arrays are read in
           place, and experts no token chose cost nothing.
+  all_experts  (not a cfg.moe_impl either: the Experts module runs it for up to
+          ALL_EXPERTS_MAX_TOKENS tokens when the weights come fused, model.unstack_layers
+          with fuse_experts=True, as decode engines keep small experts) every expert on
+          every token in three ops a layer, whatever E.
 
 Products with the float32 gate weights and the sum over k happen in float32, as HF
 does; the result is cast back to x's dtype. Under a block-scaled recipe the sorted
@@ -58,6 +62,11 @@ from c2jax_kernels.grouped_matmul import tiled
 # The Pallas kernel used where the platform's default grouped matmul is not Pallas (CPU):
 # megablox has a CPU interpreter for every shape, Mosaic GPU needs 64-multiple features.
 _PALLAS_FALLBACK_IMPL = "megablox"
+
+
+# The Experts module's parameter holding fused gate and up weights [D, 2, E, F] (in place
+# of 'gate_proj' and 'up_proj'): model.unstack_layers(..., fuse_experts=True); all_experts.
+FUSED_GATE_UP = "gate_up_proj"
 
 
 class ExpertWeights(NamedTuple):
@@ -181,6 +190,32 @@ def gathered(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
 # per_expert runs each chosen expert on every token up to this many tokens (decode steps
 # up to batch 8); more as a loop over each expert's tiles of its own sorted rows.
 ALL_TOKENS_MAX_TOKENS = 8
+# Tokens up to which fused expert weights run all_experts (every expert on every token);
+# a longer call (a prefill) gets the stacked weights back and the usual dispatch. At
+# qwen3_moe_tiny's experts all_experts ran 1.12-1.39x faster than per_expert at 1 and 8
+# tokens and 0.96-1.03x at 32 (2026-12-02, docs/benchmarks.md).
+ALL_EXPERTS_MAX_TOKENS = 32
+
+
+def all_experts(x_TxD, weights_TxK, indices_TxK, gate_up_Dx2xExF, down_ExFxD) -> jax.Array:
+  """Every expert on every token from fused weights (model.unstack_layers(...,
+  fuse_experts=True): gate and up of all experts as one [D, 2, E, F] array beside the
+  stacked down projection [E, F, D]), unquantised: one product x [T, D] by [D, 2*E*F],
+  the SwiGLU scaled by each token's combine weight (0 for an unchosen expert), and one
+  product by down read as [E*F, D], which sums the weighted experts. Three ops a layer,
+  whatever E, and the weights are read in place; E / K times the chosen experts' FLOPs.
+  On CPU this beats reading only the chosen experts when a layer's experts are small
+  (c2jax.rollout.cpu_layout.fused_experts_pay). Same result as the other dispatches up to
+  float rounding: the combine weight multiplies before the down product, not after."""
+  num_experts = gate_up_Dx2xExF.shape[2]
+  h_Tx2xExF = jnp.einsum("td,dgef->tgef", x_TxD, gate_up_Dx2xExF,
+                         preferred_element_type=jnp.float32)
+  combine_TxE = jnp.einsum("tk,tke->te", weights_TxK,
+                           jax.nn.one_hot(indices_TxK, num_experts, dtype=jnp.float32))
+  h_TxExF = jax.nn.silu(h_Tx2xExF[:, 0]) * h_Tx2xExF[:, 1] * combine_TxE[:, :, None]
+  y_TxD = jnp.einsum("tef,efd->td", h_TxExF.astype(x_TxD.dtype), down_ExFxD,
+                     preferred_element_type=jnp.float32)
+  return y_TxD.astype(x_TxD.dtype)
 
 
 def is_split(experts: ExpertWeights) -> bool:

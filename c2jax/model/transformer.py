@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import attention as attention_lib
-from c2jax.model import layers
+from c2jax.model import layers, moe_dispatch
 from c2jax.model.layers import MLP, Embed, Linear, RMSNorm, constrain
 from c2jax.model.moe import MoE
 
@@ -246,7 +246,8 @@ _PROJECTION_INPUT_AXES = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "q
 TRANSPOSED = "transposed"
 
 
-def unstack_layers(params, split_experts: bool = False, projection_layout=None) -> dict:
+def unstack_layers(params, split_experts: bool = False, projection_layout=None,
+                   fuse_experts: bool = False) -> dict:
   """`params` (model.init's tree) with each stacked layer stack [layers, ...] split into
   {'0': layer 0's params, '1': ...}: the tree Transformer(unrolled_layers=True) reads.
   A cache (init_cache's tree) splits the same way, into the per-layer caches it also
@@ -258,7 +259,14 @@ def unstack_layers(params, split_experts: bool = False, projection_layout=None) 
   inputs and outputs the sizes it contracts and produces): an int, that many column
   pieces (layers.split_columns; 1 keeps the kernel as it is), or TRANSPOSED, stored as
   'kernel_t' with the output axes first (Linear multiplies by it as one 2-D product).
+  fuse_experts: instead, store each MoE layer's routed gate and up weights as one
+  [D, 2, E, F] array ('gate_up_proj'; down_proj stays [E, F, D]), run by
+  moe_dispatch.all_experts: every expert on every token in three ops a layer, for decode
+  engines whose experts are small (c2jax.rollout.cpu_layout.fused_experts_pay).
   Other entries (embedding, norms, routers, 'mtp_layers') are kept as they are."""
+  if split_experts and fuse_experts:
+    raise ValueError("unstack_layers: split_experts and fuse_experts are two layouts of the "
+                     "same expert weights; pass at most one.")
   out = dict(params)
   for name in _STACKS:
     if name in params:
@@ -267,6 +275,8 @@ def unstack_layers(params, split_experts: bool = False, projection_layout=None) 
       if split_experts and name == "moe_layers":
         per_layer = [_map_experts(layer, lambda w: tuple(w[e] for e in range(w.shape[0])))
                      for layer in per_layer]
+      if fuse_experts and name == "moe_layers":
+        per_layer = [_fuse_experts(layer) for layer in per_layer]
       if projection_layout is not None:
         per_layer = [_relayout_projections(layer, projection_layout) for layer in per_layer]
       out[name] = {str(i): layer for i, layer in enumerate(per_layer)}
@@ -283,8 +293,9 @@ def stack_layers(params) -> dict:
     if name in params:
       per_layer = [out[name][str(i)] for i in range(len(params[name]))]
       if name == "moe_layers":
-        per_layer = [_map_experts(layer, lambda w: jnp.stack(w) if isinstance(w, (tuple, list))
-                                  else w) for layer in per_layer]
+        per_layer = [_map_experts(_unfuse_experts(layer), lambda w: jnp.stack(w)
+                                  if isinstance(w, (tuple, list)) else w)
+                     for layer in per_layer]
       out[name] = jax.tree.map(lambda *leaves: jnp.stack(leaves), *per_layer)
   return out
 
@@ -337,6 +348,27 @@ def _map_experts(layer, fn):
   experts = layer["moe"]["experts"]
   new = {k: fn(v) if k in _EXPERT_WEIGHTS else v for k, v in experts.items()}
   return {**layer, "moe": {**layer["moe"], "experts": new}}
+
+
+def _fuse_experts(layer):
+  """`layer` with its routed experts' gate_proj and up_proj [E, D, F] as one
+  gate_up_proj [D, 2, E, F]."""
+  experts = dict(layer["moe"]["experts"])
+  gate, up = experts.pop("gate_proj"), experts.pop("up_proj")
+  experts[moe_dispatch.FUSED_GATE_UP] = jnp.stack(
+      [jnp.transpose(gate, (1, 0, 2)), jnp.transpose(up, (1, 0, 2))], axis=1)
+  return {**layer, "moe": {**layer["moe"], "experts": experts}}
+
+
+def _unfuse_experts(layer):
+  """Inverse of _fuse_experts (a layer without fused experts comes back as it is)."""
+  experts = dict(layer["moe"]["experts"])
+  if moe_dispatch.FUSED_GATE_UP not in experts:
+    return layer
+  gate_up = experts.pop(moe_dispatch.FUSED_GATE_UP)
+  experts["gate_proj"] = jnp.transpose(gate_up[:, 0], (1, 0, 2))
+  experts["up_proj"] = jnp.transpose(gate_up[:, 1], (1, 0, 2))
+  return {**layer, "moe": {**layer["moe"], "experts": experts}}
 
 
 def has_unstacked_layers(params) -> bool:

@@ -29,6 +29,9 @@ ALL_TRANSPOSED_MIN_ROWS = 8
 HEAD_PIECE_COLUMNS = 256
 # Used when the machine does not say its last-level cache size (that of the VM above).
 DEFAULT_LAST_LEVEL_CACHE = 32 << 20
+# A MoE layer's routed expert weights up to which a decode engine fuses them
+# (fused_experts_pay).
+FUSED_EXPERTS_MAX_BYTES = 1 << 20
 
 
 def last_level_cache_bytes() -> int:
@@ -62,6 +65,26 @@ def projection_layout(rows: int, weight_bytes: int, cache_bytes: int | None = No
   return layout
 
 
+def fused_experts_pay(cfg) -> bool:
+  """Whether a CPU decode engine stores each MoE layer's routed experts fused
+  (model.unstack_layers(..., fuse_experts=True)) and runs every expert on every token
+  of a decode step (moe_dispatch.all_experts: three ops a layer), rather than reading
+  only the chosen experts (one array per expert, moe_dispatch.per_expert: a few ops per
+  chosen expert): when a layer's routed experts take at most FUSED_EXPERTS_MAX_BYTES.
+
+  Measured (2026-12-02, the 2-core AMD VM; docs/benchmarks.md) on whole 64-step decode
+  loops, fused / per expert: `qwen3_moe_tiny` (8 experts of 64 x 32, 0.2 MB a layer)
+  1.39x, 1.12-1.18x and 0.96-1.03x at batch 1, 8 and 32; `qwen3_moe_small` (16 experts
+  of 512 x 256, 25 MB a layer) 0.47x, 0.70x and 0.72x, where the E / K times more
+  weight reads and FLOPs dominate. Unquantised only."""
+  if cfg.num_layers == cfg.first_k_dense or cfg.quant != "none":
+    return False
+  moe = cfg.moe
+  itemsize = 2 if cfg.param_dtype == "bfloat16" else 4
+  layer_bytes = 3 * moe.num_experts * cfg.hidden_size * moe.intermediate_size * itemsize
+  return layer_bytes <= FUSED_EXPERTS_MAX_BYTES
+
+
 def decode_layout_pays(cfg, tokens_per_step: int) -> bool:
   """Whether the CPU decode layout (model.unstack_layers) beats the stacked tree for
   decode steps of `tokens_per_step` tokens.
@@ -69,12 +92,14 @@ def decode_layout_pays(cfg, tokens_per_step: int) -> bool:
   Without MoE layers (dense models) always: a scanned dense layer's every weight is
   copied out of the stack per step, and nothing else differs (measured 2026-11-27 at
   qwen3_small, tools/bench/bench_decode_layout.py; docs/benchmarks.md, "Decode against the
-  JAX peers"). With MoE layers, when the steps choose at least half a MoE layer's
-  experts' worth of token copies. Below that the stacked tree's 'gathered' dispatch copies
-  only a few experts' weights, which costs less than the unrolled layers' own overhead
-  (measured 2026-11-26 at small, one compiled chunk, quiet: the layout ran 0.75x / 0.89x
-  / 1.01x / 1.6-1.85x / 1.24-1.45x the stacked tree at batch 1 / 2 / 4 / 8 / 32)."""
+  JAX peers"). With MoE layers whose experts the engine fuses (fused_experts_pay),
+  always: the fused layers are one array each. Other MoE layers, when the steps choose at
+  least half a MoE layer's experts' worth of token copies. Below that the stacked tree's
+  'gathered' dispatch copies only a few experts' weights, which costs less than the
+  unrolled layers' own overhead (measured 2026-11-26 at small, one compiled chunk, quiet:
+  the layout ran 0.75x / 0.89x / 1.01x / 1.6-1.85x / 1.24-1.45x the stacked tree at batch
+  1 / 2 / 4 / 8 / 32)."""
   moe = cfg.moe
-  if cfg.num_layers == cfg.first_k_dense:
+  if cfg.num_layers == cfg.first_k_dense or fused_experts_pay(cfg):
     return True
   return 2 * tokens_per_step * moe.num_experts_per_tok >= moe.num_experts

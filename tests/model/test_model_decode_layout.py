@@ -1,6 +1,7 @@
-"""The decode layout (model.unstack_layers: one array per layer and per routed expert, the
-layers as a Python loop) against model.init's stacked tree, and the 'per_expert' MoE
-dispatch it runs against the sorted 'ragged' one."""
+"""The decode layout (model.unstack_layers: one array per layer and per routed expert, or
+a layer's experts fused, the layers as a Python loop) against model.init's stacked tree,
+and the 'per_expert' and 'all_experts' MoE dispatches it runs against the sorted 'ragged'
+one."""
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,27 @@ def test_per_expert_matches_ragged(tokens):
   assert 3 <= moe_dispatch.ALL_TOKENS_MAX_TOKENS < 20
 
 
+def _fused(experts):
+  """gate and up [E, D, F] as unstack_layers(fuse_experts=True) stores them: [D, 2, E, F]."""
+  return jnp.stack([experts.gate_ExDxF.transpose(1, 0, 2),
+                    experts.up_ExDxF.transpose(1, 0, 2)], axis=1)
+
+
+@pytest.mark.parametrize("tokens", [1, 20])
+def test_all_experts_matches_ragged(tokens):
+  """Every expert on every token from fused weights, weighted by the combine weights:
+  the chosen experts' sum, empty experts and a replayed duplicate index included."""
+  keys = jax.random.split(jax.random.key(tokens), 3)
+  x = jax.random.normal(keys[0], (tokens, D))
+  weights = jax.nn.softmax(jax.random.normal(keys[1], (tokens, K)), axis=-1)
+  indices = jax.random.randint(keys[2], (tokens, K), 0, 4).at[0].set(2)
+  experts = _experts()
+  want = moe_dispatch.ragged(x, weights, indices, experts)
+  got = jax.jit(moe_dispatch.all_experts)(x, weights, indices, _fused(experts),
+                                          experts.down_ExFxD)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_per_expert_selected_for_split_weights_and_checks_them():
   assert moe_dispatch.select("dense", "none", 64, 2, 8, split=True) is moe_dispatch.per_expert
   assert moe_dispatch.select("ragged", "none", 1, 2, 8, split=True) is moe_dispatch.per_expert
@@ -59,34 +81,56 @@ def small_moe():
   return Model(tiny_cfg(num_layers=4))
 
 
+EXPERT_LAYOUTS = {"stacked": {}, "split": dict(split_experts=True),
+                  "fused": dict(fuse_experts=True)}
+
+
 def test_unstack_round_trip(small_moe):
   params = small_moe.params
-  for split in (False, True):
-    unstacked = model.unstack_layers(params, split_experts=split)
+  for layout, kwargs in EXPERT_LAYOUTS.items():
+    unstacked = model.unstack_layers(params, **kwargs)
     assert sorted(unstacked["moe_layers"]) == ["0", "1", "2"]
-    gate = unstacked["moe_layers"]["1"]["moe"]["experts"]["gate_proj"]
-    assert isinstance(gate, tuple) == split
-    jax.tree.map(np.testing.assert_array_equal, model.stack_layers(unstacked), params)
+    experts = unstacked["moe_layers"]["1"]["moe"]["experts"]
+    if layout == "fused":
+      assert sorted(experts) == ["down_proj", moe_dispatch.FUSED_GATE_UP]
+      cfg = small_moe.cfg
+      assert experts[moe_dispatch.FUSED_GATE_UP].shape == (
+          cfg.hidden_size, 2, cfg.moe.num_experts, cfg.moe.intermediate_size)
+    else:
+      assert isinstance(experts["gate_proj"], tuple) == (layout == "split")
+    back = model.stack_layers(unstacked)
+    assert jax.tree.structure(back) == jax.tree.structure(params)
+    jax.tree.map(np.testing.assert_array_equal, back, params)
     assert model.has_unstacked_layers(unstacked) and not model.has_unstacked_layers(params)
+  with pytest.raises(ValueError, match="pass at most one"):
+    model.unstack_layers(params, split_experts=True, fuse_experts=True)
 
 
-def test_unstacked_layout_decodes_as_stacked(small_moe):
-  """Prefill then one decode step against a cache: logits, routing and the cache agree."""
+@pytest.mark.parametrize("prompt_len", [5, 20])
+def test_unstacked_layout_decodes_as_stacked(small_moe, prompt_len):
+  """Prefill then one decode step against a cache: logits, routing and the cache agree.
+  A 20-token prompt of 2 rows (40 tokens, over ALL_EXPERTS_MAX_TOKENS) prefills fused
+  experts through the stacked weights and the usual dispatch, its decode step through
+  all_experts."""
   cfg, params = small_moe.cfg, small_moe.params
-  tokens = jnp.asarray([[3, 17, 5, 9, 60, 2], [7, 7, 1, 200, 4, 8]], jnp.int32)
-  prompt, step = tokens[:, :5], tokens[:, 5:]
-  positions = jnp.broadcast_to(jnp.arange(6, dtype=jnp.int32), (2, 6))
+  assert 2 * 5 <= moe_dispatch.ALL_EXPERTS_MAX_TOKENS < 2 * 20
+  tokens = jax.random.randint(jax.random.key(prompt_len), (2, prompt_len + 1), 1,
+                              cfg.vocab_size).at[1, 0:2].set(7)
+  prompt, step = tokens[:, :prompt_len], tokens[:, prompt_len:]
+  positions = jnp.broadcast_to(jnp.arange(prompt_len + 1, dtype=jnp.int32),
+                               (2, prompt_len + 1))
 
   def run(p):
-    cache = model.init_cache(cfg, 2, 8)
-    _, _, cache = model.apply(cfg, p, prompt, positions_BxL=positions[:, :5], cache=cache)
-    logits, aux, cache = model.apply(cfg, p, step, positions_BxL=positions[:, 5:],
+    cache = model.init_cache(cfg, 2, prompt_len + 3)
+    _, _, cache = model.apply(cfg, p, prompt, positions_BxL=positions[:, :prompt_len],
+                              cache=cache)
+    logits, aux, cache = model.apply(cfg, p, step, positions_BxL=positions[:, prompt_len:],
                                      cache=cache)
     return logits, aux["expert_indices"], aux["expert_loads"], cache
 
   want = jax.jit(run)(params)
-  for split in (False, True):
-    got = jax.jit(run)(model.unstack_layers(params, split_experts=split))
+  for kwargs in EXPERT_LAYOUTS.values():
+    got = jax.jit(run)(model.unstack_layers(params, **kwargs))
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(got[1], want[1])
     np.testing.assert_allclose(got[2], want[2])
@@ -145,3 +189,16 @@ def test_projection_layout_errors_name_the_kernel():
   pieces = layers.split_columns(jnp.arange(20.0).reshape(2, 10), 3)
   assert [p.shape[-1] for p in pieces] == [4, 3, 3]
   np.testing.assert_array_equal(layers.join_columns(pieces), jnp.arange(20.0).reshape(2, 10))
+
+
+def test_fused_expert_errors_name_the_weight(small_moe):
+  cfg, params = small_moe.cfg, small_moe.params
+  fused = model.unstack_layers(params, fuse_experts=True)
+  experts = fused["moe_layers"]["0"]["moe"]["experts"]
+  tokens = jnp.ones((1, 3), jnp.int32)
+  experts[moe_dispatch.FUSED_GATE_UP] = experts[moe_dispatch.FUSED_GATE_UP][..., :-1]
+  with pytest.raises(ValueError, match="gate_up_proj: fused weights need shape"):
+    model.forward(cfg, fused, tokens)
+  quantised = tiny_cfg(num_layers=4, quant="mxfp8")
+  with pytest.raises(ValueError, match="run unquantised"):
+    model.forward(quantised, model.unstack_layers(params, fuse_experts=True), tokens)

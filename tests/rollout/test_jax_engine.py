@@ -234,6 +234,27 @@ def test_decode_layout_only_where_it_pays():
   assert all(decode_layout_pays(dense_only, s) for s in (1, 8, 32))
 
 
+def test_small_experts_fused_in_the_engine(setup, engine):
+  """cpu_layout.fused_experts_pay: a MoE layer's experts up to FUSED_EXPERTS_MAX_BYTES
+  (tiny: 8 x 3 x 64 x 32 float32, 196 KB) are fused, and the layout then pays at every
+  batch; `small`'s (16 x 3 x 512 x 256, 25 MB), quantised and dense models are not. The
+  engine stores the tiny model's experts fused (its decode matches the teacher in the
+  tests above) and stack_layers gives the stacked tree's shapes back."""
+  from c2jax.model import moe_dispatch, variants
+  from c2jax.rollout import cpu_layout
+  tiny = variants.get("tiny")
+  assert cpu_layout.fused_experts_pay(tiny)
+  assert all(cpu_layout.decode_layout_pays(tiny, s) for s in (1, 2, 8))
+  assert not cpu_layout.fused_experts_pay(variants.get("small"))
+  assert not cpu_layout.fused_experts_pay(variants.get("tiny", quant="mxfp8"))
+  assert not cpu_layout.fused_experts_pay(variants.get("tiny", first_k_dense=2))
+  experts = engine._params["moe_layers"]["0"]["moe"]["experts"]
+  assert moe_dispatch.FUSED_GATE_UP in experts and "gate_proj" not in experts
+  # (the session engine's weights may have been swapped by earlier tests: compare shapes)
+  assert (jax.tree.map(np.shape, model.stack_layers(engine._params))
+          == jax.tree.map(np.shape, setup.params))
+
+
 def test_projection_layout_by_rows_and_cache():
   """cpu_layout's rule: nothing when the weights fit in the last-level cache; at one row
   only kernels that contract more than they produce transposed; from
