@@ -78,6 +78,8 @@ class _Sequence:
   new_tokens: list[int] = dataclasses.field(default_factory=list)
   logprobs: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
+  # Chunks [n, Lm, K] of the fed tokens' routing, in order (one per call: joined once, at
+  # the end, not one array per token).
   routing: list[np.ndarray] = dataclasses.field(default_factory=list)
   finish_reason: str | None = None
 
@@ -267,7 +269,7 @@ class Engine(abc.ABC):
                                   seq.seed) for seq, start in admitted])
     for (seq, _), (token, logprob, routing) in zip(admitted, results):
       seq.length = len(seq.context)
-      seq.routing.extend(np.asarray(routing))
+      seq.routing.append(np.asarray(routing))
       seq.state = "generating"
       self._take(seq, np.int32([token]), np.float32([logprob]))
 
@@ -310,16 +312,16 @@ class Engine(abc.ABC):
     """Records one call's fed tokens and new tokens; True when the sequence is done."""
     fed = len(out.fed_routing)
     if seq.state == "draining":  # this call fed the final token; what it sampled is void
-      seq.routing.append(np.asarray(out.fed_routing[0]))
+      seq.routing.append(np.asarray(out.fed_routing[:1]))
       seq.length += 1
       return True
     kept = self._take(seq, np.asarray(out.new_tokens[:fed], np.int32), out.new_logprobs)
     # Token i was fed with routing fed_routing[i]; the kept tokens but the last are fed.
-    seq.routing.extend(np.asarray(out.fed_routing[:kept]))
+    seq.routing.append(np.asarray(out.fed_routing[:kept]))
     seq.length += kept
     if seq.state == "draining" and kept < fed:
       # The same call already fed the final token (a later step or accepted draft).
-      seq.routing.append(np.asarray(out.fed_routing[kept]))
+      seq.routing.append(np.asarray(out.fed_routing[kept:kept + 1]))
       seq.length += 1
       return True
     return False
@@ -329,7 +331,9 @@ class Engine(abc.ABC):
     (None, None). Rules in order: stop token, stop string, max_tokens, length."""
     sampling = seq.request.sampling
     after_N = np.arange(1, len(tokens) + 1)
-    stop_token_N = np.isin(tokens, sampling.stop_tokens)
+    # A few stop tokens: one comparison of each token with each (np.isin sorts).
+    stop_token_N = (np.equal.outer(tokens, sampling.stop_tokens).any(axis=1)
+                    if len(sampling.stop_tokens) else np.zeros(len(tokens), bool))
     max_tokens_N = len(seq.new_tokens) + after_N >= sampling.max_tokens
     length_N = len(seq.context) + after_N >= self.max_length
     hits_N = stop_token_N | max_tokens_N | length_N
@@ -355,7 +359,7 @@ class Engine(abc.ABC):
         tokens=np.asarray(seq.new_tokens, np.int32),
         logprobs=np.asarray(seq.logprobs, np.float32),
         versions=np.asarray(seq.versions, np.int32),
-        expert_indices=np.stack(seq.routing).astype(np.int32),
+        expert_indices=np.concatenate(seq.routing).astype(np.int32),
         finish_reason=seq.finish_reason)
     if seq.request.keep_alive:
       seq.state = "idle"
