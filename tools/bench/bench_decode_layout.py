@@ -1,7 +1,8 @@
 """One compiled decode chunk with model.init's stacked weights against the engines' decode
-layout (model.unstack_layers: per-layer arrays, per-expert ones, and the projection kernels
-as cpu_layout.projection_layout stores them for the batch when the weights stream from
-memory), in one process, interleaved, best of --rounds: the in-process ratios behind
+layout (model.unstack_layers: per-layer arrays, per-expert ones or a layer's experts fused,
+and the projection kernels as cpu_layout.projection_layout stores them for the batch when
+the weights stream from memory), in one process, interleaved, best (or --stat median) of
+--rounds: the in-process ratios behind
 docs/benchmarks.md "Decoding" (its decode layout row) and "Decode against the JAX peers".
 Greedy, --steps steps a chunk (decode_loop.decode_steps), 16-token positions into a cache
 of 88 slots; checks that every layout samples the same tokens.
@@ -9,12 +10,18 @@ of 88 slots; checks that every layout samples the same tokens.
     PYTHONPATH=. python tools/bench/bench_decode_layout.py --variant small --batches 1,8,32
     PYTHONPATH=. python tools/bench/bench_decode_layout.py --variant qwen3_small \
         --layouts layers+experts,+projections --steps 64
+    PYTHONPATH=. python tools/bench/bench_decode_layout.py --variant qwen3_moe_tiny \
+        --layouts layers+experts,layers+fused --steps 64 --rounds 21 --stat median
+
+--variant: a c2jax variant (c2jax/model/variants.py) or a model of bench_decode_peers.py
+(e.g. qwen3_moe_tiny: qwen3_tiny with 8 experts a layer).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import time
 
 import jax
@@ -25,7 +32,8 @@ from c2jax import host_memory, model
 from c2jax.model import variants
 from c2jax.rollout import cpu_layout, decode_loop
 
-LAYOUTS = ("stacked", "layers", "layers+experts", "+projections")
+LAYOUTS = ("stacked", "layers", "layers+experts", "layers+fused", "+projections")
+STATS = {"best": min, "median": statistics.median}
 
 
 def _inputs(batch: int):
@@ -36,22 +44,27 @@ def _inputs(batch: int):
           jnp.full((batch, 1), -1, jnp.int32), jnp.full((batch,), 1000, jnp.int32))
 
 
-def main():
+def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--variant", default="small")
   parser.add_argument("--batches", default="1,8,32")
   parser.add_argument("--rounds", type=int, default=7)
   parser.add_argument("--steps", type=int, default=8, help="decode steps a chunk")
+  parser.add_argument("--stat", choices=sorted(STATS), default="best",
+                      help="each layout's time: the best or the median of its rounds")
   parser.add_argument("--layouts", default=",".join(LAYOUTS),
                       help=f"comma-separated, of {LAYOUTS}; the first is the baseline. "
+                      "layers+fused: experts fused (unstack_layers fuse_experts=True); "
                       "+projections: layers+experts with cpu_layout's projection kernels "
                       "(the same as layers+experts where the weights fit in the cache)")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   names = args.layouts.split(",")
   if not names or any(name not in LAYOUTS for name in names):
     raise SystemExit(f"--layouts: choose from {LAYOUTS}; got {args.layouts!r}.")
   host_memory.retain_freed_memory()
-  cfg = variants.get(args.variant)
+  from bench_decode_peers import MODELS  # this directory: the peer bench's model names
+  variant, overrides = MODELS.get(args.variant, (args.variant, {}))
+  cfg = variants.get(variant, **overrides)
   params = model.init(cfg, jax.random.key(0))
   weight_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
   chunk = jax.jit(functools.partial(decode_loop.decode_steps, cfg, args.steps),
@@ -62,6 +75,7 @@ def main():
     make = {"stacked": lambda: params,
             "layers": lambda: model.unstack_layers(params),
             "layers+experts": lambda: model.unstack_layers(params, split_experts=True),
+            "layers+fused": lambda: model.unstack_layers(params, fuse_experts=True),
             "+projections": lambda: model.unstack_layers(
                 params, split_experts=True,
                 projection_layout=cpu_layout.projection_layout(batch, weight_bytes))}
@@ -79,10 +93,11 @@ def main():
     for name in layouts:
       same = np.array_equal(first[name][1], first[base][1])
       assert same, f"{name}: sampled tokens differ from the {base} layout's"
-    best = dict.fromkeys(layouts, float("inf"))
+    times = {name: [] for name in layouts}
     for _ in range(args.rounds):
       for name, p in layouts.items():
-        best[name] = min(best[name], run(p)[0])
+        times[name].append(run(p)[0])
+    best = {name: STATS[args.stat](t) for name, t in times.items()}
     print(f"{args.variant} batch {batch}: " + "  ".join(
         f"{name} {best[name] * 1e3 / args.steps:.2f} ms/step ({best[base] / best[name]:.2f}x)"
         for name in layouts), flush=True)

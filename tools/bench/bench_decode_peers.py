@@ -36,10 +36,16 @@ t(n) is the wall time of one whole generate call for n new tokens, so prefill an
 drop out; each t is the best of --rounds (or, --stat median, their median), and the
 rounds interleave the sides (c2jax, then each peer, per round) so the machine's load falls
 on all alike. Before each timed call the machine idles --settle_s (0.2 s) and the side
-makes an untimed one-token call:
-without that, a side timed right after another process's call ran beside that process's
-still-spinning threads (measured 2026-11-28 at `qwen3_small` batch 1: c2jax's prefill
-595 tokens/s alone, 174 with the Tunix workers beside it). Prefill tokens/s
+makes an untimed call of the same length (--warmup same): without the idle, a side timed
+right after another process's call ran beside that process's still-spinning threads
+(measured 2026-11-28 at `qwen3_small` batch 1: c2jax's prefill 595 tokens/s alone, 174
+with the Tunix workers beside it); without a full-length warm-up, the timed call runs in
+the slow state that follows an idle spell on this VM, which lasts longer than a one-token
+call (measured 2026-12-02 at `qwen3_tiny` batch 8, one process, median of 15: c2jax's
+64-token call after 0.2 s idle and a one-token call decoded at 8.5-10.1k tokens/s, after
+a 64-token warm-up at 16.9-17.4k, back to back at 18.2-19.4k; Tunix's at 8.7-9.7k after
+the one-token call, 10.5-15.4k back to back). Before 2026-12-02 the warm-up was one token
+(--warmup one), so those rows timed both sides in that slow state. Prefill tokens/s
 is batch * prompt_len / t(1) (a one-token generate: the prefill, one sampled token).
 Compare ratios from one run, not rates across runs. A process's memory layout moves a tiny
 model's rates by up to ~30% from one process to the next (the same program, measured
@@ -193,18 +199,20 @@ STATS = {"best": min, "median": statistics.median}
 
 
 def _measure(sides: dict, batch: int, prompt_len: int, new_tokens: int, rounds: int,
-             settle_s: float = 0.0, stat: str = "best"):
+             settle_s: float = 0.0, stat: str = "best", warmup: str = "same"):
   """{side: (decode tokens/s, prefill tokens/s)} from interleaved rounds, each time t(n)
   the `stat` (STATS) of its rounds. With settle_s, each timed call follows settle_s of
-  idleness (the previous side's threads wind down) and then an untimed one-token call of
-  its own side (its threads and caches wake up)."""
+  idleness (the previous side's threads wind down) and then an untimed call of its own
+  side: of the same n (warmup 'same': the side runs in its steady state), or of one token
+  (warmup 'one', the method before 2026-12-02: a decode loop timed after it runs in the
+  slow state that follows an idle spell, see the module docstring)."""
   for side in sides.values():  # compile both programs of every side first
     side.time(1), side.time(new_tokens)
 
   def timed(side, count):
     if settle_s:
       time.sleep(settle_s)
-      side.time(1)
+      side.time(count if warmup == "same" else 1)
     return side.time(count)
   times = {name: ([], []) for name in sides}
   for _ in range(rounds):
@@ -251,7 +259,7 @@ def run(args) -> list[dict]:
               info[f"{peer} params"] = sides[peer].info["params"]
           load = os.getloadavg()[0]
           rates = _measure(sides, batch, prompt_len, args.new_tokens, args.rounds,
-                           args.settle_s, args.stat)
+                           args.settle_s, args.stat, args.warmup)
           for side in sides.values():
             side.close()
           row = {"model": name, "prompt": prompt_len, "batch": batch, **info,
@@ -290,10 +298,14 @@ def main(argv=None) -> None:
                       "rounds decide the best (the tiny shapes on a shared VM; use 15 "
                       "rounds or more)")
   parser.add_argument("--settle_s", type=float, default=0.2,
-                      help="idle seconds, then an untimed one-token call of the same side, "
+                      help="idle seconds, then an untimed call of the same side (--warmup), "
                            "before each timed call: a process that has just run keeps its "
                            "threads busy for a while, slowing the next side's call, and a "
-                           "process that has idled wakes up slowly (0: neither)")
+                           "process that has idled runs slowly for tens of ms (0: neither)")
+  parser.add_argument("--warmup", choices=("same", "one"), default="same",
+                      help="the untimed call after the settle: as many tokens as the timed "
+                      "one (same), or one token (one: the method before 2026-12-02, which "
+                      "times decode loops in the slow state after idling)"),
   parser.add_argument("--c2jax_steps", type=int, default=0,
                       help="also time c2jax with decode calls of this many tokens (e.g. 8, "
                       "the engine's chunk before calls grew to max_decode_steps)")
