@@ -25,16 +25,21 @@ def _split(experts):
   return moe_dispatch.ExpertWeights(*(tuple(w) for w in experts))
 
 
+def _routed(tokens):
+  """(x [T, D], combine weights [T, K], expert indices [T, K]): skewed to experts 0..3, so
+  4..7 stay empty, and row 0 repeats its expert (a replayed duplicate index)."""
+  keys = jax.random.split(jax.random.key(tokens), 3)
+  x = jax.random.normal(keys[0], (tokens, D))
+  weights = jax.nn.softmax(jax.random.normal(keys[1], (tokens, K)), axis=-1)
+  return x, weights, jax.random.randint(keys[2], (tokens, K), 0, 4).at[0].set(2)
+
+
 @pytest.mark.parametrize("tokens", [1, 3, 20])
 def test_per_expert_matches_ragged(tokens):
   """Both paths of per_expert: every chosen expert on all tokens (T <= ALL_TOKENS_MAX_TOKENS)
   and the loop over experts' tiles (skewed groups, empty experts, a replayed duplicate
   index)."""
-  keys = jax.random.split(jax.random.key(tokens), 3)
-  x = jax.random.normal(keys[0], (tokens, D))
-  weights = jax.nn.softmax(jax.random.normal(keys[1], (tokens, K)), axis=-1)
-  # Skewed: experts 0..3 only, so 4..7 stay empty; row 0 repeats its expert (replay).
-  indices = jax.random.randint(keys[2], (tokens, K), 0, 4).at[0].set(2)
+  x, weights, indices = _routed(tokens)
   experts = _experts()
   want = moe_dispatch.ragged(x, weights, indices, experts)
   got = jax.jit(moe_dispatch.per_expert)(x, weights, indices, _split(experts))
@@ -53,10 +58,7 @@ def _fused(experts):
 def test_all_experts_matches_ragged(tokens):
   """Every expert on every token from fused weights, weighted by the combine weights:
   the chosen experts' sum, empty experts and a replayed duplicate index included."""
-  keys = jax.random.split(jax.random.key(tokens), 3)
-  x = jax.random.normal(keys[0], (tokens, D))
-  weights = jax.nn.softmax(jax.random.normal(keys[1], (tokens, K)), axis=-1)
-  indices = jax.random.randint(keys[2], (tokens, K), 0, 4).at[0].set(2)
+  x, weights, indices = _routed(tokens)
   experts = _experts()
   want = moe_dispatch.ragged(x, weights, indices, experts)
   got = jax.jit(moe_dispatch.all_experts)(x, weights, indices, _fused(experts),
