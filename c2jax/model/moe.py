@@ -110,7 +110,8 @@ class Experts(nn.Module):
                          f"(hidden, gate and up, experts, expert width); got {fused.shape}.")
       if cfg.quant != "none":
         raise ValueError("Fused expert weights (model.unstack_layers(..., fuse_experts=True)) "
-                         f"run unquantised; quant = {cfg.quant!r} needs the stacked ones.")
+                         f"run unquantised; with quant = {cfg.quant!r} keep the experts "
+                         "stacked (unstack_layers without fuse_experts).")
       fused = fused.astype(dtype)
       if x_TxD.shape[0] <= moe_dispatch.ALL_EXPERTS_MAX_TOKENS:
         down = weight("down_proj", (e, f, d), moe_dispatch.EXPERT_AXES.down_ExFxD)
@@ -118,10 +119,8 @@ class Experts(nn.Module):
                                          down), jnp.zeros((), jnp.int32))
     axes = moe_dispatch.EXPERT_AXES
     if fused is not None:
-      experts = ExpertWeights(
-          gate_ExDxF=jnp.transpose(fused[:, 0], (1, 0, 2)),
-          up_ExDxF=jnp.transpose(fused[:, 1], (1, 0, 2)),
-          down_ExFxD=weight("down_proj", (e, f, d), axes.down_ExFxD))
+      experts = ExpertWeights(*moe_dispatch.unfuse_gate_up(fused),
+                              down_ExFxD=weight("down_proj", (e, f, d), axes.down_ExFxD))
     else:
       experts = ExpertWeights(
           gate_ExDxF=weight("gate_proj", (e, d, f), axes.gate_ExDxF),

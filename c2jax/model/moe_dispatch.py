@@ -69,6 +69,16 @@ _PALLAS_FALLBACK_IMPL = "megablox"
 FUSED_GATE_UP = "gate_up_proj"
 
 
+def fuse_gate_up(gate_ExDxF: jax.Array, up_ExDxF: jax.Array) -> jax.Array:
+  """Stacked gate and up weights [E, D, F] as one FUSED_GATE_UP array [D, 2, E, F]."""
+  return jnp.stack([gate_ExDxF.transpose(1, 0, 2), up_ExDxF.transpose(1, 0, 2)], axis=1)
+
+
+def unfuse_gate_up(gate_up_Dx2xExF: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Inverse of fuse_gate_up: (gate [E, D, F], up [E, D, F])."""
+  return (gate_up_Dx2xExF[:, 0].transpose(1, 0, 2), gate_up_Dx2xExF[:, 1].transpose(1, 0, 2))
+
+
 class ExpertWeights(NamedTuple):
   gate_ExDxF: jax.Array
   up_ExDxF: jax.Array

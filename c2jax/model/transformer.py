@@ -354,9 +354,8 @@ def _fuse_experts(layer):
   """`layer` with its routed experts' gate_proj and up_proj [E, D, F] as one
   gate_up_proj [D, 2, E, F]."""
   experts = dict(layer["moe"]["experts"])
-  gate, up = experts.pop("gate_proj"), experts.pop("up_proj")
-  experts[moe_dispatch.FUSED_GATE_UP] = jnp.stack(
-      [jnp.transpose(gate, (1, 0, 2)), jnp.transpose(up, (1, 0, 2))], axis=1)
+  experts[moe_dispatch.FUSED_GATE_UP] = moe_dispatch.fuse_gate_up(experts.pop("gate_proj"),
+                                                                  experts.pop("up_proj"))
   return {**layer, "moe": {**layer["moe"], "experts": experts}}
 
 
@@ -365,9 +364,8 @@ def _unfuse_experts(layer):
   experts = dict(layer["moe"]["experts"])
   if moe_dispatch.FUSED_GATE_UP not in experts:
     return layer
-  gate_up = experts.pop(moe_dispatch.FUSED_GATE_UP)
-  experts["gate_proj"] = jnp.transpose(gate_up[:, 0], (1, 0, 2))
-  experts["up_proj"] = jnp.transpose(gate_up[:, 1], (1, 0, 2))
+  experts["gate_proj"], experts["up_proj"] = moe_dispatch.unfuse_gate_up(
+      experts.pop(moe_dispatch.FUSED_GATE_UP))
   return {**layer, "moe": {**layer["moe"], "experts": experts}}
 
 

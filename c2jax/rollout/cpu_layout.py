@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from c2jax.model import TRANSPOSED
 
 # Rows from which every projection is stored transposed (and the LM head in pieces).
@@ -80,8 +82,8 @@ def fused_experts_pay(cfg) -> bool:
   if cfg.num_layers == cfg.first_k_dense or cfg.quant != "none":
     return False
   moe = cfg.moe
-  itemsize = 2 if cfg.param_dtype == "bfloat16" else 4
-  layer_bytes = 3 * moe.num_experts * cfg.hidden_size * moe.intermediate_size * itemsize
+  layer_bytes = (3 * moe.num_experts * cfg.hidden_size * moe.intermediate_size
+                 * np.dtype(cfg.param_dtype).itemsize)
   return layer_bytes <= FUSED_EXPERTS_MAX_BYTES
 
 

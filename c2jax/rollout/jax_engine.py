@@ -23,8 +23,8 @@ parameters and caches are placed by the training logical rules, and every progra
 the state's shardings from step to step (and across weight swaps).
 On one CPU device, with enough slots (cpu_layout.decode_layout_pays), the engine keeps its
 weights in a decode layout (model.unstack_layers): one array per layer, and per routed expert
-when unquantised (or, for small experts, all of a layer's gate and up weights fused into
-one array: cpu_layout.fused_experts_pay), so the layers run as a Python loop and XLA reads every weight in place
+when unquantised (small experts: a layer's gate and up fused, cpu_layout.fused_experts_pay),
+so the layers run as a Python loop and XLA reads every weight in place
 (XLA:CPU copies a weight it slices out of a stacked array, per step); the KV cache is
 kept per layer too (without speculation), for the same reason; when the weights stream
 from memory, the projection kernels are stored as the step's rows multiply them fastest
@@ -187,8 +187,7 @@ class JaxEngine(Engine):
     if decode_layout and cfg.quant == "none" and not num_draft_tokens:
       projections = cpu_layout.projection_layout(
           num_slots, sum(leaf.nbytes for leaf in jax.tree.leaves(params)))
-    # Small experts fused (every expert on every token, in three ops a layer), others
-    # one array per expert (only the chosen ones read); quantised experts stay stacked.
+    # Small experts fused, others one array each; quantised experts stay stacked.
     fuse = decode_layout and cpu_layout.fused_experts_pay(cfg)
     self._to_layout = jax.jit(functools.partial(
         model.unstack_layers, split_experts=cfg.quant == "none" and not fuse,
