@@ -108,25 +108,39 @@ def test_prefill_through_cache_matches_training_path(layer):
   assert np.all(np.asarray(filled[:, L:]) == 0)  # slots past the prompt stay untouched
 
 
-@pytest.fixture(name="step_layer", params=["as_chosen", "gqa_streaming"])
+# The one-token GQA form each step_layer case must trace (its thresholds patched).
+GQA_STEP_FORMS = {"as_chosen": "gqa_blocks", "gqa_streaming": "gqa_step",
+                  "gqa_dots": "gqa_dots"}
+
+
+@pytest.fixture(name="step_layer", params=sorted(GQA_STEP_FORMS))
 def _step_layer(request, layer, monkeypatch):
-  """`layer`, and GQA once more with every one-token step streaming the cache
-  (attention_forms.gqa_step, which these tiny caches are below the size of)."""
+  """`layer` as chosen (GQA's B = 2 rows over a tiny cache: attention_forms.gqa_blocks),
+  and GQA twice more: every one-token step streaming the cache (gqa_step, which these
+  tiny caches are below the size of), and as two einsums (gqa_dots, the batch-1 form)."""
+  if request.param != "as_chosen" and layer[0].attention != "gqa":
+    pytest.skip("GQA's decode form")
+  if layer[0].attention == "gqa":
+    expected = GQA_STEP_FORMS[request.param]
+    request.node.gqa_step_form = expected
   if request.param == "as_chosen":
     return layer
-  if layer[0].attention != "gqa":
-    pytest.skip("GQA's decode form")
-  monkeypatch.setattr(attention_forms, "STREAM_MIN_CACHE", 0)
+  if request.param == "gqa_streaming":
+    monkeypatch.setattr(attention_forms, "STREAM_MIN_CACHE", 0)
+  else:
+    monkeypatch.setattr(attention_forms, "BLOCKS_MIN_ROWS", B + 1)
   return _build("gqa")  # traced afresh under the patched threshold
 
 
-def test_one_token_steps_through_cache_match_training_path(step_layer, monkeypatch):
-  """Decode steps (one token a row: GQA's dots or streaming `gqa_step`, MLA's absorbed
-  dots) give the training path's outputs, rows at different positions included."""
+def test_one_token_steps_through_cache_match_training_path(step_layer, monkeypatch,
+                                                            request):
+  """Decode steps (one token a row: GQA's dots, block-masked dots or streaming
+  `gqa_step`, MLA's absorbed dots) give the training path's outputs, rows at different
+  positions included."""
   cfg, params, run = step_layer
   if cfg.attention == "gqa":  # the form each step takes, recorded as it is traced
     forms_used = []
-    for form in ("gqa_step", "gqa_dots"):
+    for form in GQA_STEP_FORMS.values():
       real = getattr(attention_forms, form)
       monkeypatch.setattr(attention_forms, form, lambda *a, real=real, form=form: (
           forms_used.append((form, a[0].shape[1])), real(*a))[1])
@@ -146,9 +160,8 @@ def test_one_token_steps_through_cache_match_training_path(step_layer, monkeypat
   np.testing.assert_allclose(staggered[0], expected[0, L - 2:L - 1], atol=1e-5)
   np.testing.assert_allclose(staggered[1], row1[0, -1:], atol=1e-5)
   if cfg.attention == "gqa":
-    streaming = attention_forms.STREAM_MIN_CACHE == 0
     steps = {form for form, length in forms_used if length == 1}
-    assert steps == {"gqa_step" if streaming else "gqa_dots"}
+    assert steps == {request.node.gqa_step_form}
 
 
 @pytest.mark.parametrize("impl", ["dense", "blockwise"])
@@ -197,3 +210,22 @@ def test_segment_ids_with_cache_is_an_error(layer):
   cache = jax.tree.map(lambda c: c[0], init_cache(cfg, B, 16)["dense_layers"])
   with pytest.raises(ValueError, match="segment_ids"):
     run(params, x, positions, jnp.ones((B, L), jnp.int32), cache)
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 4, 2, 8, 10), (2, 3, 2, 3, 4, 7)])
+def test_gqa_blocks_equals_gqa_dots(shape):
+  """The block-masked form (every query head scores every kv head's slots, the other
+  heads masked out) is GQA: per-row masks, several kv heads and groups, one query token
+  and several."""
+  b, l, k, g, e, t = shape
+  keys = jax.random.split(jax.random.key(3), 3)
+  q = jax.random.normal(keys[0], (b, l, k, g, e))
+  cache_k, cache_v = (jax.random.normal(key, (b, t, k, e)) for key in keys[1:])
+  last_BxL = np.array([[3], [t], [5]])[:b] + np.arange(l)[None, :]  # visible slots
+  mask = jnp.asarray(np.arange(t)[None, None, :] < last_BxL[:, :, None])[:, None]
+  expected = attention_forms.gqa_dots(q, cache_k, cache_v, mask, jnp.float32)
+  got = attention_forms.gqa_blocks(q, cache_k, cache_v, mask, jnp.float32)
+  np.testing.assert_allclose(got, expected, atol=1e-5)
+  head0 = attention_forms.gqa_blocks(q, cache_k.at[:, :, 1:].set(0), cache_v, mask,
+                                     jnp.float32)[:, :, 0]
+  np.testing.assert_allclose(head0, expected[:, :, 0], atol=1e-5)  # reads only its head

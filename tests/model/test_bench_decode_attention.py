@@ -1,4 +1,4 @@
-"""tools/bench/bench_decode_attention.py at tiny shapes: both one-token attention forms
+"""tools/bench/bench_decode_attention.py at tiny shapes: the one-token attention forms
 agree (the bench checks before timing) and a row per shape comes out."""
 
 

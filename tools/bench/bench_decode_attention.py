@@ -1,14 +1,15 @@
-"""A one-token GQA attention step over a KV cache, two ways, side by side on this backend:
-`dot` (two einsums, as training and prefill compute attention) and `stream` (the decode
-step's multiply-and-sum over the cache as it lies: c2jax/model/attention_forms.py
-`gqa_step`).
+"""A one-token GQA attention step over a KV cache, three ways, side by side on this backend:
+`dot` (two einsums, as training and prefill compute attention), `blocks` (two dots over
+the cache as it lies, other kv heads masked out: c2jax/model/attention_forms.py
+`gqa_blocks`, a CPU step below STREAM_MIN_CACHE from BLOCKS_MIN_ROWS rows) and `stream`
+(multiply-and-sum over the cache as it lies: `gqa_step`, a CPU step from STREAM_MIN_CACHE).
 
     PYTHONPATH=. python tools/bench/bench_decode_attention.py
     PYTHONPATH=. python tools/bench/bench_decode_attention.py --shapes 8x4168x4x2x64 --calls 20
     PYTHONPATH=. python tools/bench/bench_decode_attention.py --target=v5p-8 --dtype=bfloat16
 
 With --target (a TPU slice or GPU name as `c2jax plan --target` spells it) nothing runs:
-both forms compile for one compile-only device of that target, and the compiler's own time
+`dot` and `stream` compile for one compile-only device of that target, and the compiler's own time
 estimate and bytes accessed are printed instead (estimates, not measured speed).
 
     PYTHONPATH=. python tools/bench/bench_decode_attention.py --target=v5p-8 --mla_prefill=4096
@@ -18,8 +19,8 @@ its latent cache, both ways the engine can (`attention_forms.prefill_expands`: t
 up-projected per head, or absorbed), and prints the compiler's time, FLOPs and temporaries.
 
 A shape is BxTxKxGxE: batch, cache slots, KV heads, query heads per KV head, head width.
-The cache is [B, T, K, E], the engine's layout. Each form is one jitted call; the two
-alternate for --rounds rounds of --calls calls and the best round counts. Both forms are
+The cache is [B, T, K, E], the engine's layout. Each form is one jitted call; they
+alternate for --rounds rounds of --calls calls and the best round counts. The forms are
 checked to agree before timing.
 """
 
@@ -40,9 +41,11 @@ DEFAULT_SHAPES = ("1x88x2x2x16", "8x88x2x2x16", "32x88x2x2x16", "1x88x4x2x64", "
                   "32x88x4x2x64", "1x4168x4x2x64", "8x4168x4x2x64")
 
 
-# Both forms as the model has them (c2jax/model/attention_forms.py), float32 out.
+# The forms as the model has them (c2jax/model/attention_forms.py), float32 out; --target
+# compiles FORMS, a CPU run times CPU_FORMS (gqa_blocks is a CPU step's form only).
 FORMS = {"dot": lambda *a: attention_forms.gqa_dots(*a, jnp.float32),
          "stream": lambda *a: attention_forms.gqa_step(*a, jnp.float32)}
+CPU_FORMS = {**FORMS, "blocks": lambda *a: attention_forms.gqa_blocks(*a, jnp.float32)}
 
 
 def _inputs(shape: str, dtype=jnp.float32):
@@ -111,9 +114,10 @@ def mla_prefill_estimates(target_name: str, length: int) -> dict:
 
 def measure(shape: str, rounds: int, calls: int) -> dict:
   q, keys, values, mask = _inputs(shape)
-  forms = {name: jax.jit(form) for name, form in FORMS.items()}
+  forms = {name: jax.jit(form) for name, form in CPU_FORMS.items()}
   outs = [f(q, keys, values, mask) for f in forms.values()]
-  np.testing.assert_allclose(*outs, rtol=1e-4, atol=1e-5)
+  for out in outs[1:]:
+    np.testing.assert_allclose(out, outs[0], rtol=1e-4, atol=1e-5)
   best = {name: float("inf") for name in forms}
   for _ in range(rounds):
     for name, f in forms.items():
@@ -122,7 +126,8 @@ def measure(shape: str, rounds: int, calls: int) -> dict:
         out = f(q, keys, values, mask)
       out.block_until_ready()
       best[name] = min(best[name], (time.perf_counter() - start) / calls)
-  return {"shape": shape, "dot_us": best["dot"] * 1e6, "stream_us": best["stream"] * 1e6,
+  return {"shape": shape, **{f"{name}_us": best[name] * 1e6 for name in forms},
+          "dot / blocks": best["dot"] / best["blocks"],
           "dot / stream": best["dot"] / best["stream"]}
 
 
@@ -160,11 +165,13 @@ def main(argv=None) -> None:
             f"{dot_b / 1e6:9.2f} {stream_b / 1e6:9.2f}", flush=True)
     return
   print(f"one-token attention, {jax.default_backend()}, jax {jax.__version__}")
-  print(f"{'BxTxKxGxE':>16} {'dot us':>10} {'stream us':>10} {'dot/stream':>10}")
+  print(f"{'BxTxKxGxE':>16} {'dot us':>10} {'blocks us':>10} {'stream us':>10} "
+        f"{'dot/blocks':>10} {'dot/stream':>10}")
   for shape in args.shapes.split(","):
     row = measure(shape, args.rounds, args.calls)
-    print(f"{row['shape']:>16} {row['dot_us']:10.1f} {row['stream_us']:10.1f} "
-          f"{row['dot / stream']:10.2f}", flush=True)
+    print(f"{row['shape']:>16} {row['dot_us']:10.1f} {row['blocks_us']:10.1f} "
+          f"{row['stream_us']:10.1f} {row['dot / blocks']:10.2f} {row['dot / stream']:10.2f}",
+          flush=True)
 
 
 if __name__ == "__main__":
