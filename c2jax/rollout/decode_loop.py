@@ -36,12 +36,14 @@ from c2jax.rollout import sampling as sampling_lib
 
 def decode_steps(cfg, num_steps: int, params, cache, tokens_S, lengths_S, active_S,
                  draining_S, temperature_S, top_k_S, top_p_S, seeds_S, stop_tokens_SxW,
-                 budget_S, steps=None):
+                 budget_S, steps=None, logprobs_S=None):
   """Up to `steps` (an int32 scalar; None: `num_steps`) decode steps over all slots.
 
   tokens_S: each slot's pending token; lengths_S: its position (tokens in the cache);
   active_S: slots to run; draining_S: active slots that only feed their final token;
-  budget_S: tokens a generating slot may still sample (max_tokens left).
+  budget_S: tokens a generating slot may still sample (max_tokens left); logprobs_S:
+  slots that want their tokens' log-probs (None: all); when no active slot does, the
+  steps skip computing them and the log-probs returned are NaN.
   Returns (cache, new tokens [S, N], their log-probs [S, N], fed [S] (steps each slot
   was fed; new tokens past that are padding), routing of the fed tokens [Lm, S, N, K]).
   """
@@ -49,13 +51,15 @@ def decode_steps(cfg, num_steps: int, params, cache, tokens_S, lengths_S, active
   cache_length = jax.tree.leaves(cache)[0].shape[1 if model.has_unstacked_layers(cache)
                                                   else 2]
 
+  wanted = True if logprobs_S is None else jnp.any(logprobs_S & active_S)
+
   def step(cache, tokens_S, positions_S):
     logits_Sx1xV, aux, cache = model.apply(cfg, params, tokens_S[:, None],
                                            positions_BxL=positions_S[:, None], cache=cache)
     keys = functools.partial(sampling_lib.row_keys, seeds_S, positions_S + 1)
-    new_S, logprobs_S = sampling_lib.sample(logits_Sx1xV[:, 0], temperature_S, top_k_S,
-                                            top_p_S, keys)
-    return cache, new_S, logprobs_S, aux["expert_indices"][:, :, 0]
+    new_S, step_logprobs_S = sampling_lib.sample(logits_Sx1xV[:, 0], temperature_S, top_k_S,
+                                                 top_p_S, keys, logprobs=wanted)
+    return cache, new_S, step_logprobs_S, aux["expert_indices"][:, :, 0]
 
   routing_shape = jax.eval_shape(step, cache, tokens_S, lengths_S)[3]
   slots = tokens_S.shape[0]

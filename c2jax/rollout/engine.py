@@ -49,6 +49,9 @@ class DecodeBatch:
   draining: np.ndarray  # [S] bool: active slots that only feed their final token
   stop_tokens: np.ndarray  # [S, W] int32: each slot's stop tokens, padded with -1
   budget: np.ndarray  # [S] int32: tokens each generating slot may still sample
+  # Slots whose request wants its log-probs (SamplingParams.logprobs); a backend may skip
+  # computing them when no active slot does (the host reports NaN for the others).
+  logprobs: np.ndarray  # [S] bool
   # Whether an active slot has a stop rule only the host can apply (stop strings): a
   # multi-step backend then returns sooner, sampling less past a stop it cannot see.
   host_stops: bool = False
@@ -282,7 +285,7 @@ class Engine(abc.ABC):
         temperature=np.ones(s, np.float32), top_k=np.zeros(s, np.int32),
         top_p=np.ones(s, np.float32), seeds=np.zeros(s, np.uint32),
         draining=np.zeros(s, bool), stop_tokens=np.full((s, width), -1, np.int32),
-        budget=np.ones(s, np.int32))
+        budget=np.ones(s, np.int32), logprobs=np.zeros(s, bool))
     for slot, seq in running.items():
       sampling = seq.request.sampling
       batch.tokens[slot], batch.lengths[slot] = seq.context[seq.length], seq.length
@@ -292,6 +295,7 @@ class Engine(abc.ABC):
       batch.draining[slot] = seq.state == "draining"
       batch.stop_tokens[slot, :len(sampling.stop_tokens)] = sampling.stop_tokens
       batch.budget[slot] = max(sampling.max_tokens - len(seq.new_tokens), 1)
+      batch.logprobs[slot] = sampling.logprobs
       batch.host_stops |= bool(sampling.stop_strings)
     return batch
 
@@ -302,7 +306,10 @@ class Engine(abc.ABC):
     kept = len(tokens) if stop is None else stop + 1
     seq.context.extend(tokens[:kept].tolist())
     seq.new_tokens.extend(tokens[:kept].tolist())
-    seq.logprobs.extend(np.asarray(logprobs[:kept], np.float32).tolist())
+    if seq.request.sampling.logprobs:
+      seq.logprobs.extend(np.asarray(logprobs[:kept], np.float32).tolist())
+    else:  # not asked for: NaN, whatever the backend computed
+      seq.logprobs.extend([float("nan")] * kept)
     seq.versions.extend([self._version] * kept)
     if stop is not None:
       seq.finish_reason, seq.state = reason, "draining"

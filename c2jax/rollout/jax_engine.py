@@ -369,7 +369,8 @@ class JaxEngine(Engine):
     self._cache, new_SxN, logprobs_SxN, fed_S, routing_LmxSxNxK = self._decode_fn(
         self._params, self._cache, *arrays[:3], batch.draining, *arrays[3:],
         batch.stop_tokens, batch.budget,
-        np.int32(self.decode_steps if batch.host_stops else self.max_decode_steps))
+        np.int32(self.decode_steps if batch.host_stops else self.max_decode_steps),
+        batch.logprobs)
     new, logprobs, fed = np.asarray(new_SxN), np.asarray(logprobs_SxN), np.asarray(fed_S)
     routing = np.asarray(routing_LmxSxNxK).transpose(1, 2, 0, 3)
     return {s: SlotOutput(new[s, :fed[s]], logprobs[s, :fed[s]], routing[s, :fed[s]])

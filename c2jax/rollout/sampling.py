@@ -159,9 +159,12 @@ def draw(logp_BxV: jax.Array, keys_B: jax.Array) -> jax.Array:
   return jnp.minimum(first_above_B, last_positive_B).astype(jnp.int32)
 
 
-def sample(logits_BxV, temperature_B, top_k_B, top_p_B, keys_B):
+def sample(logits_BxV, temperature_B, top_k_B, top_p_B, keys_B, logprobs=True):
   """(tokens_B int32, logprobs_B float32): draws and their log-probabilities under the
   distribution they were drawn from (see recorded_logprobs).
+
+  logprobs: a bool scalar (traced or not); False skips the greedy rows' log-prob (the
+  sum of exponentials over each row) and returns NaN log-probs for every row.
 
   keys_B: the rows' PRNG keys, or a function of no arguments that returns them (row_keys
   partially applied): then they are derived only when some row samples. On CPU a key
@@ -182,4 +185,8 @@ def sample(logits_BxV, temperature_B, top_k_B, top_p_B, keys_B):
   tokens_B, sampled_B = jax.lax.cond(
       jnp.any(temperature_B > 0), sampled,
       lambda: (greedy_B, jnp.zeros(greedy_B.shape, jnp.float32)))
-  return tokens_B, _reported(sampled_B, logits_BxV, temperature_B, tokens_B)
+  if logprobs is True:
+    return tokens_B, _reported(sampled_B, logits_BxV, temperature_B, tokens_B)
+  return tokens_B, jax.lax.cond(
+      logprobs, lambda: _reported(sampled_B, logits_BxV, temperature_B, tokens_B),
+      lambda: jnp.full(tokens_B.shape, jnp.nan, jnp.float32))

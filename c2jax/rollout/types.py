@@ -18,7 +18,10 @@ class SamplingParams:
   p depends only on (seed, p, logits), never on which slot or batch it shared.
   stop_strings need an engine built with a `detokenize` function. The stop token or
   string is kept in the output (token in, token out: the trajectory keeps what was
-  sampled).
+  sampled). logprobs False: the request does not want its tokens' log-probs (evaluation,
+  serving without them), so a decode call in which no running request wants them skips
+  that pass over the vocabulary; its Generation.logprobs are then NaN. RL keeps the
+  default: the learner's importance ratio needs them.
   """
   temperature: float = 1.0
   top_k: int = 0
@@ -27,6 +30,7 @@ class SamplingParams:
   stop_tokens: tuple[int, ...] = ()
   stop_strings: tuple[str, ...] = ()
   seed: int | None = None
+  logprobs: bool = True
 
   def __post_init__(self):
     if self.temperature < 0:
@@ -64,8 +68,10 @@ class Generation:
   `concat(prompt_tokens, tokens)` when that token was fed to the model (the routing a
   training forward replays for that input position). versions[i] is the policy version
   whose logits sampled tokens[i]; logprobs[i] is log p(tokens[i]) under the
-  temperature-scaled distribution before top-k/top-p truncation (the learner's policy at
-  that temperature; at temperature 0 and 1 the plain log-softmax).
+  distribution it was drawn from (temperature, then top-k / top-p renormalised:
+  sampling.recorded_logprobs, so the learner's importance ratio is exact; greedy tokens
+  the plain log-softmax), NaN where the request asked for none (SamplingParams.logprobs
+  False).
   """
   seq_id: int
   prompt_tokens: np.ndarray  # [P] int32

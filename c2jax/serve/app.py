@@ -85,7 +85,10 @@ class Service:
                           top_p=request.top_p, max_tokens=min(limit or room, room),
                           stop_tokens=stop_ids, stop_strings=request.stop_strings(),
                           # The sampler keys on 32-bit seeds; clients send any integer.
-                          seed=None if request.seed is None else request.seed % 2**32)
+                          seed=None if request.seed is None else request.seed % 2**32,
+                          # Computed when the client asks (chat `logprobs: true`, legacy
+                          # `logprobs: N` from 0) or the capture records them.
+                          logprobs=self.capture is not None or _wants_logprobs(request))
 
   def check_model(self, request: schema.Sampling) -> None:
     # "<name>@<tag>" is the served model too: the tag goes into the capture so one
@@ -185,6 +188,11 @@ async def on_engine(service: Service, fn):
     return await future
   except ValueError as e:
     raise schema.APIError(400, str(e)) from e
+
+
+def _wants_logprobs(request: schema.Sampling) -> bool:
+  wanted = getattr(request, "logprobs", None)
+  return wanted is not None and wanted is not False
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound on logprobs / top_logprobs

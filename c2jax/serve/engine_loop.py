@@ -67,7 +67,8 @@ class EngineLoop:
     with self._wake:
       self._stopping = True
       self._wake.notify()
-    self._thread.join(timeout)
+    if self._thread.is_alive():  # a loop never started has nothing to wait for
+      self._thread.join(timeout)
 
   @property
   def live(self) -> int:

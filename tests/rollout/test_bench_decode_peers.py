@@ -1,6 +1,7 @@
 """tools/bench/bench_decode_peers.py --smoke: the c2jax side of the peer benchmark runs
-without any peer installed and reports a row with the model's parameter count (what the
-peers are built to match) and both rates; the peers' shape is the c2jax config's."""
+without any peer installed (with and without log-probs) and reports a row with the
+model's parameter count (what the peers are built to match) and both rates; the peers'
+shape is the c2jax config's."""
 
 import json
 import math
@@ -12,13 +13,14 @@ from c2jax.model import variants
 
 def test_decode_peers_smoke(bench_script, capsys):
   bench = bench_script("bench_decode_peers")
-  bench.main(["--smoke"])
+  bench.main(["--smoke", "--c2jax_no_logprobs"])
   out = capsys.readouterr().out
   assert out.startswith("decode against the JAX peers, ")
   rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
   [row] = rows
   assert (row["model"], row["batch"], row["prompt"]) == ("qwen3_tiny", 2, 16)
-  assert row["c2jax prefill tok/s"] > 0
+  assert row["c2jax prefill tok/s"] > 0 and row["c2jax_nolp prefill tok/s"] > 0
+  assert "decode vs c2jax_nolp" in row  # what the log-probs cost c2jax
   # A difference of two timings: positive, or NaN when the load hides 15 decode steps.
   assert math.isnan(row["c2jax decode tok/s"]) or row["c2jax decode tok/s"] > 0
   assert not any(key.startswith(("tunix", "hf")) for key in row)

@@ -2,6 +2,8 @@
 ends the sequence exactly there, and a call runs max_decode_steps tokens unless a running
 request has stop strings (decode_steps then)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -84,3 +86,27 @@ def test_decode_steps_must_be_positive_and_one_when_speculating(setup):
     setup.engine(decode_steps=8, max_decode_steps=4)
   with pytest.raises(ValueError, match="speculating"):
     setup.engine(decode_steps=4, num_draft_tokens=2)
+
+
+def test_requests_without_logprobs_sample_the_same_tokens(engines):
+  """SamplingParams.logprobs False: the same tokens and routing, NaN log-probs for those
+  requests only; a call where no running request wants log-probs skips them on device
+  and still samples the same tokens."""
+  _, four = engines
+  requests = _requests(stop_token=-1, stop_string="\x00")
+  reference = four.generate(requests)
+  wants = [True, False, False, True]
+  mixed = four.generate([Request(r.tokens, dataclasses.replace(r.sampling, logprobs=w))
+                         for r, w in zip(requests, wants)])
+  none = four.generate([Request(r.tokens, dataclasses.replace(r.sampling, logprobs=False))
+                        for r in requests[1:3]])
+  for ref, got, want in zip(reference, mixed, wants):
+    np.testing.assert_array_equal(got.tokens, ref.tokens)
+    np.testing.assert_array_equal(got.expert_indices, ref.expert_indices)
+    if want:
+      np.testing.assert_allclose(got.logprobs, ref.logprobs, atol=1e-6)
+    else:
+      assert np.isnan(got.logprobs).all()
+  for ref, got in zip(reference[1:3], none):
+    np.testing.assert_array_equal(got.tokens, ref.tokens)
+    assert np.isnan(got.logprobs).all()

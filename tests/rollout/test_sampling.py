@@ -176,3 +176,22 @@ def test_greedy_and_mixed_batches_sample_as_the_full_distribution_does():
     model_logp = np.asarray(jax.nn.log_softmax(logits, axis=-1))
     np.testing.assert_allclose(np.asarray(logprobs)[greedy], np.take_along_axis(
         model_logp, np.asarray(tokens)[:, None], 1)[greedy, 0], rtol=0, atol=1e-6)
+
+
+def test_sample_without_logprobs_draws_the_same_tokens():
+  """logprobs False (a traced flag, as the decode loop passes it) skips the log-probs:
+  the same tokens, NaN log-probs; True gives the default's."""
+  rng = np.random.default_rng(4)
+  logits = jnp.asarray(rng.standard_normal((4, 32)), jnp.float32)
+  temperature = jnp.asarray([0.0, 1.0, 0.0, 0.5])
+  keys = sampling.row_keys(jnp.arange(4, dtype=jnp.uint32), jnp.zeros(4, jnp.int32))
+  args = (logits, temperature, jnp.zeros(4, jnp.int32), jnp.ones(4, jnp.float32), keys)
+  flagged = jax.jit(lambda want: sampling.sample(*args, logprobs=want))
+  tokens, logprobs = jax.jit(sampling.sample)(*args)
+  for want in (False, True):
+    got_tokens, got_logprobs = flagged(jnp.bool_(want))
+    np.testing.assert_array_equal(got_tokens, tokens)
+    if want:  # the same arithmetic, fused differently inside the cond
+      np.testing.assert_allclose(got_logprobs, logprobs, rtol=0, atol=1e-6)
+    else:
+      assert np.isnan(np.asarray(got_logprobs)).all()

@@ -265,3 +265,26 @@ def test_top_logprobs_list_the_alternatives(served, client):
     assert values[0] == pytest.approx(float(logprob), abs=1e-4)
   with pytest.raises(openai.BadRequestError, match="stream"):
     chat(client, 1, logprobs=True, top_logprobs=2, stream=True).close()
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_engine_computes_logprobs_when_asked_or_captured(capture, tmp_path):
+  """The engine's requests ask for log-probs when the client does (chat `logprobs: true`,
+  legacy `logprobs: N`, N = 0 included) or the capture records them; otherwise not, and
+  the engine skips that work."""
+  from c2jax.serve import Service, schema
+  from tests.serve.conftest import ScriptedEngine
+  service = Service(ScriptedEngine([1, 2]), None, MODEL, vocab_size=VOCAB,
+                    capture_path=str(tmp_path / "capture.jsonl") if capture else None)
+  try:
+    chat = {"model": MODEL, "messages": messages("hi")}
+    cases = [(schema.ChatRequest(**chat), False),
+             (schema.ChatRequest(**chat, logprobs=True), True),
+             (schema.CompletionRequest(model=MODEL, prompt="hi"), False),
+             (schema.CompletionRequest(model=MODEL, prompt="hi", logprobs=0), True),
+             (schema.CompletionRequest(model=MODEL, prompt="hi", logprobs=3), True)]
+    for request, asked in cases:
+      sampling = service.sampling(request, 4, 3, ())
+      assert sampling.logprobs is (asked or capture), request
+  finally:
+    service.close()

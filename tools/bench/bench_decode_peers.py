@@ -9,7 +9,7 @@ virtualenv with the same jax/jaxlib/flax.
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --tunix_python ... \
         --models qwen3_small --batches 1 --prompt_lens 512,4096 --new_tokens 64
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --tunix_python ... --tunix_logprobs \
-        --models qwen3_tiny,qwen3_moe_tiny --repeats 3   # median ratio of 3 fresh runs
+        --c2jax_no_logprobs --models qwen3_tiny,qwen3_moe_tiny --repeats 3   # median of 3
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --maxtext_python $MAXTEXT_VENV/bin/python \
         --models deepseek_v3_tiny,deepseek_v3_small --batches 1,8,32
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --smoke   # no peer needed
@@ -98,7 +98,8 @@ MODELS = {
 }
 WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "decode_peer_workers.py")
 # "tunix_logprobs": Tunix's sampler asked for each token's log-prob (return_logprobs),
-# the work c2jax's engine always does (RL needs them); "tunix" does not compute them.
+# the work c2jax's engine does by default (RL needs them); "tunix" does not compute them
+# (c2jax_nolp, --c2jax_no_logprobs, is c2jax's like-for-like side for it).
 PEERS = ("tunix", "tunix_logprobs", "maxtext", "maxtext_sparse", "hf")
 # The model family each peer implements (None: every family).
 PEER_FAMILY = {"tunix": "qwen3", "tunix_logprobs": "qwen3", "maxtext": "deepseek_v3",
@@ -145,7 +146,7 @@ class C2jaxSide:
   """JaxEngine.generate over `batch` random prompts, as a user runs it."""
 
   def __init__(self, cfg, params, batch: int, prompt_len: int, new_tokens: int,
-               max_decode_steps: int | None = None):
+               max_decode_steps: int | None = None, logprobs: bool = True):
     import numpy as np
 
     from c2jax.rollout import JaxEngine
@@ -153,10 +154,12 @@ class C2jaxSide:
                             max_length=prompt_len + new_tokens + 8,
                             prefill_buckets=(prompt_len,), max_decode_steps=max_decode_steps)
     self.prompts = np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, prompt_len))
+    self.logprobs = logprobs
 
   def time(self, count: int) -> float:
     from c2jax.rollout import Request, SamplingParams
-    requests = [Request(p, SamplingParams(temperature=0.0, max_tokens=count))
+    requests = [Request(p, SamplingParams(temperature=0.0, max_tokens=count,
+                                          logprobs=self.logprobs))
                 for p in self.prompts]
     start = time.perf_counter()
     generations = self.engine.generate(requests)
@@ -252,6 +255,9 @@ def run(args) -> list[dict]:
           if args.c2jax_steps:  # the engine with shorter decode calls, for comparison
             sides[f"c2jax@{args.c2jax_steps}"] = C2jaxSide(
                 cfg, params, batch, prompt_len, args.new_tokens, args.c2jax_steps)
+          if args.c2jax_no_logprobs:  # requests that ask for no log-probs
+            sides["c2jax_nolp"] = C2jaxSide(cfg, params, batch, prompt_len, args.new_tokens,
+                                            logprobs=False)
           info = {"c2jax params": count}
           for peer in peers_for(name):
             if pythons[peer]:
@@ -270,6 +276,9 @@ def run(args) -> list[dict]:
           for peer in [side for side in sides if side != "c2jax"]:
             row[f"decode vs {peer}"] = rates["c2jax"][0] / rates[peer][0]
             row[f"prefill vs {peer}"] = rates["c2jax"][1] / rates[peer][1]
+          for peer in [side for side in sides if not side.startswith("c2jax")]:
+            if "c2jax_nolp" in rates:  # like for like with a peer that returns none
+              row[f"decode vs {peer} (c2jax_nolp)"] = rates["c2jax_nolp"][0] / rates[peer][0]
           rows.append(row)
           print(json.dumps(row), flush=True)
   return rows
@@ -309,11 +318,15 @@ def main(argv=None) -> None:
   parser.add_argument("--c2jax_steps", type=int, default=0,
                       help="also time c2jax with decode calls of this many tokens (e.g. 8, "
                       "the engine's chunk before calls grew to max_decode_steps)")
+  parser.add_argument("--c2jax_no_logprobs", action="store_true",
+                      help="also time c2jax with requests that ask for no log-probs "
+                      "(SamplingParams.logprobs False, side c2jax_nolp): like for like "
+                      "with Tunix's default, which returns none")
   parser.add_argument("--tunix_python", default="",
                       help="interpreter with google-tunix (and this jax) for its column")
   parser.add_argument("--tunix_logprobs", action="store_true",
                       help="also time Tunix returning each token's log-prob (its "
-                      "return_logprobs), as c2jax's engine always does")
+                      "return_logprobs), as c2jax's engine does by default")
   parser.add_argument("--maxtext_python", default="",
                       help="interpreter with MaxText 0.2.5 for the MaxEngine columns "
                       "(DeepSeek-V3 models)")
