@@ -134,7 +134,7 @@ STREAM_MIN_CACHE = 1 << 17
 
 # Rows from which a one-token CPU step below STREAM_MIN_CACHE runs gqa_blocks rather than
 # gqa_dots. Measured in the engine's decode loop (tokens/s, blocks / dots, median of 11,
-# 2-core AMD EPYC VM, 2026-12-02): qwen3_tiny 1.08-1.12x at batch 8 and 32, qwen3_moe_tiny
+# 2-core AMD EPYC VM, 2026-12-02): qwen3_tiny 1.07-1.15x at batch 8 and 32, qwen3_moe_tiny
 # 1.08x and 1.13x; 0.55-0.60x at batch 1, where the dots need no cache copy (B = 1);
 # qwen3_small batch 2 (4 KV heads) 0.99x. docs/benchmarks.md, "GQA decode without the
 # cache copy".

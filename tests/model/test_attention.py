@@ -121,8 +121,7 @@ def _step_layer(request, layer, monkeypatch):
   if request.param != "as_chosen" and layer[0].attention != "gqa":
     pytest.skip("GQA's decode form")
   if layer[0].attention == "gqa":
-    expected = GQA_STEP_FORMS[request.param]
-    request.node.gqa_step_form = expected
+    request.node.gqa_step_form = GQA_STEP_FORMS[request.param]
   if request.param == "as_chosen":
     return layer
   if request.param == "gqa_streaming":

@@ -88,18 +88,28 @@ def test_decode_steps_must_be_positive_and_one_when_speculating(setup):
     setup.engine(decode_steps=4, num_draft_tokens=2)
 
 
-def test_requests_without_logprobs_sample_the_same_tokens(engines):
+def test_requests_without_logprobs_sample_the_same_tokens(engines, monkeypatch):
   """SamplingParams.logprobs False: the same tokens and routing, NaN log-probs for those
   requests only; a call where no running request wants log-probs skips them on device
-  and still samples the same tokens."""
+  (its log-probs come back NaN) and still samples the same tokens."""
   _, four = engines
   requests = _requests(stop_token=-1, stop_string="\x00")
   reference = four.generate(requests)
   wants = [True, False, False, True]
   mixed = four.generate([Request(r.tokens, dataclasses.replace(r.sampling, logprobs=w))
                          for r, w in zip(requests, wants)])
+  device_logprobs = []  # what each decode call's device loop returned, active slots
+  real = four._decode_fn
+
+  def recording(params, cache, tokens, lengths, active, *rest):
+    out = real(params, cache, tokens, lengths, active, *rest)
+    fed = np.asarray(out[3])
+    device_logprobs.extend(np.asarray(out[2])[s, :fed[s]] for s in np.flatnonzero(active))
+    return out
+  monkeypatch.setattr(four, "_decode_fn", recording)
   none = four.generate([Request(r.tokens, dataclasses.replace(r.sampling, logprobs=False))
                         for r in requests[1:3]])
+  assert device_logprobs and all(np.isnan(x).all() for x in device_logprobs)
   for ref, got, want in zip(reference, mixed, wants):
     np.testing.assert_array_equal(got.tokens, ref.tokens)
     np.testing.assert_array_equal(got.expert_indices, ref.expert_indices)
