@@ -59,6 +59,7 @@ from c2jax.plan import roofline
 from c2jax.plan import topologies
 from c2jax.rollout import decode_loop
 from c2jax.rollout import jax_engine
+from c2jax.rollout import prefill as prefill_lib
 from c2jax.rollout import sharding as engine_sharding
 
 
@@ -169,7 +170,7 @@ def _compile_engine(model_cfg, placement, *, slots: int, max_length: int, prefil
       model.init_cache, model_cfg, slots, max_length)), cache_shardings)
   rep = placement.replicated
   i32, f32 = jnp.int32, jnp.float32
-  prefill_fn = jax.jit(functools.partial(jax_engine.prefill_chunk, model_cfg),
+  prefill_fn = jax.jit(functools.partial(prefill_lib.prefill_chunk, model_cfg),
                        donate_argnums=(1,), out_shardings=(cache_shardings, rep, rep, rep))
   decode_fn = jax.jit(functools.partial(decode_loop.decode_steps, model_cfg, decode_steps),
                       donate_argnums=(1,),

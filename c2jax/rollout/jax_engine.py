@@ -5,8 +5,8 @@ Compiled functions have static shapes, so a run compiles a handful of programs:
            bucket; longer inputs are split into chunks of the largest bucket), writing that
            slot's rows of the cache and sampling the next token: one compile per bucket;
            requests admitted together that fit one chunk each are prefilled several to a
-           call (prefill_rows: up to `max_prefill_tokens` padded tokens a call, rows
-           padded to a power of two), one compile per (bucket, rows) used;
+           call (prefill.py's prefill_rows: up to `max_prefill_tokens` padded tokens a
+           call, rows padded to a power of two), one compile per (bucket, rows) used;
   decode   up to `max_decode_steps` tokens for every slot at once, sampling and stop
            checks on device (decode_loop.py): one compile per stop-token width (padded
            to a power of two). The device loop returns as soon as a slot finishes (stop
@@ -49,6 +49,7 @@ import numpy as np
 
 from c2jax import model
 from c2jax.rollout import cpu_layout, decode_loop
+from c2jax.rollout import prefill as prefill_lib
 from c2jax.rollout import sampling as sampling_lib
 from c2jax.rollout import sharding as sharding_lib
 from c2jax.rollout import speculative
@@ -66,57 +67,6 @@ DEFAULT_MAX_DECODE_STEPS = 64
 # Padded tokens one batched prefill call may hold (requests admitted together, e.g. an RL
 # group's samples or concurrent server requests): 32 prompts of 64 tokens in one call.
 DEFAULT_MAX_PREFILL_TOKENS = 2048
-
-
-def _slot_axis(cache) -> int:
-  """The slot (batch) axis of the cache's leaves: [B, T, ...] per layer, else stacked."""
-  return 0 if model.has_unstacked_layers(cache) else 1
-
-
-def _slot_rows(cache, slot):
-  axis = _slot_axis(cache)
-  return jax.tree.map(lambda c: jax.lax.dynamic_slice_in_dim(c, slot, 1, axis=axis), cache)
-
-
-def _put_rows(cache, rows, slot):
-  axis = _slot_axis(cache)
-  return jax.tree.map(lambda c, r: jax.lax.dynamic_update_slice_in_dim(c, r, slot, axis=axis),
-                      cache, rows)
-
-
-def prefill_chunk(cfg, params, cache, slot, tokens_1xC, start, count, temperature, top_k, top_p,
-             seed):
-  """Writes one slot's chunk; samples from the logits of its last real token."""
-  positions_1xC = start + jnp.arange(tokens_1xC.shape[1], dtype=jnp.int32)[None]
-  logits_1xCxV, aux, rows = model.apply(cfg, params, tokens_1xC, positions_BxL=positions_1xC,
-                                        cache=_slot_rows(cache, slot))
-  last_1xV = jax.lax.dynamic_index_in_dim(logits_1xCxV[0], count - 1, keepdims=True)
-  keys = functools.partial(sampling_lib.row_keys, seed[None], (start + count)[None])
-  token_1, logprob_1 = sampling_lib.sample(last_1xV, temperature[None], top_k[None],
-                                           top_p[None], keys)
-  return _put_rows(cache, rows, slot), token_1[0], logprob_1[0], aux["expert_indices"][:, 0]
-
-
-def prefill_rows(cfg, params, cache, slots_P, tokens_PxC, starts_P, counts_P, temperature_P,
-                 top_k_P, top_p_P, seeds_P):
-  """prefill_chunk for P slots in one forward: row p writes tokens_PxC[p] at positions
-  starts_P[p].. of slot slots_P[p] and samples after its counts_P[p]-th token. Rows
-  whose slot is out of range (>= S, the padding of a partly filled call) read zeros and
-  write nothing. Returns (cache, tokens [P], log-probs [P], routing [Lm, P, C, K])."""
-  axis = _slot_axis(cache)
-  positions_PxC = starts_P[:, None] + jnp.arange(tokens_PxC.shape[1], dtype=jnp.int32)[None]
-  rows = jax.tree.map(lambda c: jnp.take(c, slots_P, axis=axis, mode="fill", fill_value=0),
-                      cache)
-  hidden_PxCxD, aux, rows = model.apply(cfg, params, tokens_PxC, positions_BxL=positions_PxC,
-                                        cache=rows, head=False)
-  # Logits of each row's last real token only (not [P, C, V]).
-  last_Px1xD = jnp.take_along_axis(hidden_PxCxD, (counts_P - 1)[:, None, None], axis=1)
-  last_PxV = model.head(cfg, params, last_Px1xD)[:, 0]
-  keys = functools.partial(sampling_lib.row_keys, seeds_P, starts_P + counts_P)
-  tokens_P, logprobs_P = sampling_lib.sample(last_PxV, temperature_P, top_k_P, top_p_P, keys)
-  index = (slice(None),) * axis + (slots_P,)
-  cache = jax.tree.map(lambda c, r: c.at[index].set(r, mode="drop"), cache, rows)
-  return cache, tokens_P, logprobs_P, aux["expert_indices"]
 
 
 def _top(cfg, k, params, tokens_1xC, temperature):
@@ -219,9 +169,9 @@ class JaxEngine(Engine):
           functools.partial(speculative.decode, cfg, num_draft=num_draft_tokens),
           state_shardings, extra_outputs=4)
     else:
-      self._prefill_fn = self._jit(functools.partial(prefill_chunk, cfg), state_shardings,
-                                   extra_outputs=3)
-      self._prefill_rows_fn = self._jit(functools.partial(prefill_rows, cfg),
+      self._prefill_fn = self._jit(functools.partial(prefill_lib.prefill_chunk, cfg),
+                                   state_shardings, extra_outputs=3)
+      self._prefill_rows_fn = self._jit(functools.partial(prefill_lib.prefill_rows, cfg),
                                         state_shardings, extra_outputs=3)
       self._decode_fn = self._jit(
           functools.partial(decode_loop.decode_steps, cfg, max_decode_steps),

@@ -107,7 +107,7 @@ def _mtp_put(tree, rows, slot):
 
 def prefill(cfg, params, cache, mtp_cache, last_hidden_SxH, slot, tokens_1xC, start, count,
             following, temperature, top_k, top_p, seed):
-  """As jax_engine.prefill_chunk, plus the chunk's MTP cache entries and the slot's last
+  """As prefill.prefill_chunk, plus the chunk's MTP cache entries and the slot's last
   hidden state. `following` is the token after the chunk (-1: the one sampled here)."""
   positions_1xC = start + jnp.arange(tokens_1xC.shape[1], dtype=jnp.int32)[None]
   logits_1xCxV, aux, rows, hidden_1xCxH = mtp.forward_with_hidden(

@@ -276,8 +276,8 @@ def run(args) -> list[dict]:
           for peer in [side for side in sides if side != "c2jax"]:
             row[f"decode vs {peer}"] = rates["c2jax"][0] / rates[peer][0]
             row[f"prefill vs {peer}"] = rates["c2jax"][1] / rates[peer][1]
-          for peer in [side for side in sides if not side.startswith("c2jax")]:
-            if "c2jax_nolp" in rates:  # like for like with a peer that returns none
+          if "c2jax_nolp" in rates:  # like for like with a peer that returns none
+            for peer in [side for side in sides if not side.startswith("c2jax")]:
               row[f"decode vs {peer} (c2jax_nolp)"] = rates["c2jax_nolp"][0] / rates[peer][0]
           rows.append(row)
           print(json.dumps(row), flush=True)
