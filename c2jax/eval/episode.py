@@ -70,8 +70,6 @@ def tool_call_names(messages: list[dict]) -> list[str]:
           for call in m.get("tool_calls") or []]
 
 
-_NOT_STARTED = object()
-
 
 def run_in_threads(episode_fn, jobs, on_done, concurrency: int,
                    should_start: Callable[[], bool] | None = None, fatal=()) -> None:
@@ -80,24 +78,30 @@ def run_in_threads(episode_fn, jobs, on_done, concurrency: int,
   that dies mid-episode raises from anywhere in the tools or grader). Once
   `should_start()` is False (a stop was requested), jobs not yet begun are skipped and not
   reported: a rerun runs them. An exception of a type in `fatal` cancels the rest and is
-  raised."""
+  raised.
+
+  Each worker reports its episode before it takes the next job, so at any moment at most
+  `concurrency` episodes are begun and not yet reported: after a stop, no more than that
+  many results are still to come."""
   def guarded(job):
     if should_start is not None and not should_start():
-      return _NOT_STARTED
-    return episode_fn(job)
+      return
+    try:
+      outcome = episode_fn(job)
+    except fatal:
+      raise
+    except InfraError as e:
+      outcome = e
+    except Exception as e:  # pylint: disable=broad-except
+      outcome = InfraError(f"{type(e).__name__}: {e}")
+    on_done(job, outcome)
 
   with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-    futures = {pool.submit(guarded, job): job for job in jobs}
+    futures = [pool.submit(guarded, job) for job in jobs]
     for future in concurrent.futures.as_completed(futures):
       try:
-        outcome = future.result()
-      except fatal:
+        future.result()
+      except BaseException:
         for other in futures:
           other.cancel()
         raise
-      except InfraError as e:
-        outcome = e
-      except Exception as e:  # pylint: disable=broad-except
-        outcome = InfraError(f"{type(e).__name__}: {e}")
-      if outcome is not _NOT_STARTED:
-        on_done(futures[future], outcome)

@@ -76,7 +76,8 @@ def test_sigterm_stops_cleanly_keeps_results_and_the_rerun_finishes(tmp_path):
   proc.send_signal(signal.SIGTERM)
   # The handler runs when the child's main thread next gets the CPU; until then its worker
   # threads may start more episodes. Count once it has said it received the signal: from
-  # then on nothing new starts.
+  # then on nothing new starts, and each worker records its episode before taking another,
+  # so at most `concurrency` results are still to come.
   lines, errors = queue.Queue(), queue.Queue()
   readers = [threading.Thread(target=lambda s=stream, q=q: [q.put(line) for line in s],
                               daemon=True)
@@ -110,6 +111,44 @@ def test_sigterm_stops_cleanly_keeps_results_and_the_rerun_finishes(tmp_path):
   assert after[:len(before)] == before
   summary = json.loads((workdir / results.SUMMARY).read_text())
   assert summary["preempted"] is False and summary["overall"]["accuracy"] == 1.0
+
+
+def test_workers_report_each_episode_before_starting_another():
+  # A stop promises that at most `concurrency` results are still to come: a worker must
+  # report (record) its episode before it takes the next one, even when reporting is slow.
+  lock, begun, reported, gaps = threading.Lock(), [0], [0], []
+
+  def episode_fn(job):
+    with lock:
+      begun[0] += 1
+      gaps.append(begun[0] - reported[0])
+    return job
+
+  def on_done(job, outcome):
+    assert outcome == job
+    time.sleep(0.02)
+    with lock:
+      reported[0] += 1
+
+  episode.run_in_threads(episode_fn, list(range(12)), on_done, concurrency=2)
+  assert reported[0] == 12 and max(gaps) <= 2, gaps
+
+
+def test_an_episode_error_is_reported_and_a_fatal_one_raises():
+  outcomes = {}
+  def episode_fn(job):
+    if job == 1:
+      raise RuntimeError("sandbox died")
+    if job == 2:
+      raise KeyboardInterrupt
+    return "ok"
+  def on_done(job, outcome):
+    outcomes[job] = outcome
+  episode.run_in_threads(episode_fn, [0, 1], on_done, concurrency=2)
+  assert outcomes[0] == "ok" and isinstance(outcomes[1], episode.InfraError)
+  assert "RuntimeError: sandbox died" in str(outcomes[1])
+  with pytest.raises(KeyboardInterrupt):
+    episode.run_in_threads(episode_fn, [2, 0], on_done, concurrency=1, fatal=(KeyboardInterrupt,))
 
 
 class FlakyPolicy:
