@@ -20,6 +20,10 @@ os.environ.setdefault("C2JAX_XLA_CACHE_MIN_SECS", "0")
 # pretraining run from a cold cache: 20-22 s -> 15-17 s). `import c2jax` applies it to
 # every process the tests start. Set C2JAX_XLA_BACKEND_OPT_LEVEL=2 for XLA's default.
 os.environ.setdefault("C2JAX_XLA_BACKEND_OPT_LEVEL", "0")
+# A decode engine over weights larger than the last-level cache times its projection forms
+# (c2jax.rollout.cpu_layout): keep the suite's timings out of the user's cache.
+os.environ.setdefault("C2JAX_CPU_LAYOUT_CACHE",
+                      os.path.join(tempfile.gettempdir(), "c2jax-test-cpu-layout.json"))
 
 import pytest  # noqa: E402
 

@@ -27,8 +27,9 @@ when unquantised (small experts: a layer's gate and up fused, cpu_layout.fused_e
 so the layers run as a Python loop and XLA reads every weight in place
 (XLA:CPU copies a weight it slices out of a stacked array, per step); the KV cache is
 kept per layer too (without speculation), for the same reason; when the weights stream
-from memory, the projection kernels are stored as the step's rows multiply them fastest
-(cpu_layout.projection_layout: some transposed, the LM head in column pieces);
+from memory, each projection kernel is stored in the form (as it is, transposed, or in
+column pieces) measured fastest at the step's rows on this machine
+(cpu_layout.projection_layout; `projection_forms` says which);
 `update_params` and `param_like` still take and give model.init's stacked tree.
 Accelerators (whose compilers read such slices in place and whose grouped matmuls want
 stacked experts) and meshes keep the stacked tree.
@@ -131,12 +132,15 @@ class JaxEngine(Engine):
     decode_layout = (placement is None and jax.default_backend() == "cpu"
                      and cpu_layout.decode_layout_pays(cfg,
                                                        num_slots * (1 + num_draft_tokens)))
-    # Projection kernels stored as the step's rows run them fastest (cpu_layout); not
-    # when quantised, nor when speculating (the MTP drafter reads the LM head's kernel).
+    # Projection kernels stored in the form measured fastest at the step's rows on this
+    # machine (cpu_layout); not when quantised, nor when speculating (the MTP drafter
+    # reads the LM head's kernel).
     projections = None
     if decode_layout and cfg.quant == "none" and not num_draft_tokens:
-      projections = cpu_layout.projection_layout(
-          num_slots, sum(leaf.nbytes for leaf in jax.tree.leaves(params)))
+      projections = cpu_layout.projection_layout(cfg, params, num_slots)
+    # {(inputs, outputs): form} of the kernels stored another way ({} when none).
+    self.projection_forms = {shape: form for shape, form in
+                             (projections.chosen if projections else {}).items() if form != 1}
     # Small experts fused, others one array each; quantised experts stay stacked.
     fuse = decode_layout and cpu_layout.fused_experts_pay(cfg)
     self._to_layout = jax.jit(functools.partial(

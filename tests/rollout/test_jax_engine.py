@@ -5,6 +5,8 @@ log-softmax and recorded experts its routing, for sequences that share slots, qu
 them and finish at different steps.
 """
 
+import json
+
 import jax
 import numpy as np
 import pytest
@@ -255,42 +257,62 @@ def test_small_experts_fused_in_the_engine(setup, engine):
           == jax.tree.map(np.shape, setup.params))
 
 
-def test_projection_layout_by_rows_and_cache():
-  """cpu_layout's rule: nothing when the weights fit in the last-level cache; at one row
-  only kernels that contract more than they produce transposed; from
-  ALL_TRANSPOSED_MIN_ROWS every projection transposed but the LM head, in 256-column
-  pieces."""
+def test_fastest_keeps_the_kernel_unless_another_form_clearly_wins():
   from c2jax.rollout import cpu_layout
-  assert cpu_layout.projection_layout(1, 10 << 20, cache_bytes=32 << 20) is None
-  one = cpu_layout.projection_layout(1, 200 << 20, cache_bytes=32 << 20)
-  assert [one("down_proj", 1536, 512), one("k_proj", 512, 256), one("q_proj", 512, 512),
-          one("gate_proj", 512, 1536), one("lm_head", 512, 16384)] == [
-      model.TRANSPOSED, model.TRANSPOSED, 1, 1, 1]
-  many = cpu_layout.projection_layout(cpu_layout.ALL_TRANSPOSED_MIN_ROWS, 200 << 20,
-                                      cache_bytes=32 << 20)
-  assert [many("gate_proj", 512, 1536), many("k_proj", 512, 256),
-          many("lm_head", 512, 16384), many("lm_head", 64, 100)] == [
-      model.TRANSPOSED, model.TRANSPOSED, 64, 1]
+  assert cpu_layout.fastest({"1": 1.0, "transposed": 0.98}) == 1  # within MIN_GAIN
+  assert cpu_layout.fastest({"1": 1.0, "transposed": 0.9, "64": 0.95}) == model.TRANSPOSED
+  assert cpu_layout.fastest({"1": 1.0, "transposed": 0.99, "64": 0.5}) == 64
+  assert cpu_layout.candidate_forms(16384) == (1, model.TRANSPOSED, 64)
+  assert cpu_layout.candidate_forms(512) == (1, model.TRANSPOSED)
+
+
+def test_projection_layout_is_measured_once_per_machine_and_shape(setup, tmp_path):
+  """Nothing when the weights fit in the last-level cache; otherwise every distinct kernel
+  shape is timed in each candidate form at the step's rows, the fastest kept, and the
+  timings written per machine, so a second engine reads them instead of measuring; a
+  corrupt file is set aside and measured again."""
+  from c2jax.rollout import cpu_layout
+  assert cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=1 << 40) is None
+  path = tmp_path / "layout.json"
+  timings = cpu_layout.ProductTimings(str(path))
+  layout = cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
+                                        timings=timings)
+  shapes = set(layout.chosen)
+  assert (64, VOCAB) in shapes and timings.measured == len(shapes) >= 3
+  [(machine, table)] = json.loads(path.read_text()).items()
+  assert machine == cpu_layout.machine_key() and f"{2}x64x{VOCAB}:" in " ".join(table)
+  for (inputs, outputs), form in layout.chosen.items():
+    [seconds] = [v for k, v in table.items() if k.startswith(f"2x{inputs}x{outputs}:")]
+    assert sorted(seconds) == sorted(str(f) for f in cpu_layout.candidate_forms(outputs))
+    assert all(t > 0 for t in seconds.values()) and form == cpu_layout.fastest(seconds)
+    assert layout("any_proj", inputs, outputs) == form
+  again = cpu_layout.ProductTimings(str(path))
+  assert cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
+                                      timings=again).chosen == layout.chosen
+  assert again.measured == 0
+  path.write_text("{not json")
+  fresh = cpu_layout.ProductTimings(str(path))
+  cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0, timings=fresh)
+  assert fresh.measured == len(shapes) and (tmp_path / "layout.json.corrupt").exists()
+  assert json.loads(path.read_text())[machine].keys() == table.keys()
   assert cpu_layout.last_level_cache_bytes() > 0
 
 
-@pytest.mark.parametrize("slots", [2, 8])
-def test_engine_with_projection_layouts_matches_teacher(setup, monkeypatch, slots):
+def test_engine_with_projection_layouts_matches_teacher(setup, monkeypatch, tmp_path):
   """With the weights taken as streaming from memory (a last-level cache of 0 bytes) the
-  engine stores its projections as cpu_layout says for its slots, and still decodes the
-  teacher's greedy tokens and log-probs; param_like and stack_layers are unchanged."""
+  engine stores each projection in the form measured fastest (here forced to transposed;
+  the model's tests decode every form) and still decodes the teacher's greedy tokens and
+  log-probs; param_like and stack_layers are unchanged."""
   from c2jax.rollout import cpu_layout
   monkeypatch.setattr(cpu_layout, "last_level_cache_bytes", lambda: 0)
-  engine = JaxEngine(setup.cfg, setup.params, num_slots=slots, max_length=MAX_LENGTH,
+  monkeypatch.setenv(cpu_layout.CACHE_ENV, str(tmp_path / "layout.json"))
+  monkeypatch.setattr(cpu_layout, "fastest", lambda seconds: model.TRANSPOSED)
+  engine = JaxEngine(setup.cfg, setup.params, num_slots=2, max_length=MAX_LENGTH,
                      prefill_buckets=(16,), detokenize=detokenize, max_decode_steps=8)
-  down = engine._params["dense_layers"]["0"]["mlp"]["down_proj"]
-  assert "kernel_t" in down
-  head = engine._params["lm_head"]  # [64, 16]: fewer columns than one 256-column piece
-  gate = engine._params["dense_layers"]["0"]["mlp"]["gate_proj"]  # [64, 192]
-  if slots >= cpu_layout.ALL_TRANSPOSED_MIN_ROWS:
-    assert head["kernel"].shape == (64, VOCAB) and "kernel_t" in gate
-  else:
-    assert "kernel_t" in head and gate["kernel"].shape == (64, 192)
+  mlp = engine._params["dense_layers"]["0"]["mlp"]
+  assert "kernel_t" in mlp["down_proj"] and "kernel_t" in engine._params["lm_head"]
+  assert engine.projection_forms[192, 64] == engine.projection_forms[64, VOCAB] == \
+      model.TRANSPOSED
   jax.tree.map(np.testing.assert_array_equal, model.stack_layers(engine._params),
                setup.params)
   requests = [Request(p, GREEDY) for p in prompts()]

@@ -66,7 +66,6 @@ def main(argv=None):
   variant, overrides = MODELS.get(args.variant, (args.variant, {}))
   cfg = variants.get(variant, **overrides)
   params = model.init(cfg, jax.random.key(0))
-  weight_bytes = sum(leaf.nbytes for leaf in jax.tree.leaves(params))
   chunk = jax.jit(functools.partial(decode_loop.decode_steps, cfg, args.steps),
                   donate_argnums=(1,))
 
@@ -77,8 +76,13 @@ def main(argv=None):
             "layers+experts": lambda: model.unstack_layers(params, split_experts=True),
             "layers+fused": lambda: model.unstack_layers(params, fuse_experts=True),
             "+projections": lambda: model.unstack_layers(
-                params, split_experts=True,
-                projection_layout=cpu_layout.projection_layout(batch, weight_bytes))}
+                params, split_experts=True, projection_layout=projections)}
+    projections = ("+projections" in names
+                   and cpu_layout.projection_layout(cfg, params, batch))
+    if "+projections" in names:
+      print(f"batch {batch}: projection forms measured fastest "
+            f"{projections.chosen if projections else 'none (weights fit in cache)'}",
+            flush=True)
     layouts = {name: make[name]() for name in names}
     base = names[0]
 
