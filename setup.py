@@ -14,6 +14,8 @@ setup(
     packages=(find_packages(include=["c2jax", "c2jax.*"]) + ["c2jax_kernels"]
               + [f"c2jax_kernels.{p}" for p in find_packages(where="kernels")]),
     package_dir={"c2jax_kernels": "kernels"},
+    # cpu_matmul's C++ source, compiled on first use (kernels/cpu_matmul/__init__.py).
+    package_data={"c2jax_kernels.cpu_matmul": ["*.cc"]},
     install_requires=[
         "jax>=0.11.2",
         "jaxlib>=0.11.2",

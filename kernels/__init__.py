@@ -13,6 +13,9 @@
   path=None, rows=None, preferred_element_type=None); recipes in BLOCK_SCALED_RECIPES.
   The grouped path 'hopper_fused' (default on sm_90 for 'mxfp8') runs FP8 WGMMA kernels
   with the block scales applied inside (kernels/block_scaled/fused_grouped.py).
+- cpu_matmul (imported as a module): panel_matmul(x, pack(kernel)), a few-row float32
+  matmul for XLA:CPU decode steps, C++ through XLA's FFI, built on first use
+  (kernels/cpu_matmul).
 """
 
 from c2jax_kernels.block_scaled import FORMATS as BLOCK_FORMATS

@@ -24,6 +24,9 @@ os.environ.setdefault("C2JAX_XLA_BACKEND_OPT_LEVEL", "0")
 # (c2jax.rollout.cpu_layout): keep the suite's timings out of the user's cache.
 os.environ.setdefault("C2JAX_CPU_LAYOUT_CACHE",
                       os.path.join(tempfile.gettempdir(), "c2jax-test-cpu-layout.json"))
+# And c2jax_kernels.cpu_matmul's library, built once for the suite's processes.
+os.environ.setdefault("C2JAX_KERNEL_CACHE", os.path.join(tempfile.gettempdir(),
+                                                         "c2jax-test-kernels"))
 
 import pytest  # noqa: E402
 

@@ -19,13 +19,15 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import mtp
-from c2jax.model.transformer import (REMAT_POLICIES, TRANSPOSED, Transformer, cache_axes,
-                                     has_unstacked_layers, init_cache, lm_head,
-                                     stack_layers, transformer_for, unstack_layers)
+from c2jax.model.transformer import (PANELS, REMAT_POLICIES, TRANSPOSED, Transformer,
+                                     cache_axes, has_unstacked_layers, init_cache, lm_head,
+                                     projection_shapes, stack_layers, transformer_for,
+                                     unstack_layers)
 
-__all__ = ["REMAT_POLICIES", "TRANSPOSED", "Transformer", "apply", "cache_axes", "forward",
-           "head", "has_unstacked_layers", "init", "init_cache", "param_axes", "stack_layers",
-           "trainable_mask", "transformer_for", "unstack_layers"]
+__all__ = ["PANELS", "REMAT_POLICIES", "TRANSPOSED", "Transformer", "apply", "cache_axes",
+           "forward", "head", "has_unstacked_layers", "init", "init_cache", "param_axes",
+           "projection_shapes", "stack_layers", "trainable_mask", "transformer_for",
+           "unstack_layers"]
 
 _NOT_TRAINED = frozenset({"correction_bias"})
 

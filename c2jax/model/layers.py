@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from c2jax_kernels import cpu_matmul
+
 Axes = tuple[str | None, ...]
 
 
@@ -54,7 +56,9 @@ class Linear(nn.Module):
   A CPU decode engine may store the kernel another way (model.unstack_layers'
   projection_layout), same function: as column pieces (split_columns: a tuple of arrays
   that split its last axis; one dot per piece, the outputs concatenated; `.kernel` is then
-  that tuple), or transposed, as 'kernel_t' [*out_shape, *in_shape] (`.kernel` is None).
+  that tuple), transposed, as 'kernel_t' [*out_shape, *in_shape] (`.kernel` is None), or
+  in column panels for c2jax_kernels.cpu_matmul, as 'kernel_p' [*out_shape[:-1],
+  out_shape[-1] / 32, *in_shape, 32] (float32, XLA:CPU only; `.kernel` is None).
   """
   in_shape: tuple[int, ...]
   out_shape: tuple[int, ...]
@@ -64,7 +68,17 @@ class Linear(nn.Module):
 
   def setup(self):
     shape = (*self.in_shape, *self.out_shape)
-    self.kernel_t = None
+    self.kernel_t = self.kernel_p = None
+    if self.has_variable("params", "kernel_p"):
+      stored = self.get_variable("params", "kernel_p")
+      *lead, last = self.out_shape
+      want = (*lead, last // cpu_matmul.PANEL, *self.in_shape, cpu_matmul.PANEL)
+      if last % cpu_matmul.PANEL or stored.shape != want:
+        raise ValueError(f"{self.name}/kernel_p: a kernel in column panels needs shape {want}"
+                         f" (outputs' last axis a multiple of {cpu_matmul.PANEL}); got "
+                         f"{stored.shape} for in {self.in_shape}, out {self.out_shape}.")
+      self.kernel_p, self.kernel = stored, None
+      return
     if self.has_variable("params", "kernel_t"):
       stored = self.get_variable("params", "kernel_t")
       want = (*self.out_shape, *self.in_shape)
@@ -96,6 +110,13 @@ class Linear(nn.Module):
       return jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype), (contract, ((), ())),
                                  preferred_element_type=self.out_dtype)
 
+    if self.kernel_p is not None:
+      k, n = math.prod(self.in_shape), math.prod(self.out_shape)
+      lead = x.shape[:x.ndim - n_in]
+      panels = self.kernel_p.astype(jnp.float32).reshape(n // cpu_matmul.PANEL, k,
+                                                        cpu_matmul.PANEL)
+      y = cpu_matmul.panel_matmul(x.astype(jnp.float32).reshape(-1, k), panels)
+      return y.astype(self.out_dtype or dtype).reshape(*lead, *self.out_shape)
     if self.kernel_t is not None:
       # As one 2-D product (rows x K by N x K): with several kernel axes XLA:CPU would
       # copy the kernel into [K, N] order on every call.

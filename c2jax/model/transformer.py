@@ -18,6 +18,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from c2jax_kernels import cpu_matmul
+
 from c2jax.model import attention as attention_lib
 from c2jax.model import layers, moe_dispatch
 from c2jax.model.layers import MLP, Embed, Linear, RMSNorm, constrain
@@ -244,6 +246,7 @@ _PROJECTION_INPUT_AXES = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "q
                           "q_b_proj": 1, "kv_a_proj": 1, "gate_proj": 1, "up_proj": 1,
                           "down_proj": 1, "lm_head": 1}
 TRANSPOSED = "transposed"
+PANELS = "panels"
 
 
 def unstack_layers(params, split_experts: bool = False, projection_layout=None,
@@ -257,8 +260,10 @@ def unstack_layers(params, split_experts: bool = False, projection_layout=None,
   projection_layout: None, or a function (name, inputs, outputs) -> how to store each of
   the layers' and the LM head's projection kernels (`name` e.g. 'down_proj' or 'lm_head';
   inputs and outputs the sizes it contracts and produces): an int, that many column
-  pieces (layers.split_columns; 1 keeps the kernel as it is), or TRANSPOSED, stored as
-  'kernel_t' with the output axes first (Linear multiplies by it as one 2-D product).
+  pieces (layers.split_columns; 1 keeps the kernel as it is), TRANSPOSED, stored as
+  'kernel_t' with the output axes first (Linear multiplies by it as one 2-D product), or
+  PANELS, stored as 'kernel_p' in 32-column panels for c2jax_kernels.cpu_matmul (float32
+  kernels whose last output axis is a multiple of 32; XLA:CPU only).
   fuse_experts: instead, store each MoE layer's routed gate and up weights as one
   [D, 2, E, F] array ('gate_up_proj'; down_proj stays [E, F, D]), run by
   moe_dispatch.all_experts: every expert on every token in three ops a layer, for decode
@@ -300,6 +305,30 @@ def stack_layers(params) -> dict:
   return out
 
 
+def projection_shapes(params) -> set[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+  """(name, in_shape, out_shape) of each projection kernel in `params` (model.init's tree)
+  that unstack_layers' projection_layout is asked about, per layer (without a stack's
+  layer axis)."""
+  found = set()
+
+  def walk(tree, stacked):
+    if not isinstance(tree, dict):
+      return
+    for key, value in tree.items():
+      if (key in _PROJECTION_INPUT_AXES and isinstance(value, dict)
+          and hasattr(value.get("kernel"), "shape")):
+        shape = tuple(value["kernel"].shape[1:] if stacked else value["kernel"].shape)
+        n_in = _PROJECTION_INPUT_AXES[key]
+        found.add((key, shape[:n_in], shape[n_in:]))
+      walk(value, stacked)
+  for name in _STACKS:
+    if name in params:
+      walk(params[name], True)
+  if "lm_head" in params:
+    walk({"lm_head": params["lm_head"]}, False)
+  return found
+
+
 def _relayout_projections(tree, projection_layout):
   """`tree` with every projection kernel stored as projection_layout says."""
   if not isinstance(tree, dict):
@@ -316,11 +345,22 @@ def _relayout_projections(tree, projection_layout):
       if layout == TRANSPOSED:
         perm = (*range(n_in, kernel.ndim), *range(n_in))
         value = {**rest, "kernel_t": jnp.transpose(kernel, perm)}
+      elif layout == PANELS:
+        width = cpu_matmul.PANEL
+        if kernel.shape[-1] % width or kernel.dtype != jnp.float32:
+          raise ValueError(f"projection_layout({key!r}, ...) gave {PANELS!r} for a "
+                           f"{kernel.dtype} kernel {kernel.shape}: panels need float32 and "
+                           f"a last axis that is a multiple of {width}.")
+        # [*in, *out_lead, last] -> [*out_lead, last / width, *in, width]
+        split = kernel.reshape(*kernel.shape[:-1], kernel.shape[-1] // width, width)
+        perm = (*range(n_in, split.ndim - 1), *range(n_in), split.ndim - 1)
+        value = {**rest, "kernel_p": jnp.transpose(split, perm)}
       elif isinstance(layout, int) and layout > 1:
         value = {**rest, "kernel": layers.split_columns(kernel, layout)}
       elif layout != 1:
         raise ValueError(f"projection_layout({key!r}, ...) gave {layout!r}; return a number "
-                         f"of column pieces (1 keeps the kernel) or {TRANSPOSED!r}.")
+                         f"of column pieces (1 keeps the kernel), {TRANSPOSED!r} or "
+                         f"{PANELS!r}.")
     out[key] = _relayout_projections(value, projection_layout)
   return out
 
@@ -331,7 +371,15 @@ def _join_projections(tree):
     return tree
   out = {}
   for key, value in tree.items():
-    if isinstance(value, dict) and "kernel_t" in value:
+    if isinstance(value, dict) and "kernel_p" in value:
+      kernel_p = value["kernel_p"]
+      n_in = _PROJECTION_INPUT_AXES[key]
+      lead = kernel_p.ndim - n_in - 1  # out_lead axes and the panel axis
+      perm = (*range(lead, lead + n_in), *range(lead), kernel_p.ndim - 1)
+      joined = jnp.transpose(kernel_p, perm)
+      value = {**{k: v for k, v in value.items() if k != "kernel_p"},
+               "kernel": joined.reshape(*joined.shape[:-2], -1)}
+    elif isinstance(value, dict) and "kernel_t" in value:
       kernel_t = value["kernel_t"]
       n_out = kernel_t.ndim - _PROJECTION_INPUT_AXES[key]
       perm = (*range(n_out, kernel_t.ndim), *range(n_out))

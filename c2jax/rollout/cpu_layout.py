@@ -4,7 +4,8 @@ rows a step multiplies and whether the weights stream from memory.
 
 XLA:CPU's products with a few rows run below the memory's bandwidth on many shapes, and
 which form of the same weight runs fastest (as stored, transposed with the output axes
-first, or as column pieces) depends on the rows, the shape and the machine: on one 2-core
+first, as column pieces, or in 32-column panels multiplied by c2jax_kernels.cpu_matmul's
+kernel where it builds) depends on the rows, the shape and the machine: on one 2-core
 AMD EPYC VM (2026-12-01, AVX2 kernels) transposed projections and a 256-column-piece LM
 head made the whole `qwen3_small` decode step 1.16-1.26x faster at batch 8 and 32; on
 another (2026-12-03, Zen 4 with AVX-512, same jax 0.12.0.1) the same layout made it
@@ -22,7 +23,6 @@ and the kernels stay as model.init stores them.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -34,8 +34,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from c2jax_kernels import cpu_matmul
+
 from c2jax import model
-from c2jax.model import TRANSPOSED, layers
+from c2jax.model import PANELS, TRANSPOSED, layers
 
 # Column pieces of this width are a candidate form for kernels of at least 4 of them.
 HEAD_PIECE_COLUMNS = 256
@@ -73,12 +75,14 @@ def last_level_cache_bytes() -> int:
   return max(sizes, default=DEFAULT_LAST_LEVEL_CACHE)
 
 
-def candidate_forms(outputs: int) -> tuple:
+def candidate_forms(outputs: int, panels: bool = False) -> tuple:
   """The forms projection_layout measures for a kernel producing `outputs` values: as
-  stored (1), TRANSPOSED, and HEAD_PIECE_COLUMNS-wide column pieces when there are 4 or
-  more of them."""
+  stored (1), TRANSPOSED, HEAD_PIECE_COLUMNS-wide column pieces when there are 4 or more of
+  them, and with `panels` (float32, the last output axis a multiple of 32, and
+  c2jax_kernels.cpu_matmul built here) PANELS."""
   pieces = outputs // HEAD_PIECE_COLUMNS
-  return (1, TRANSPOSED) + ((pieces,) if pieces >= 4 else ())
+  return ((1, TRANSPOSED) + ((pieces,) if pieces >= 4 else ())
+          + ((PANELS,) if panels else ()))
 
 
 def machine_key() -> str:
@@ -154,23 +158,24 @@ class ProductTimings:
       json.dump(table, f, indent=1, sort_keys=True)
     os.replace(f.name, self.path)
 
-  def seconds(self, cfg, rows: int, inputs: int, outputs: int, cache_bytes: int) -> dict:
+  def seconds(self, cfg, rows: int, inputs: int, outputs: int, cache_bytes: int,
+              panels: bool = False) -> dict:
     """{form: seconds per product} for this shape, measured unless already known."""
     key = f"{rows}x{inputs}x{outputs}:{jnp.dtype(cfg.param_dtype).name}>{cfg.dtype}"
     shapes = self._load().setdefault(machine_key(), {})
-    want = [str(form) for form in candidate_forms(outputs)]
-    if sorted(shapes.get(key, {})) != sorted(want):
+    forms = candidate_forms(outputs, panels)
+    if sorted(shapes.get(key, {})) != sorted(str(form) for form in forms):
       shapes[key] = {str(form): t for form, t in
-                     measure_forms(cfg, rows, inputs, outputs, cache_bytes).items()}
+                     measure_forms(cfg, rows, inputs, outputs, cache_bytes, forms).items()}
       self.measured += 1
       self._save()
     return shapes[key]
 
 
 def measure_forms(cfg, rows: int, inputs: int, outputs: int, cache_bytes: int,
-                  rounds: int = ROUNDS) -> dict:
+                  forms=None, rounds: int = ROUNDS) -> dict:
   """Seconds per product of a [rows, inputs] activation by an [inputs, outputs] kernel in
-  each candidate form, as layers.Linear runs it: every form compiled once as a chain over
+  each of `forms` (default candidate_forms(outputs)), as layers.Linear runs it: every form compiled once as a chain over
   the same copies of the kernel, each round run once per form after reading 2 x
   `cache_bytes` of other memory (so the copies come from memory, not the cache), the
   best of `rounds` over the copies."""
@@ -189,6 +194,8 @@ def measure_forms(cfg, rows: int, inputs: int, outputs: int, cache_bytes: int,
   def stored(form, kernel):
     if form == TRANSPOSED:
       return {"kernel_t": jnp.transpose(kernel)}
+    if form == PANELS:
+      return {"kernel_p": cpu_matmul.pack(kernel)}
     return {"kernel": kernel if form == 1 else layers.split_columns(kernel, form)}
 
   @jax.jit
@@ -196,7 +203,7 @@ def measure_forms(cfg, rows: int, inputs: int, outputs: int, cache_bytes: int,
     return [linear.apply({"params": p}, x) for p in params]
 
   programs = {}
-  for form in candidate_forms(outputs):
+  for form in candidate_forms(outputs) if forms is None else forms:
     params = jax.block_until_ready([stored(form, k) for k in kernels])
     jax.block_until_ready(chain(params, x))  # compiles and warms
     programs[form] = params
@@ -217,7 +224,17 @@ def fastest(seconds: dict):
   name = min(seconds, key=seconds.get)
   if seconds[name] >= seconds["1"] * (1 - MIN_GAIN):
     return 1
-  return TRANSPOSED if name == TRANSPOSED else int(name)
+  return name if name in (TRANSPOSED, PANELS) else int(name)
+
+
+def kernel_shapes(params) -> dict[tuple[int, int], bool]:
+  """{(inputs, outputs): whether every projection kernel of that size can be stored in
+  panels (its last output axis a multiple of cpu_matmul.PANEL)} over `params`."""
+  shapes: dict[tuple[int, int], bool] = {}
+  for _, in_shape, out_shape in model.projection_shapes(params):
+    key = (math.prod(in_shape), math.prod(out_shape))
+    shapes[key] = shapes.get(key, True) and out_shape[-1] % cpu_matmul.PANEL == 0
+  return shapes
 
 
 def projection_layout(cfg, params, rows: int, cache_bytes: int | None = None,
@@ -230,21 +247,18 @@ def projection_layout(cfg, params, rows: int, cache_bytes: int | None = None,
   cache_bytes = last_level_cache_bytes() if cache_bytes is None else cache_bytes
   if sum(leaf.nbytes for leaf in jax.tree.leaves(params)) <= cache_bytes:
     return None
-  shapes = set()
-
-  def record(name, inputs, outputs):
-    shapes.add((inputs, outputs))
-    return 1
-  jax.eval_shape(functools.partial(model.unstack_layers, projection_layout=record), params)
+  shapes = kernel_shapes(params)
+  float32 = jnp.dtype(cfg.param_dtype) == jnp.dtype(cfg.dtype) == jnp.float32
+  panels = float32 and any(shapes.values()) and cpu_matmul.available()
   timings = ProductTimings.from_env() if timings is None else timings
   itemsize = jnp.dtype(cfg.param_dtype).itemsize
   start, chosen = time.perf_counter(), {}
-  for inputs, outputs in sorted(shapes):
+  for (inputs, outputs), divisible in sorted(shapes.items()):
     if inputs * outputs * itemsize > MAX_MEASURED_BYTES:
       chosen[inputs, outputs] = 1
     else:
-      chosen[inputs, outputs] = fastest(timings.seconds(cfg, rows, inputs, outputs,
-                                                        cache_bytes))
+      chosen[inputs, outputs] = fastest(timings.seconds(
+          cfg, rows, inputs, outputs, cache_bytes, panels=panels and divisible))
   if timings.measured:
     _log.info("cpu_layout: measured %d kernel shapes at %d rows in %.1f s: %s",
               timings.measured, rows, time.perf_counter() - start, chosen)

@@ -3,14 +3,17 @@ a layer's experts fused, the layers as a Python loop) against model.init's stack
 and the 'per_expert' and 'all_experts' MoE dispatches it runs against the sorted 'ragged'
 one."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from c2jax_kernels import cpu_matmul
 
 from c2jax import model
 from c2jax.model import moe_dispatch
-from tests.model.conftest import Model, tiny_cfg
+from tests.model.conftest import VOCAB, Model, tiny_cfg
 
 D, F, E, K = 8, 6, 8, 2
 
@@ -171,6 +174,46 @@ def test_projection_layouts_decode_as_stacked_and_round_trip(attention):
     return model.apply(cfg, p, tokens[:, 5:], positions_BxL=positions[:, 5:], cache=cache)[0]
 
   np.testing.assert_allclose(jax.jit(run)(laid), jax.jit(run)(params), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not cpu_matmul.available(), reason="the panel matmul did not build here")
+@pytest.mark.parametrize("attention", ["mla", "gqa"])
+def test_panel_layouts_decode_as_stacked_and_round_trip(attention):
+  """Kernels in 32-column panels (kernel_p; several input axes: o_proj, several output
+  axes: q_proj with 32-wide heads): the same prefill and decode step as the stacked tree,
+  and stack_layers gives model.init's tree back; a kernel whose last axis is not a
+  multiple of 32 (16-wide heads) is named."""
+  from tests.model.conftest import ATTENTION_CASES, GQA_OVERRIDES
+  wide = {"head_dim": 32} if attention == "gqa" else {}
+  moe = Model(tiny_cfg(num_layers=2, **{**ATTENTION_CASES[attention], **wide}))
+  cfg, params = moe.cfg, moe.params
+  divisible = {}
+  for _, ins, outs in model.projection_shapes(params):
+    key = (math.prod(ins), math.prod(outs))
+    divisible[key] = divisible.get(key, True) and outs[-1] % cpu_matmul.PANEL == 0
+  laid = model.unstack_layers(params, split_experts=True, projection_layout=lambda name, i, o:
+                              model.PANELS if divisible[i, o] else 1)
+  attn = laid["dense_layers"]["0"]["attn"]
+  if attention == "gqa":
+    assert attn["o_proj"]["kernel_p"].shape == (2, 4, 32, 32)  # D / 32, H, hd, 32
+    assert attn["q_proj"]["kernel_p"].shape == (4, 1, 64, 32)  # H, hd / 32, D, 32
+  else:  # the absorbed decode reads kv_b_proj's kernel itself
+    assert "kernel_p" in attn["o_proj"] and "kernel" in attn["kv_b_proj"]
+  assert laid["lm_head"]["kernel_p"].shape == (VOCAB // 32, 64, 32)
+  jax.tree.map(np.testing.assert_array_equal, model.stack_layers(laid), params)
+  tokens = jnp.asarray([[3, 17, 5, 9, 60, 2]], jnp.int32)
+  positions = jnp.arange(6, dtype=jnp.int32)[None]
+
+  def run(p):
+    cache = model.init_cache(cfg, 1, 8)
+    _, _, cache = model.apply(cfg, p, tokens[:, :5], positions_BxL=positions[:, :5],
+                              cache=cache)
+    return model.apply(cfg, p, tokens[:, 5:], positions_BxL=positions[:, 5:], cache=cache)[0]
+
+  np.testing.assert_allclose(jax.jit(run)(laid), jax.jit(run)(params), rtol=1e-5, atol=1e-5)
+  narrow = Model(tiny_cfg(num_layers=2, **GQA_OVERRIDES)).params  # 16-wide heads
+  with pytest.raises(ValueError, match=r"gave 'panels' for a float32 kernel .* multiple of 32"):
+    model.unstack_layers(narrow, projection_layout=lambda name, i, o: model.PANELS)
 
 
 def test_projection_layout_errors_name_the_kernel():

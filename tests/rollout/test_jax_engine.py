@@ -264,6 +264,8 @@ def test_fastest_keeps_the_kernel_unless_another_form_clearly_wins():
   assert cpu_layout.fastest({"1": 1.0, "transposed": 0.99, "64": 0.5}) == 64
   assert cpu_layout.candidate_forms(16384) == (1, model.TRANSPOSED, 64)
   assert cpu_layout.candidate_forms(512) == (1, model.TRANSPOSED)
+  assert cpu_layout.candidate_forms(512, panels=True) == (1, model.TRANSPOSED, model.PANELS)
+  assert cpu_layout.fastest({"1": 1.0, "transposed": 0.99, "panels": 0.6}) == model.PANELS
 
 
 def test_projection_layout_is_measured_once_per_machine_and_shape(setup, tmp_path):
@@ -272,18 +274,22 @@ def test_projection_layout_is_measured_once_per_machine_and_shape(setup, tmp_pat
   timings written per machine, so a second engine reads them instead of measuring; a
   corrupt file is set aside and measured again."""
   from c2jax.rollout import cpu_layout
+  from c2jax_kernels import cpu_matmul
   assert cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=1 << 40) is None
   path = tmp_path / "layout.json"
   timings = cpu_layout.ProductTimings(str(path))
   layout = cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
                                         timings=timings)
-  shapes = set(layout.chosen)
+  shapes, divisible = set(layout.chosen), cpu_layout.kernel_shapes(setup.params)
+  assert shapes == set(divisible) and not divisible[64, VOCAB] and divisible[192, 64]
   assert (64, VOCAB) in shapes and timings.measured == len(shapes) >= 3
   [(machine, table)] = json.loads(path.read_text()).items()
   assert machine == cpu_layout.machine_key() and f"{2}x64x{VOCAB}:" in " ".join(table)
   for (inputs, outputs), form in layout.chosen.items():
     [seconds] = [v for k, v in table.items() if k.startswith(f"2x{inputs}x{outputs}:")]
-    assert sorted(seconds) == sorted(str(f) for f in cpu_layout.candidate_forms(outputs))
+    panels = cpu_matmul.available() and divisible[inputs, outputs]
+    assert sorted(seconds) == sorted(str(f) for f in cpu_layout.candidate_forms(outputs,
+                                                                                 panels))
     assert all(t > 0 for t in seconds.values()) and form == cpu_layout.fastest(seconds)
     assert layout("any_proj", inputs, outputs) == form
   again = cpu_layout.ProductTimings(str(path))
@@ -300,19 +306,24 @@ def test_projection_layout_is_measured_once_per_machine_and_shape(setup, tmp_pat
 
 def test_engine_with_projection_layouts_matches_teacher(setup, monkeypatch, tmp_path):
   """With the weights taken as streaming from memory (a last-level cache of 0 bytes) the
-  engine stores each projection in the form measured fastest (here forced to transposed;
-  the model's tests decode every form) and still decodes the teacher's greedy tokens and
+  engine stores each projection in the form measured fastest (here forced: in panels for
+  c2jax_kernels.cpu_matmul where it built and the kernel allows, else transposed; the
+  model's tests decode every form) and still decodes the teacher's greedy tokens and
   log-probs; param_like and stack_layers are unchanged."""
   from c2jax.rollout import cpu_layout
+  from c2jax_kernels import cpu_matmul
   monkeypatch.setattr(cpu_layout, "last_level_cache_bytes", lambda: 0)
   monkeypatch.setenv(cpu_layout.CACHE_ENV, str(tmp_path / "layout.json"))
-  monkeypatch.setattr(cpu_layout, "fastest", lambda seconds: model.TRANSPOSED)
+  monkeypatch.setattr(cpu_layout, "fastest", lambda seconds: model.PANELS
+                      if model.PANELS in seconds else model.TRANSPOSED)
   engine = JaxEngine(setup.cfg, setup.params, num_slots=2, max_length=MAX_LENGTH,
                      prefill_buckets=(16,), detokenize=detokenize, max_decode_steps=8)
-  mlp = engine._params["dense_layers"]["0"]["mlp"]
-  assert "kernel_t" in mlp["down_proj"] and "kernel_t" in engine._params["lm_head"]
-  assert engine.projection_forms[192, 64] == engine.projection_forms[64, VOCAB] == \
-      model.TRANSPOSED
+  down = engine._params["dense_layers"]["0"]["mlp"]["down_proj"]  # [192, 64]
+  panels = cpu_matmul.available()
+  assert ("kernel_p" if panels else "kernel_t") in down
+  assert "kernel_t" in engine._params["lm_head"]  # [64, 16]: too narrow for a panel
+  assert engine.projection_forms[192, 64] == (model.PANELS if panels else model.TRANSPOSED)
+  assert engine.projection_forms[64, VOCAB] == model.TRANSPOSED
   jax.tree.map(np.testing.assert_array_equal, model.stack_layers(engine._params),
                setup.params)
   requests = [Request(p, GREEDY) for p in prompts()]
