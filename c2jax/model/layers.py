@@ -115,7 +115,11 @@ class Linear(nn.Module):
       lead = x.shape[:x.ndim - n_in]
       panels = self.kernel_p.astype(jnp.float32).reshape(n // cpu_matmul.PANEL, k,
                                                         cpu_matmul.PANEL)
-      y = cpu_matmul.panel_matmul(x.astype(jnp.float32).reshape(-1, k), panels)
+      rows = x.astype(jnp.float32).reshape(-1, k)
+      if rows.shape[0] <= cpu_matmul.MAX_ROWS:
+        y = cpu_matmul.panel_matmul(rows, panels)
+      else:  # a long prefill chunk: XLA's matmul, whose packing pays over many rows
+        y = rows @ cpu_matmul.unpack(panels)
       return y.astype(self.out_dtype or dtype).reshape(*lead, *self.out_shape)
     if self.kernel_t is not None:
       # As one 2-D product (rows x K by N x K): with several kernel axes XLA:CPU would

@@ -158,6 +158,10 @@ class ProductTimings:
       json.dump(table, f, indent=1, sort_keys=True)
     os.replace(f.name, self.path)
 
+  def table(self) -> dict:
+    """This machine's timings: {"ROWSxINxOUT:DTYPE": {form: seconds per product}}."""
+    return self._load().get(machine_key(), {})
+
   def seconds(self, cfg, rows: int, inputs: int, outputs: int, cache_bytes: int,
               panels: bool = False) -> dict:
     """{form: seconds per product} for this shape, measured unless already known."""

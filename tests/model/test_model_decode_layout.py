@@ -216,6 +216,22 @@ def test_panel_layouts_decode_as_stacked_and_round_trip(attention):
     model.unstack_layers(narrow, projection_layout=lambda name, i, o: model.PANELS)
 
 
+@pytest.mark.skipif(not cpu_matmul.available(), reason="the panel matmul did not build here")
+def test_panel_kernel_up_to_max_rows_and_xla_beyond():
+  from c2jax.model import layers
+  cfg = tiny_cfg()
+  linear = layers.Linear((2, 8), (64,), ("heads", "kv", "embed"), cfg)
+  kernel = jax.random.normal(jax.random.key(0), (2, 8, 64))
+  panels = jnp.transpose(kernel.reshape(2, 8, 2, 32), (2, 0, 1, 3))  # [64/32, 2, 8, 32]
+  for rows in (3, cpu_matmul.MAX_ROWS + 2):
+    x = jax.random.normal(jax.random.key(rows), (rows, 2, 8))
+    want = linear.apply({"params": {"kernel": kernel}}, x)
+    jitted = jax.jit(lambda p, x: linear.apply({"params": p}, x))
+    text = jitted.lower({"kernel_p": panels}, x).as_text()
+    assert (cpu_matmul.TARGET in text) == (rows <= cpu_matmul.MAX_ROWS)
+    np.testing.assert_allclose(jitted({"kernel_p": panels}, x), want, rtol=1e-5, atol=1e-5)
+
+
 def test_projection_layout_errors_name_the_kernel():
   from c2jax.model import layers
   params = Model(tiny_cfg(num_layers=2)).params

@@ -77,12 +77,18 @@ def main(argv=None):
             "layers+fused": lambda: model.unstack_layers(params, fuse_experts=True),
             "+projections": lambda: model.unstack_layers(
                 params, split_experts=True, projection_layout=projections)}
+    timings = cpu_layout.ProductTimings.from_env()
     projections = ("+projections" in names
-                   and cpu_layout.projection_layout(cfg, params, batch))
-    if "+projections" in names:
-      print(f"batch {batch}: projection forms measured fastest "
-            f"{projections.chosen if projections else 'none (weights fit in cache)'}",
-            flush=True)
+                   and cpu_layout.projection_layout(cfg, params, batch, timings=timings))
+    if "+projections" in names and not projections:
+      print(f"batch {batch}: weights fit in the last-level cache: kernels as stored")
+    elif projections:
+      for (inputs, outputs), form in projections.chosen.items():
+        [seconds] = [v for k, v in timings.table().items()
+                     if k.startswith(f"{batch}x{inputs}x{outputs}:")]
+        print(f"batch {batch}: [{batch}, {inputs}] x [{inputs}, {outputs}] us per product: "
+              + ", ".join(f"{f} {t * 1e6:.1f}" for f, t in sorted(seconds.items()))
+              + f" -> {form}", flush=True)
     layouts = {name: make[name]() for name in names}
     base = names[0]
 
