@@ -143,7 +143,6 @@ class ProductTimings:
     if not self.path:
       return
     folder = os.path.dirname(self.path) or "."
-    os.makedirs(folder, exist_ok=True)
     # Another process may have added shapes since this one read the file: keep them.
     table = self._table
     try:
@@ -153,10 +152,15 @@ class ProductTimings:
         table[machine] = {**shapes, **table.get(machine, {})}
     except (OSError, ValueError, AttributeError):
       pass
-    with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp",
-                                     encoding="utf-8") as f:
-      json.dump(table, f, indent=1, sort_keys=True)
-    os.replace(f.name, self.path)
+    try:
+      os.makedirs(folder, exist_ok=True)
+      with tempfile.NamedTemporaryFile("w", dir=folder, delete=False, suffix=".tmp",
+                                       encoding="utf-8") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+      os.replace(f.name, self.path)
+    except OSError as e:  # a read-only home: the timings still hold for this process
+      _log.warning("%s: not written (%s); set %s to a writable file to keep the timings",
+                   self.path, e, CACHE_ENV)
 
   def table(self) -> dict:
     """This machine's timings: {"ROWSxINxOUT:DTYPE": {form: seconds per product}}."""
@@ -179,10 +183,10 @@ class ProductTimings:
 def measure_forms(cfg, rows: int, inputs: int, outputs: int, cache_bytes: int,
                   forms=None, rounds: int = ROUNDS) -> dict:
   """Seconds per product of a [rows, inputs] activation by an [inputs, outputs] kernel in
-  each of `forms` (default candidate_forms(outputs)), as layers.Linear runs it: every form compiled once as a chain over
-  the same copies of the kernel, each round run once per form after reading 2 x
-  `cache_bytes` of other memory (so the copies come from memory, not the cache), the
-  best of `rounds` over the copies."""
+  each of `forms` (default candidate_forms(outputs)), as layers.Linear runs it: every
+  form compiled once as a chain over the same copies of the kernel, each round run once
+  per form after reading 2 x `cache_bytes` of other memory (so the copies come from
+  memory, not the cache), the best of `rounds` over the copies."""
   dtype = jnp.dtype(cfg.param_dtype)
   nbytes = inputs * outputs * dtype.itemsize
   copies = int(np.clip(-(-CHAIN_BYTES // nbytes), MIN_COPIES, MAX_COPIES))

@@ -142,6 +142,20 @@ def test_unstacked_layout_decodes_as_stacked(small_moe, prompt_len):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), got[3], want[3])
 
 
+def _prefill_then_step(cfg, params):
+  """Logits of a one-token decode step after a 5-token prefill, as `params` lays it out."""
+  tokens = jnp.asarray([[3, 17, 5, 9, 60, 2]], jnp.int32)
+  positions = jnp.arange(6, dtype=jnp.int32)[None]
+
+  @jax.jit
+  def run(p):
+    cache = model.init_cache(cfg, 1, 8)
+    _, _, cache = model.apply(cfg, p, tokens[:, :5], positions_BxL=positions[:, :5],
+                              cache=cache)
+    return model.apply(cfg, p, tokens[:, 5:], positions_BxL=positions[:, 5:], cache=cache)[0]
+  return run(params)
+
+
 def _every_way(name, inputs, outputs):
   """A projection_layout that uses every form: transposed, pieces (uneven too), whole."""
   if outputs < inputs or name == "o_proj":
@@ -164,16 +178,8 @@ def test_projection_layouts_decode_as_stacked_and_round_trip(attention):
   if attention == "mla":  # read whole by the absorbed decode
     assert not isinstance(layer["attn"]["kv_b_proj"]["kernel"], tuple)
   jax.tree.map(np.testing.assert_array_equal, model.stack_layers(laid), params)
-  tokens = jnp.asarray([[3, 17, 5, 9, 60, 2]], jnp.int32)
-  positions = jnp.arange(6, dtype=jnp.int32)[None]
-
-  def run(p):
-    cache = model.init_cache(cfg, 1, 8)
-    _, _, cache = model.apply(cfg, p, tokens[:, :5], positions_BxL=positions[:, :5],
-                              cache=cache)
-    return model.apply(cfg, p, tokens[:, 5:], positions_BxL=positions[:, 5:], cache=cache)[0]
-
-  np.testing.assert_allclose(jax.jit(run)(laid), jax.jit(run)(params), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(_prefill_then_step(cfg, laid), _prefill_then_step(cfg, params),
+                             rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not cpu_matmul.available(), reason="the panel matmul did not build here")
@@ -201,16 +207,8 @@ def test_panel_layouts_decode_as_stacked_and_round_trip(attention):
     assert "kernel_p" in attn["o_proj"] and "kernel" in attn["kv_b_proj"]
   assert laid["lm_head"]["kernel_p"].shape == (VOCAB // 32, 64, 32)
   jax.tree.map(np.testing.assert_array_equal, model.stack_layers(laid), params)
-  tokens = jnp.asarray([[3, 17, 5, 9, 60, 2]], jnp.int32)
-  positions = jnp.arange(6, dtype=jnp.int32)[None]
-
-  def run(p):
-    cache = model.init_cache(cfg, 1, 8)
-    _, _, cache = model.apply(cfg, p, tokens[:, :5], positions_BxL=positions[:, :5],
-                              cache=cache)
-    return model.apply(cfg, p, tokens[:, 5:], positions_BxL=positions[:, 5:], cache=cache)[0]
-
-  np.testing.assert_allclose(jax.jit(run)(laid), jax.jit(run)(params), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(_prefill_then_step(cfg, laid), _prefill_then_step(cfg, params),
+                             rtol=1e-5, atol=1e-5)
   narrow = Model(tiny_cfg(num_layers=2, **GQA_OVERRIDES)).params  # 16-wide heads
   with pytest.raises(ValueError, match=r"gave 'panels' for a float32 kernel .* multiple of 32"):
     model.unstack_layers(narrow, projection_layout=lambda name, i, o: model.PANELS)

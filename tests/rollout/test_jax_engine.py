@@ -301,6 +301,10 @@ def test_projection_layout_is_measured_once_per_machine_and_shape(setup, tmp_pat
   cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0, timings=fresh)
   assert fresh.measured == len(shapes) and (tmp_path / "layout.json.corrupt").exists()
   assert json.loads(path.read_text())[machine].keys() == table.keys()
+  unwritable = cpu_layout.ProductTimings(str(path / "under_a_file.json"))  # kept in memory
+  assert cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
+                                      timings=unwritable).chosen.keys() == shapes
+  assert unwritable.measured == len(shapes) and unwritable.table().keys() == table.keys()
   assert cpu_layout.last_level_cache_bytes() > 0
 
 
