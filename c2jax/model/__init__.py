@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import mtp
-from c2jax.model.transformer import (PANELS, REMAT_POLICIES, TRANSPOSED, Transformer,
-                                     cache_axes, has_unstacked_layers, init_cache, lm_head,
+from c2jax.model.projections import PANELS, TRANSPOSED
+from c2jax.model.transformer import (REMAT_POLICIES, Transformer, cache_axes,
+                                     has_unstacked_layers, init_cache, lm_head,
                                      projection_shapes, stack_layers, transformer_for,
                                      unstack_layers)
 

@@ -12,16 +12,12 @@ K experts per token, E experts, T cache length.
 
 from __future__ import annotations
 
-import math
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from c2jax_kernels import cpu_matmul
-
 from c2jax.model import attention as attention_lib
-from c2jax.model import layers, moe_dispatch
+from c2jax.model import layers, moe_dispatch, projections
 from c2jax.model.layers import MLP, Embed, Linear, RMSNorm, constrain
 from c2jax.model.moe import MoE
 
@@ -239,14 +235,6 @@ def cache_axes(cfg) -> dict:
 
 
 _EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
-# Linear projections a decode layout may store another way (projection_layout), by module
-# name, with how many leading kernel axes each contracts; MLA's kv_b_proj is left whole
-# (its absorbed decode multiplies by the kernel itself), as are routers and experts.
-_PROJECTION_INPUT_AXES = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "q_a_proj": 1,
-                          "q_b_proj": 1, "kv_a_proj": 1, "gate_proj": 1, "up_proj": 1,
-                          "down_proj": 1, "lm_head": 1}
-TRANSPOSED = "transposed"
-PANELS = "panels"
 
 
 def unstack_layers(params, split_experts: bool = False, projection_layout=None,
@@ -283,17 +271,17 @@ def unstack_layers(params, split_experts: bool = False, projection_layout=None,
       if fuse_experts and name == "moe_layers":
         per_layer = [_fuse_experts(layer) for layer in per_layer]
       if projection_layout is not None:
-        per_layer = [_relayout_projections(layer, projection_layout) for layer in per_layer]
+        per_layer = [projections.relayout(layer, projection_layout) for layer in per_layer]
       out[name] = {str(i): layer for i, layer in enumerate(per_layer)}
   if projection_layout is not None and "lm_head" in params:
-    out["lm_head"] = _relayout_projections({"lm_head": params["lm_head"]},
+    out["lm_head"] = projections.relayout({"lm_head": params["lm_head"]},
                                            projection_layout)["lm_head"]
   return out
 
 
 def stack_layers(params) -> dict:
   """Inverse of unstack_layers (split experts and projection layouts included)."""
-  out = _join_projections(dict(params))
+  out = projections.join(dict(params))
   for name in _STACKS:
     if name in params:
       per_layer = [out[name][str(i)] for i in range(len(params[name]))]
@@ -310,85 +298,12 @@ def projection_shapes(params) -> set[tuple[str, tuple[int, ...], tuple[int, ...]
   that unstack_layers' projection_layout is asked about, per layer (without a stack's
   layer axis)."""
   found = set()
-
-  def walk(tree, stacked):
-    if not isinstance(tree, dict):
-      return
-    for key, value in tree.items():
-      if (key in _PROJECTION_INPUT_AXES and isinstance(value, dict)
-          and hasattr(value.get("kernel"), "shape")):
-        shape = tuple(value["kernel"].shape[1:] if stacked else value["kernel"].shape)
-        n_in = _PROJECTION_INPUT_AXES[key]
-        found.add((key, shape[:n_in], shape[n_in:]))
-      walk(value, stacked)
   for name in _STACKS:
     if name in params:
-      walk(params[name], True)
+      projections.kernel_shapes(params[name], True, found)
   if "lm_head" in params:
-    walk({"lm_head": params["lm_head"]}, False)
+    projections.kernel_shapes({"lm_head": params["lm_head"]}, False, found)
   return found
-
-
-def _relayout_projections(tree, projection_layout):
-  """`tree` with every projection kernel stored as projection_layout says."""
-  if not isinstance(tree, dict):
-    return tree
-  out = {}
-  for key, value in tree.items():
-    if (key in _PROJECTION_INPUT_AXES and isinstance(value, dict)
-        and hasattr(value.get("kernel"), "shape")):
-      kernel = value["kernel"]
-      n_in = _PROJECTION_INPUT_AXES[key]
-      layout = projection_layout(key, math.prod(kernel.shape[:n_in]),
-                                 math.prod(kernel.shape[n_in:]))
-      rest = {k: v for k, v in value.items() if k != "kernel"}
-      if layout == TRANSPOSED:
-        perm = (*range(n_in, kernel.ndim), *range(n_in))
-        value = {**rest, "kernel_t": jnp.transpose(kernel, perm)}
-      elif layout == PANELS:
-        width = cpu_matmul.PANEL
-        if kernel.shape[-1] % width or kernel.dtype != jnp.float32:
-          raise ValueError(f"projection_layout({key!r}, ...) gave {PANELS!r} for a "
-                           f"{kernel.dtype} kernel {kernel.shape}: panels need float32 and "
-                           f"a last axis that is a multiple of {width}.")
-        # [*in, *out_lead, last] -> [*out_lead, last / width, *in, width]
-        split = kernel.reshape(*kernel.shape[:-1], kernel.shape[-1] // width, width)
-        perm = (*range(n_in, split.ndim - 1), *range(n_in), split.ndim - 1)
-        value = {**rest, "kernel_p": jnp.transpose(split, perm)}
-      elif isinstance(layout, int) and layout > 1:
-        value = {**rest, "kernel": layers.split_columns(kernel, layout)}
-      elif layout != 1:
-        raise ValueError(f"projection_layout({key!r}, ...) gave {layout!r}; return a number "
-                         f"of column pieces (1 keeps the kernel), {TRANSPOSED!r} or "
-                         f"{PANELS!r}.")
-    out[key] = _relayout_projections(value, projection_layout)
-  return out
-
-
-def _join_projections(tree):
-  """Inverse of _relayout_projections: every kernel back as model.init stores it."""
-  if not isinstance(tree, dict):
-    return tree
-  out = {}
-  for key, value in tree.items():
-    if isinstance(value, dict) and "kernel_p" in value:
-      kernel_p = value["kernel_p"]
-      n_in = _PROJECTION_INPUT_AXES[key]
-      lead = kernel_p.ndim - n_in - 1  # out_lead axes and the panel axis
-      perm = (*range(lead, lead + n_in), *range(lead), kernel_p.ndim - 1)
-      joined = jnp.transpose(kernel_p, perm)
-      value = {**{k: v for k, v in value.items() if k != "kernel_p"},
-               "kernel": joined.reshape(*joined.shape[:-2], -1)}
-    elif isinstance(value, dict) and "kernel_t" in value:
-      kernel_t = value["kernel_t"]
-      n_out = kernel_t.ndim - _PROJECTION_INPUT_AXES[key]
-      perm = (*range(n_out, kernel_t.ndim), *range(n_out))
-      value = {**{k: v for k, v in value.items() if k != "kernel_t"},
-               "kernel": jnp.transpose(kernel_t, perm)}
-    elif isinstance(value, dict) and isinstance(value.get("kernel"), (tuple, list)):
-      value = {**value, "kernel": layers.join_columns(value["kernel"])}
-    out[key] = _join_projections(value)
-  return out
 
 
 def _map_experts(layer, fn):

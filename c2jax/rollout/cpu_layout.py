@@ -23,6 +23,8 @@ and the kernels stay as model.init stores them.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 import math
@@ -85,25 +87,15 @@ def candidate_forms(outputs: int, panels: bool = False) -> tuple:
           + ((PANELS,) if panels else ()))
 
 
+@functools.cache
 def machine_key() -> str:
-  """What a measurement holds for: the CPU (vendor, family, model, stepping, name), the
-  cores this process may use, jax and jaxlib, and XLA_FLAGS."""
-  cpu = {}
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if not line.strip():
-          break  # the first processor's block
-        name, _, value = line.partition(":")
-        if name.strip() in ("vendor_id", "cpu family", "model", "stepping", "model name"):
-          cpu[name.strip()] = value.strip()
-  except OSError:
-    pass
+  """What a measurement holds for: the CPU (cpu_matmul.cpu_identity: vendor, family, model,
+  stepping, name, flags), the cores this process may use, jax and jaxlib, and XLA_FLAGS
+  (which JAX reads once per process)."""
   import jaxlib  # pylint: disable=import-outside-toplevel
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return " | ".join([" ".join(cpu.get(k, "?") for k in ("vendor_id", "cpu family", "model",
-                                                           "stepping", "model name")),
-                     f"{cores} cores", f"jax {jax.__version__}",
+  cpu = hashlib.sha256(cpu_matmul.cpu_identity().encode()).hexdigest()[:12]
+  return " | ".join([f"cpu {cpu}", f"{cores} cores", f"jax {jax.__version__}",
                      f"jaxlib {jaxlib.__version__}",
                      f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}"])
 

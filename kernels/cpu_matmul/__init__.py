@@ -61,14 +61,16 @@ def unpack(panels: jax.Array) -> jax.Array:
   return jnp.transpose(panels, (1, 0, 2)).reshape(k, count * width)
 
 
-def _cpu_identity() -> str:
+def cpu_identity() -> str:
+  """The CPU as /proc/cpuinfo's first processor names it (vendor, family, model,
+  stepping, name, flags), else the machine type."""
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
       block = f.read().split("\n\n")[0]
   except OSError:
     return os.uname().machine
-  keep = ("vendor_id", "cpu family", "model", "flags", "Features", "CPU implementer",
-          "CPU part")
+  keep = ("vendor_id", "cpu family", "model", "stepping", "model name", "flags", "Features",
+          "CPU implementer", "CPU part")
   return "\n".join(line for line in block.splitlines()
                    if line.split(":")[0].strip() in keep)
 
@@ -92,7 +94,7 @@ def _build() -> pathlib.Path:
   source = SOURCE.read_bytes()
   digest = hashlib.sha256(b"\0".join([
       source, compiler.encode(), version.encode(), jaxlib.__version__.encode(),
-      _cpu_identity().encode()])).hexdigest()[:16]
+      cpu_identity().encode()])).hexdigest()[:16]
   folder = pathlib.Path(os.path.expanduser(os.environ.get(CACHE_ENV, DEFAULT_CACHE)))
   library = folder / f"panel_matmul-{digest}.so"
   if library.exists():
