@@ -24,6 +24,7 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RAY_CLI = os.path.join(os.path.dirname(sys.executable), "ray")
+NODE_STARTS = 3  # tries of the second node's `ray start`
 
 
 def worker_env() -> dict[str, str]:
@@ -41,12 +42,13 @@ def _free_port() -> int:
 
 def _ray_start(args: list[str], log: pathlib.Path) -> subprocess.Popen:
   """`ray start ... --block` in its own process group; its per-node agents on free ports
-  (their defaults are fixed ports, which two nodes on one machine would share)."""
+  (their defaults are fixed ports, which two nodes on one machine would share). The log is
+  appended to, so that a retried start keeps what the failed one printed."""
   command = [RAY_CLI, "start", *args, "--disable-usage-stats", "--block",
              f"--dashboard-agent-listen-port={_free_port()}",
              f"--metrics-export-port={_free_port()}",
              f"--runtime-env-agent-port={_free_port()}"]
-  with open(log, "w") as out:
+  with open(log, "a") as out:
     return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True, env=os.environ.copy())
 
@@ -110,13 +112,22 @@ def two_nodes(monkeypatch, head_cpus: int, node_cpus: int):
         return False
     _wait("the head's GCS listening", gcs_listens, temp)
     address = f"127.0.0.1:{port}"
-    processes.append(_ray_start(
-        [f"--address={address}", f"--num-cpus={node_cpus}", '--resources={"node2": 1}'],
-        temp / "node2.log"))
+    node2_args = [f"--address={address}", f"--num-cpus={node_cpus}",
+                  '--resources={"node2": 1}']
+    processes.append(_ray_start(node2_args, temp / "node2.log"))
     ray.init(address=address, log_to_driver=False)
-    node2_id = _wait("the second node joining", lambda: next(
-        (n["NodeID"] for n in ray.nodes() if n["Alive"] and "node2" in n["Resources"]),
-        None), temp)
+    starts = [1]
+
+    def node2_joined():
+      # `ray start` gives up when its raylet has not registered within 30 s (fixed in Ray
+      # 2.60), which a loaded 2-core machine can exceed: start it again, at most 3 times.
+      if processes[1].poll() is not None and starts[0] < NODE_STARTS:
+        _kill_group(processes[1], signal.SIGKILL)
+        starts[0] += 1
+        processes[1] = _ray_start(node2_args, temp / "node2.log")
+      return next((n["NodeID"] for n in ray.nodes()
+                   if n["Alive"] and "node2" in n["Resources"]), None)
+    node2_id = _wait("the second node joining", node2_joined, temp, timeout=300.0)
     yield TwoNodes(address, node2_id, processes[1], processes[0])
   finally:
     ray.shutdown()
