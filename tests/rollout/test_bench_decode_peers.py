@@ -56,3 +56,17 @@ def test_repeats_report_the_median_ratio_of_each_row(bench_script):
   runs[1][0]["batch"] = 32
   with pytest.raises(ValueError, match="disagree"):
     bench.median_rows(runs)
+
+
+def test_split_method_times_prefill_and_decode_apart(bench_script, capsys):
+  """--method split: each call's prefill, then its decode from the prefilled cache (the
+  sequence extended by its first token), for long prompts whose prefill would swamp the
+  difference of two whole calls."""
+  bench = bench_script("bench_decode_peers")
+  bench.main(["--smoke", "--method", "split"])
+  [row] = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+           if line.startswith("{")]
+  assert row["c2jax prefill tok/s"] > 0
+  assert math.isnan(row["c2jax decode tok/s"]) or row["c2jax decode tok/s"] > 0
+  with pytest.raises(SystemExit, match="--new_tokens >= 3"):
+    bench.main(["--method", "split", "--new_tokens", "2"])

@@ -230,7 +230,7 @@ def _hf_worker(args) -> None:
   import decode_peer_workers  # pylint: disable=g-import-not-at-top  (imports no jax at the top)
 
   batch = int(args.batches)
-  timed, _ = decode_peer_workers.hf_builder(
+  timed, _, _ = decode_peer_workers.hf_builder(
       {"hf_dir": args.hf_worker, "batch": batch, "prompt_len": args.prompt_len})
   timed(2)  # warm-up
   # Decode-only: the difference to a one-token generate removes the prefill.

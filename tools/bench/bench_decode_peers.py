@@ -150,9 +150,12 @@ class C2jaxSide:
     import numpy as np
 
     from c2jax.rollout import JaxEngine
+    # A 16-token bucket besides the prompt's: split() appends one token to a prefilled
+    # sequence, which must not run as a prompt-wide chunk.
     self.engine = JaxEngine(cfg, params, num_slots=batch,
                             max_length=prompt_len + new_tokens + 8,
-                            prefill_buckets=(prompt_len,), max_decode_steps=max_decode_steps)
+                            prefill_buckets=sorted({16, prompt_len}),
+                            max_decode_steps=max_decode_steps)
     self.prompts = np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, prompt_len))
     self.logprobs = logprobs
 
@@ -166,6 +169,24 @@ class C2jaxSide:
     seconds = time.perf_counter() - start
     assert all(len(g.tokens) == count for g in generations), "a generation stopped early"
     return seconds
+
+  def split(self, count: int) -> tuple[float, float]:
+    """(prefill seconds, decode seconds): the prompts prefilled and their first tokens
+    sampled (kept alive), then each sequence extended by its first token and `count` - 1
+    more sampled from the cache, as a user's multi-turn call continues one."""
+    from c2jax.rollout import Request, SamplingParams
+
+    def sampling(tokens):
+      return SamplingParams(temperature=0.0, max_tokens=tokens, logprobs=self.logprobs)
+    start = time.perf_counter()
+    firsts = self.engine.generate([Request(p, sampling(1), keep_alive=True)
+                                   for p in self.prompts])
+    middle = time.perf_counter()
+    generations = self.engine.generate([Request(g.tokens[-1:], sampling(count - 1), g.seq_id)
+                                        for g in firsts])
+    seconds = time.perf_counter() - middle
+    assert all(len(g.tokens) == count - 1 for g in generations), "a generation stopped early"
+    return middle - start, seconds
 
   def close(self):
     pass
@@ -193,6 +214,10 @@ class PeerSide:
   def time(self, count: int) -> float:
     return self._ask({"op": "time", "count": count})["seconds"]
 
+  def split(self, count: int) -> tuple[float, float]:
+    reply = self._ask({"op": "split", "count": count})
+    return reply["prefill"], reply["decode"]
+
   def close(self):
     self.process.stdin.close()
     self.process.wait(60)
@@ -202,31 +227,46 @@ STATS = {"best": min, "median": statistics.median}
 
 
 def _measure(sides: dict, batch: int, prompt_len: int, new_tokens: int, rounds: int,
-             settle_s: float = 0.0, stat: str = "best", warmup: str = "same"):
-  """{side: (decode tokens/s, prefill tokens/s)} from interleaved rounds, each time t(n)
-  the `stat` (STATS) of its rounds. With settle_s, each timed call follows settle_s of
-  idleness (the previous side's threads wind down) and then an untimed call of its own
-  side: of the same n (warmup 'same': the side runs in its steady state), or of one token
-  (warmup 'one', the method before 2026-12-02: a decode loop timed after it runs in the
-  slow state that follows an idle spell, see the module docstring)."""
+             settle_s: float = 0.0, stat: str = "best", warmup: str = "same",
+             method: str = "whole"):
+  """{side: (decode tokens/s, prefill tokens/s)} from interleaved rounds, each time the
+  `stat` (STATS) of its rounds. With settle_s, each timed call follows settle_s of
+  idleness (the previous side's threads wind down) and then, unless warmup is 'none', an
+  untimed call of its own side: of the same n (warmup 'same': the side runs in its steady
+  state), or of one token (warmup 'one', the method before 2026-12-02: a decode loop timed
+  after it runs in the slow state that follows an idle spell, see the module docstring).
+
+  method 'whole' times whole generate calls of 1 and n tokens (t(1), t(n)); 'split' times
+  each call's prefill and its decode from the prefilled cache apart, for 2 and n tokens:
+  decode = batch (n - 2) / (d(n) - d(2)), prefill = batch prompt / p over both calls."""
+  short = 1 if method == "whole" else 2
+
+  def call(side, count):
+    return (side.time(count),) if method == "whole" else side.split(count)
   for side in sides.values():  # compile both programs of every side first
-    side.time(1), side.time(new_tokens)
+    call(side, short), call(side, new_tokens)
 
   def timed(side, count):
     if settle_s:
       time.sleep(settle_s)
-      side.time(count if warmup == "same" else 1)
-    return side.time(count)
+      if warmup != "none":
+        call(side, count if warmup == "same" else short)
+    return call(side, count)
   times = {name: ([], []) for name in sides}
   for _ in range(rounds):
     for name, side in sides.items():
-      times[name][0].append(timed(side, 1))
+      times[name][0].append(timed(side, short))
       times[name][1].append(timed(side, new_tokens))
   out = {}
-  for name, (ones, fulls) in times.items():
-    one, full = STATS[stat](ones), STATS[stat](fulls)
-    decode = batch * (new_tokens - 1) / (full - one) if full > one else float("nan")
-    out[name] = (decode, batch * prompt_len / one)
+  for name, (shorts, fulls) in times.items():
+    if method == "whole":
+      one, full = STATS[stat]([t for t, in shorts]), STATS[stat]([t for t, in fulls])
+      prefill = one
+    else:
+      one, full = STATS[stat]([d for _, d in shorts]), STATS[stat]([d for _, d in fulls])
+      prefill = STATS[stat]([p for p, _ in shorts + fulls])
+    decode = (batch * (new_tokens - short) / (full - one) if full > one else float("nan"))
+    out[name] = (decode, batch * prompt_len / prefill)
   return out
 
 
@@ -263,9 +303,12 @@ def run(args) -> list[dict]:
             if pythons[peer]:
               sides[peer] = PeerSide(peer, pythons[peer], request)
               info[f"{peer} params"] = sides[peer].info["params"]
+              if args.method == "split" and not sides[peer].info["split"]:
+                raise SystemExit(f"--method split: the {peer} side times whole calls "
+                                 "only; leave its interpreter out or use --method whole.")
           load = os.getloadavg()[0]
           rates = _measure(sides, batch, prompt_len, args.new_tokens, args.rounds,
-                           args.settle_s, args.stat, args.warmup)
+                           args.settle_s, args.stat, args.warmup, args.method)
           for side in sides.values():
             side.close()
           row = {"model": name, "prompt": prompt_len, "batch": batch, **info,
@@ -311,10 +354,17 @@ def main(argv=None) -> None:
                            "before each timed call: a process that has just run keeps its "
                            "threads busy for a while, slowing the next side's call, and a "
                            "process that has idled runs slowly for tens of ms (0: neither)")
-  parser.add_argument("--warmup", choices=("same", "one"), default="same",
+  parser.add_argument("--warmup", choices=("same", "one", "none"), default="same",
                       help="the untimed call after the settle: as many tokens as the timed "
                       "one (same), or one token (one: the method before 2026-12-02, which "
-                      "times decode loops in the slow state after idling)"),
+                      "times decode loops in the slow state after idling), or none (with "
+                      "--method split at long prompts, whose prefill warms the decode)")
+  parser.add_argument("--method", choices=("whole", "split"), default="whole",
+                      help="whole: time whole generate calls of 1 and --new_tokens tokens "
+                      "and take the decode from their difference; split: time each call's "
+                      "prefill and its decode from the prefilled cache apart (2 and "
+                      "--new_tokens tokens), for long prompts, whose prefill would swamp "
+                      "the difference (not on the HF side)")
   parser.add_argument("--c2jax_steps", type=int, default=0,
                       help="also time c2jax with decode calls of this many tokens (e.g. 8, "
                       "the engine's chunk before calls grew to max_decode_steps)")
@@ -345,6 +395,9 @@ def main(argv=None) -> None:
   if args.smoke:
     args.models, args.batches, args.new_tokens, args.rounds = "qwen3_tiny", "2", 16, 1
     args.settle_s = 0.0
+  if args.method == "split" and args.new_tokens < 3:
+    raise SystemExit(f"--method split needs --new_tokens >= 3 (it takes the decode from "
+                     f"calls of 2 and --new_tokens tokens), not {args.new_tokens}.")
   for name in args.models.split(","):
     if name not in MODELS:
       raise SystemExit(f"--models: unknown {name!r}; choose from {sorted(MODELS)}.")

@@ -5,10 +5,12 @@ standard library at the top):
     <peer python> tools/bench/decode_peer_workers.py {tunix,tunix_logprobs,maxtext,maxtext_sparse,hf}
 
 It reads one JSON request a line on stdin ({"op": "build", "shape": ..., "batch": ...,
-"prompt_len": ..., "new_tokens": ..., "hf_dir": ...}, then {"op": "time", "count": n})
-and answers one JSON line each ({"params": ...}; {"seconds": ...}: the wall time of one
-whole generate call of n new tokens). The method and the settings of each peer are
-bench_decode_peers.py's docstring.
+"prompt_len": ..., "new_tokens": ..., "hf_dir": ...}, then {"op": "time", "count": n} or
+{"op": "split", "count": n}) and answers one JSON line each ({"params": ...};
+{"seconds": ...}: the wall time of one whole generate call of n new tokens;
+{"prefill": ..., "decode": ...}: the same call's prefill, which samples the first token,
+and then its decode of the other n - 1 from the prefilled cache, timed apart). The
+method and the settings of each peer are bench_decode_peers.py's docstring.
 """
 
 from __future__ import annotations
@@ -67,7 +69,26 @@ def _tunix_builder(request: dict, logprobs: bool = False):
                   temperature=0.0, return_logprobs=logprobs)
     jax.block_until_ready(out.tokens)
     return time.perf_counter() - start
-  return timed, params
+
+  def split(count):
+    # Sampler.__call__'s two device programs, timed apart: its prefill (which samples the
+    # first token), then its decode loop from that cache. What __call__ does around them
+    # (tokenizing, detokenizing the output) is left out on this side only.
+    sampler.eos_ids = jax.numpy.array([s["vocab"]])
+    start = time.perf_counter()
+    state = sampler.init_sample_state(
+        jax.numpy.asarray(rows), total_sampling_steps=request["prompt_len"] + count,
+        include_logits=False, forbidden_token_ids=None, temperature=0.0, top_p=None,
+        top_k=None, seed=jax.random.PRNGKey(0), beam_size=None, include_logprobs=logprobs)
+    state = sampler._compiled_prefill_fn(  # pylint: disable=protected-access
+        sampler._flattened_transformer_state, state, None, echo=False)  # pylint: disable=protected-access
+    jax.block_until_ready(state.token_buffer)
+    middle = time.perf_counter()
+    state = sampler._compiled_decode_fn(  # pylint: disable=protected-access
+        sampler._flattened_transformer_state, state)  # pylint: disable=protected-access
+    jax.block_until_ready(state.token_buffer)
+    return middle - start, time.perf_counter() - middle
+  return timed, split, params
 
 
 def _maxtext_builder(request: dict, sparse: bool):
@@ -114,24 +135,29 @@ def _maxtext_builder(request: dict, sparse: bool):
   rows = jnp.asarray(np.random.default_rng(0).integers(1, s["vocab"], (batch, prompt_len)))
   rng = jax.random.PRNGKey(1)
 
-  def timed(count):
+  def split(count):
     start = time.perf_counter()
     state = engine.init_decode_state(rng)
     for slot in range(batch):
       prefix, sampled = engine.prefill(params=weights, padded_tokens=rows[slot],
                                        true_length=prompt_len, rng=rng, slot=slot)
       state = engine.insert(prefix, state, slot=slot)
+    jax.block_until_ready((state, sampled.data))
+    middle = time.perf_counter()
     for _ in range(count - 1):
       state, sampled = engine.generate(weights, state, rng=rng)
     jax.block_until_ready(sampled.data)
-    return time.perf_counter() - start
-  return timed, params
+    return middle - start, time.perf_counter() - middle
+
+  def timed(count):
+    return sum(split(count))
+  return timed, split, params
 
 
 def hf_builder(request: dict):
   """transformers' greedy generate of `request['batch']` random prompts: (timed(count),
-  parameter count); timed(count) is the seconds one generate of `count` tokens takes.
-  bench_decode.py's HF side uses it too."""
+  None, parameter count); timed(count) is the seconds one generate of `count` tokens
+  takes (there is no split timing on this side). bench_decode.py's HF side uses it too."""
   import torch
   from transformers import AutoModelForCausalLM
   model = AutoModelForCausalLM.from_pretrained(request["hf_dir"], dtype=torch.float32).eval()
@@ -147,7 +173,7 @@ def hf_builder(request: dict):
                      max_new_tokens=count, min_new_tokens=count, use_cache=True,
                      pad_token_id=0)
     return time.perf_counter() - start
-  return timed, params
+  return timed, None, params
 
 
 def serve(peer: str) -> None:
@@ -155,16 +181,19 @@ def serve(peer: str) -> None:
   # own prints, MaxText's config dump among them) goes to stderr instead.
   replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
   os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-  timed = None
+  timed = split = None
   for line in sys.stdin:
     message = json.loads(line)
     if message["op"] == "build":
-      timed, params = {"tunix": _tunix_builder, "hf": hf_builder,
+      timed, split, params = {"tunix": _tunix_builder, "hf": hf_builder,
                        "tunix_logprobs": lambda m: _tunix_builder(m, logprobs=True),
                        "maxtext": lambda m: _maxtext_builder(m, sparse=False),
                        "maxtext_sparse": lambda m: _maxtext_builder(m, sparse=True)}[peer](
                            message)
-      reply = {"params": int(params)}
+      reply = {"params": int(params), "split": split is not None}
+    elif message["op"] == "split":
+      prefill, decode = split(message["count"])
+      reply = {"prefill": prefill, "decode": decode}
     else:
       reply = {"seconds": timed(message["count"])}
     replies.write(json.dumps(reply) + "\n")
