@@ -97,14 +97,21 @@ class JaxEngine(Engine):
   DEFAULT_MAX_DECODE_STEPS and decode_steps; 1 with speculation); it bounds how many
   tokens a staged weight swap waits. `max_prefill_tokens`: the most (padded) tokens one
   call prefills when requests are admitted together (default DEFAULT_MAX_PREFILL_TOKENS,
-  at least the largest bucket); it bounds a prefill call's activations."""
+  at least the largest bucket); it bounds a prefill call's activations.
+  `prefill_attention`, `prefill_block`: the attention kernel and tile of the engine's
+  forwards over many tokens (prefill chunks, `logprobs`, `top_logprobs`), whatever
+  model.attention_impl says for training (prefill.prefill_config): by default 'auto'
+  (blockwise in 128-token tiles on CPU once a chunk or the cache exceeds a tile, cuDNN on
+  a GPU where it takes the shape); None keeps the config's."""
 
   def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
                prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,
                detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0,
                parallel=None, decode_steps: int | None = None,
-               max_decode_steps: int | None = None, max_prefill_tokens: int | None = None):
+               max_decode_steps: int | None = None, max_prefill_tokens: int | None = None,
+               prefill_attention: str | None = "auto", prefill_block: int | None = None):
     super().__init__(num_slots, max_length, detokenize, seed)
+    long_cfg = prefill_lib.prefill_config(cfg, prefill_attention, prefill_block)
     if decode_steps is None:
       decode_steps = 1 if num_draft_tokens else DEFAULT_DECODE_STEPS
     if max_decode_steps is None:
@@ -117,7 +124,7 @@ class JaxEngine(Engine):
                        "1 <= decode_steps <= max_decode_steps, and 1 (or None) for both "
                        "when speculating (a speculative call runs one verify step).")
     self.decode_steps, self.max_decode_steps = decode_steps, max_decode_steps
-    self.cfg = cfg
+    self.cfg, self._long_cfg = cfg, long_cfg
     self._version = version
     self._buckets = tuple(sorted(prefill_buckets))
     self.max_prefill_tokens = max(self._buckets[-1], DEFAULT_MAX_PREFILL_TOKENS
@@ -164,18 +171,18 @@ class JaxEngine(Engine):
         self._last_hidden = self._zeros(functools.partial(
             jnp.zeros, (num_slots, cfg.hidden_size), jnp.dtype(cfg.dtype)),
             state_shardings[2])
-    self._score = self._jit(functools.partial(_score, cfg))
+    self._score = self._jit(functools.partial(_score, long_cfg))
     self._top_fns = {}  # k -> jitted _top
     if num_draft_tokens:
-      self._prefill_fn = self._jit(functools.partial(speculative.prefill, cfg),
+      self._prefill_fn = self._jit(functools.partial(speculative.prefill, long_cfg),
                                    state_shardings, extra_outputs=3)
       self._decode_fn = self._jit(
           functools.partial(speculative.decode, cfg, num_draft=num_draft_tokens),
           state_shardings, extra_outputs=4)
     else:
-      self._prefill_fn = self._jit(functools.partial(prefill_lib.prefill_chunk, cfg),
+      self._prefill_fn = self._jit(functools.partial(prefill_lib.prefill_chunk, long_cfg),
                                    state_shardings, extra_outputs=3)
-      self._prefill_rows_fn = self._jit(functools.partial(prefill_lib.prefill_rows, cfg),
+      self._prefill_rows_fn = self._jit(functools.partial(prefill_lib.prefill_rows, long_cfg),
                                         state_shardings, extra_outputs=3)
       self._decode_fn = self._jit(
           functools.partial(decode_loop.decode_steps, cfg, max_decode_steps),
@@ -344,7 +351,7 @@ class JaxEngine(Engine):
     padded = np.zeros((1, length), np.int32)
     padded[0, :len(tokens)] = tokens
     if k not in self._top_fns:
-      self._top_fns[k] = self._jit(functools.partial(_top, self.cfg, k))
+      self._top_fns[k] = self._jit(functools.partial(_top, self._long_cfg, k))
     ids, values = self._top_fns[k](self._params, padded, np.float32(temperature))
     return np.asarray(ids)[:len(tokens)], np.asarray(values)[:len(tokens)]
 

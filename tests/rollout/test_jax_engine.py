@@ -335,6 +335,34 @@ def test_engine_with_projection_layouts_matches_teacher(setup, monkeypatch, tmp_
     check_against_teacher(setup, setup.params, prompt, generation)
 
 
+def test_blockwise_prefill_matches_teacher(setup):
+  """Prefill chunks and scoring in 8-token tiles (prefill_block; the default tile, 128 on
+  CPU, exceeds these 48-slot caches, which then score densely): the 20-token prompt's two
+  chunks attend to the cache blockwise, the tiles past each chunk's positions skipped, and
+  the engine still gives the teacher's greedy tokens, log-probs and routing."""
+  engine = setup.engine(max_decode_steps=8, prefill_block=8)
+  assert (engine._long_cfg.attention_impl, engine._long_cfg.attention_block) == ("auto", 8)
+  assert setup.cfg.attention_impl == "dense"  # the training forwards' setting, untouched
+  requests = [Request(p, GREEDY) for p in prompts()]
+  for prompt, generation in zip(prompts(), engine.generate(requests)):
+    check_against_teacher(setup, setup.params, prompt, generation)
+  tokens = np.concatenate([prompts()[1], prompts()[0]])
+  logp, _ = setup.teacher(setup.params, tokens)
+  [scored] = engine.logprobs([tokens])
+  np.testing.assert_allclose(scored, logp[np.arange(len(tokens) - 1), tokens[1:]], atol=TOL)
+
+
+def test_prefill_config_names_what_is_wrong(setup):
+  from c2jax.rollout import prefill
+  kept = prefill.prefill_config(setup.cfg, None)
+  assert (kept.attention_impl, kept.attention_block) == ("dense", prefill.CPU_BLOCK)
+  assert prefill.prefill_config(setup.cfg, "blockwise", 64).attention_block == 64
+  with pytest.raises(ValueError, match="prefill_attention = 'flash'; choose one of"):
+    prefill.prefill_config(setup.cfg, "flash")
+  with pytest.raises(ValueError, match="prefill_block = 0"):
+    prefill.prefill_config(setup.cfg, "auto", 0)
+
+
 def test_logprobs_scores_sequences(setup, engine):
   tokens = np.concatenate([prompts()[2], prompts()[0]])
   logp, _ = setup.teacher(setup.params, tokens)
