@@ -162,7 +162,8 @@ def _scalar(dtype, sharding, shape=()):
 
 
 def _compile_engine(model_cfg, placement, *, slots: int, max_length: int, prefill: int,
-                    decode_steps: int) -> dict[str, jax.stages.Compiled]:
+                    decode_steps: int, prefill_attention: str = "auto"
+                    ) -> dict[str, jax.stages.Compiled]:
   params = jax.eval_shape(functools.partial(model.init, model_cfg), jax.random.key(0))
   params = _abstract(params, placement.param_shardings(model_cfg, params))
   cache_shardings = placement.cache_shardings(model_cfg)
@@ -170,7 +171,11 @@ def _compile_engine(model_cfg, placement, *, slots: int, max_length: int, prefil
       model.init_cache, model_cfg, slots, max_length)), cache_shardings)
   rep = placement.replicated
   i32, f32 = jnp.int32, jnp.float32
-  prefill_fn = jax.jit(functools.partial(prefill_lib.prefill_chunk, model_cfg),
+  # The engine's prefill attends as JaxEngine's prefill_attention says (its default), on
+  # the target's platform.
+  prefill_cfg = prefill_lib.prefill_config(
+      model_cfg, prefill_attention, platform=placement.mesh.devices.flat[0].platform)
+  prefill_fn = jax.jit(functools.partial(prefill_lib.prefill_chunk, prefill_cfg),
                        donate_argnums=(1,), out_shardings=(cache_shardings, rep, rep, rep))
   decode_fn = jax.jit(functools.partial(decode_loop.decode_steps, model_cfg, decode_steps),
                       donate_argnums=(1,),
@@ -204,8 +209,12 @@ def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int
   begun = time.perf_counter()
   as_configured = _compile_engine(cfg.model, placement, **kwargs)
   unrolled = cost_config(cfg, losses=False, attention=cost_attention) if costed else None
-  costed = (as_configured if unrolled is None else
-            _compile_engine(unrolled.model, placement, **kwargs))
+  # The cost compile of cost_attention 'dense' scores the prefill densely as well (the
+  # engine's own prefill attention is 'auto'), even where the config is dense already.
+  dense_cost = costed and cost_attention == "dense"
+  costed = (as_configured if unrolled is None and not dense_cost else
+            _compile_engine((unrolled or cfg).model, placement, **kwargs,
+                            prefill_attention="dense" if dense_cost else "auto"))
   seconds = time.perf_counter() - begun
   n = len(devices)
   prefill_flops = roofline.train_flops_per_token(cfg.model, prefill) / 3 * prefill / n

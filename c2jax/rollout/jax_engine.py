@@ -7,6 +7,9 @@ Compiled functions have static shapes, so a run compiles a handful of programs:
            requests admitted together that fit one chunk each are prefilled several to a
            call (prefill.py's prefill_rows: up to `max_prefill_tokens` padded tokens a
            call, rows padded to a power of two), one compile per (bucket, rows) used;
+           a chunk attends with the engine's own choice of kernel (prefill_attention,
+           default 'auto': blockwise tiles once the chunk or the cache exceeds a tile, 128
+           on CPU; prefill.prefill_config), not the training forwards' attention_impl;
   decode   up to `max_decode_steps` tokens for every slot at once, sampling and stop
            checks on device (decode_loop.py): one compile per stop-token width (padded
            to a power of two). The device loop returns as soon as a slot finishes (stop

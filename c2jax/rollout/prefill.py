@@ -27,13 +27,15 @@ from c2jax.rollout import sampling as sampling_lib
 CPU_BLOCK = 128
 
 
-def prefill_config(cfg, attention: str | None = "auto", block: int | None = None):
+def prefill_config(cfg, attention: str | None = "auto", block: int | None = None,
+                   platform: str | None = None):
   """The model config of the engine's forwards over many tokens (prefill chunks, scoring):
   cfg with attention_impl = `attention` (None keeps cfg's, the training forwards'
   setting; 'auto', fused_attention.select_attention's choice per call: cuDNN on a GPU
   where it takes the shape, else blockwise once the chunk or the cache exceeds a tile,
   dense for one tile) and attention_block = `block` (None: CPU_BLOCK on CPU, cfg's
-  elsewhere). One-token decode steps score densely whatever this says."""
+  elsewhere; `platform` is the one the programs run on, default JAX's backend). One-token
+  decode steps score densely whatever this says."""
   if attention is not None and attention not in attention_lib.ATTENTION_IMPLS:
     raise ValueError(f"prefill_attention = {attention!r}; choose one of "
                      f"{attention_lib.ATTENTION_IMPLS}, or None for model.attention_impl.")
@@ -45,7 +47,7 @@ def prefill_config(cfg, attention: str | None = "auto", block: int | None = None
     out.attention_impl = attention
   if block is not None:
     out.attention_block = block
-  elif jax.default_backend() == "cpu":
+  elif (platform or jax.default_backend()) == "cpu":
     out.attention_block = CPU_BLOCK
   return out
 

@@ -7,7 +7,7 @@ virtualenv with the same jax/jaxlib/flax.
         --tunix_python $TUNIX_VENV/bin/python --hf_python $TORCH_VENV/bin/python \
         --models qwen3_tiny,qwen3_small,qwen3_moe_tiny,qwen3_moe_small --batches 1,8,32
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --tunix_python ... \
-        --models qwen3_small --batches 1 --prompt_lens 512,4096 --new_tokens 64
+        --models qwen3_small --batches 1 --prompt_lens 512,4096 --method split --warmup none
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --tunix_python ... --tunix_logprobs \
         --c2jax_no_logprobs --models qwen3_tiny,qwen3_moe_tiny --repeats 3   # median of 3
     PYTHONPATH=. python tools/bench/bench_decode_peers.py --maxtext_python $MAXTEXT_VENV/bin/python \
@@ -47,6 +47,18 @@ a 64-token warm-up at 16.9-17.4k, back to back at 18.2-19.4k; Tunix's at 8.7-9.7
 the one-token call, 10.5-15.4k back to back). Before 2026-12-02 the warm-up was one token
 (--warmup one), so those rows timed both sides in that slow state. Prefill tokens/s
 is batch * prompt_len / t(1) (a one-token generate: the prefill, one sampled token).
+With --method split (for long prompts) each call's prefill and its decode from the
+prefilled cache are timed apart: with a 4,096-token prompt t(1) and t(64) both hold a
+prefill of seconds against about one second of decode between them, so a few percent of
+prefill noise moved the decode rate by tens of percent (runs of the same command gave
+0.71x, 2.17x and 0.82x, 2026-12-03). Each side prefills the prompts and samples the
+first token (timed: p), then decodes the rest from that cache (timed: d): c2jax's engine
+keeps the sequences alive and extends each by its first token (a multi-turn call),
+Tunix's sampler runs its prefill program and then its decode program, MaxText runs its
+prefill + insert per row and then its generate calls; the HF side has no split. Decode
+tokens/s is batch * (n - 2) / (d(n) - d(2)), prefill tokens/s batch * prompt_len / p
+over both calls. The prefill before each decode keeps the machine busy, so --warmup none
+is the usual setting there.
 Compare ratios from one run, not rates across runs. A process's memory layout moves a tiny
 model's rates by up to ~30% from one process to the next (the same program, measured
 2026-11-28), which interleaving cannot remove: --repeats N runs everything N times in
