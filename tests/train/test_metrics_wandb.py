@@ -7,6 +7,7 @@ import struct
 import time
 
 import pytest
+from google.protobuf.message import DecodeError
 from wandb.proto import wandb_internal_pb2
 
 from c2jax import config as configlib
@@ -55,6 +56,26 @@ def logged(workdir: pathlib.Path):
   return ids, config, rows
 
 
+def _has_exit(log: pathlib.Path) -> bool:
+  try:
+    return any(r.WhichOneof("record_type") == "exit" for r in read_wandb_log(log))
+  except DecodeError:  # a record half written
+    return False
+
+
+def wait_for_exits(workdir: pathlib.Path, runs: int, timeout: float = 60.0) -> None:
+  """Until `runs` offline run logs end in their exit record. `run.finish()` can return
+  before W&B's service process has written the log's last records to disk (seen on a
+  loaded 2-core machine: the second run's log read without its records, complete when
+  read again after the suite)."""
+  deadline = time.monotonic() + timeout
+  while True:
+    logs = sorted(workdir.glob("wandb/offline-run-*/run-*.wandb"))
+    if sum(_has_exit(log) for log in logs) >= runs or time.monotonic() > deadline:
+      return
+    time.sleep(0.2)
+
+
 def test_wandb_logs_config_and_rows_and_resumes_the_same_run(tmp_path, monkeypatch):
   monkeypatch.setenv("WANDB_MODE", "offline")
   monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -77,6 +98,7 @@ def test_wandb_logs_config_and_rows_and_resumes_the_same_run(tmp_path, monkeypat
     writer.write(step, {"loss": 0.9 / step})
   writer.close()
 
+  wait_for_exits(tmp_path, runs=2)
   ids, config, rows = logged(tmp_path)
   assert ids == [run_id, run_id]
   assert config["train"] == job_config["train"] and config["task"] == "pretrain"
