@@ -335,17 +335,25 @@ def test_engine_with_projection_layouts_matches_teacher(setup, monkeypatch, tmp_
     check_against_teacher(setup, setup.params, prompt, generation)
 
 
-def test_blockwise_prefill_matches_teacher(setup):
+def test_blockwise_prefill_matches_teacher(setup, monkeypatch):
   """Prefill chunks and scoring in 8-token tiles (prefill_block; the default tile, 128 on
   CPU, exceeds these 48-slot caches, which then score densely): the 20-token prompt's two
   chunks attend to the cache blockwise, the tiles past each chunk's positions skipped, and
   the engine still gives the teacher's greedy tokens, log-probs and routing."""
+  from c2jax.model import attention_forms
+  kernels, attend_cache = [], attention_forms.attend_cache
+
+  def spy(*args, **kwargs):  # the cached prefill's kernel, recorded as each chunk traces
+    kernels.append(args[5])
+    return attend_cache(*args, **kwargs)
+  monkeypatch.setattr(attention_forms, "attend_cache", spy)
   engine = setup.engine(max_decode_steps=8, prefill_block=8)
   assert (engine._long_cfg.attention_impl, engine._long_cfg.attention_block) == ("auto", 8)
   assert setup.cfg.attention_impl == "dense"  # the training forwards' setting, untouched
   requests = [Request(p, GREEDY) for p in prompts()]
   for prompt, generation in zip(prompts(), engine.generate(requests)):
     check_against_teacher(setup, setup.params, prompt, generation)
+  assert kernels and set(kernels) == {"blockwise"}
   tokens = np.concatenate([prompts()[1], prompts()[0]])
   logp, _ = setup.teacher(setup.params, tokens)
   [scored] = engine.logprobs([tokens])
