@@ -9,9 +9,18 @@ from train_testlib import run_pipeline, run_rl_pipeline
 pytestmark = pytest.mark.slow
 
 
+# What libtpu prints when JAX starts on a machine without a TPU, unless c2jax keeps it
+# quiet (c2jax._quiet_absent_tpu): a new user reads it as a broken install.
+LIBTPU_NOISE = ("E0000", "INVALID_ARGUMENT", "Failed to find host bounds",
+                "could not determine TPU")
+
+
 def test_pipeline_runs_every_stage_and_resumes(tmp_path, data_cache):
   root = tmp_path / "pipe"
-  result = run_pipeline(root, data_cache)
+  result = run_pipeline(root, data_cache)  # as the README's command runs, from a shell
+  noise = [line for line in (result.stdout + result.stderr).splitlines()
+           if any(mark in line for mark in LIBTPU_NOISE)]
+  assert not noise, "the pipeline's output holds libtpu's start-up errors:\n" + "\n".join(noise)
   summary = json.loads((root / "summary.json").read_text())
   assert list(summary) == ["pretrain", "longctx", "traces", "sft", "eval"]
   assert summary["traces"] == {"train_traces": 2, "heldout_traces": 1,

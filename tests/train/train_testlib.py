@@ -89,7 +89,8 @@ def run_pipeline(root, data_cache):
                f"--config.{stage}.train.batch_size={batch}",
                f"--config.{stage}.train.eval_every=2", f"--config.{stage}.train.eval_batches=1",
                f"--config.{stage}.train.checkpoint_every=2"]
-  return _pipeline("configs/pipeline.py:tiny", root, data_cache, stages + EVAL_STAGE)
+  return _pipeline("configs/pipeline.py:tiny", root, data_cache, stages + EVAL_STAGE,
+                   as_user=True)
 
 
 # The RL stage at the size of configs/rl.py:test: one step of one group of two rollouts.
@@ -111,12 +112,26 @@ def run_rl_pipeline(root, data_cache):
   return _pipeline("configs/agent_sft.py:tiny_rl", root, data_cache, sft + RL_STAGE)
 
 
-def _pipeline(config, root, data_cache, stages):
+# What importing c2jax sets in this process (c2jax._quiet_absent_tpu), which a user's
+# shell does not have.
+_SET_BY_C2JAX = ("TPU_HOST_BOUNDS", "TPU_WORKER_HOSTNAMES")
+
+
+def _pipeline(config, root, data_cache, stages, as_user=False):
+  """as_user: the environment of a user's shell (no JAX_PLATFORMS, nothing this process
+  set by importing c2jax), as the README's command runs; else JAX_PLATFORMS=cpu."""
   data = [arg for arg in TINY if arg.startswith("--config.data.")]  # shared by all stages
   cmd = [sys.executable, "-m", "c2jax.cli", "pipeline", f"--config={config}",
          f"--workdir={root}", f"--config.data.cache_dir={data_cache}", *data, *stages,
          "--config.traces.count=3", "--config.traces.heldout=1"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  if as_user:
+    env = {k: v for k, v in os.environ.items()
+           if k != "JAX_PLATFORMS" and k not in _SET_BY_C2JAX}
+    # libtpu starts as in a user's lone process even while another test process holds
+    # its lock (/tmp/libtpu_lockfile), when it would skip its start-up, errors and all.
+    env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+  else:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
   result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env,
                           timeout=900)
   if result.returncode != 0:
