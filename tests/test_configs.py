@@ -31,6 +31,11 @@ def validate_any(cfg):
         validate_any(cfg[stage])  # training and RL stages; others: checked by their command
   elif cfg.get("task") == "rl":
     rl_job.validate(cfg)
+  elif cfg.get("task") == "serve":  # configs/serve.py: the model comes from the command line
+    from c2jax.serve import settings
+    cfg = cfg.copy_and_resolve_references()
+    cfg.model = cfg.model or "runs/any"
+    settings.validate(cfg)
   elif "suite" in cfg:  # configs/eval.py
     from c2jax.eval import runner as eval_runner
     eval_runner.validate(cfg)

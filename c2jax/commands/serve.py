@@ -1,7 +1,12 @@
-"""`c2jax serve --model RUN_OR_HF_DIR`: an OpenAI-compatible server over the JaxEngine.
+"""`c2jax serve`: an OpenAI-compatible server over the JaxEngine.
 
+    c2jax serve --config=configs/serve.py --config.model=runs/sft
     c2jax serve --model runs/sft --port 8000 --slots 8 --capture runs/sft/served.jsonl
     c2jax serve --model runs/sft --mesh fsdp=4,tensor=2   # one engine over 8 local devices
+
+Its settings are one config (configs/serve.py; c2jax/serve/settings.py has the fields and
+defaults), like every verb's; the flags are their short form and, when given, win over
+the file. Every setting is checked before the model loads.
 
 Endpoints: GET /v1/models, POST /v1/chat/completions (tools, stream, logprobs),
 POST /v1/completions, GET /health. --api_key (or $C2JAX_API_KEY) requires
@@ -18,87 +23,107 @@ import os
 import sys
 
 from absl import flags
+from ml_collections import config_flags
 
-_MODEL = flags.DEFINE_string("model", None, "A c2jax run directory or an HF model directory.")
-_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
-_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on (0 picks a free one).")
-_SLOTS = flags.DEFINE_integer("slots", 8, "Sequences decoded together (KV cache slots).")
-_MAX_LENGTH = flags.DEFINE_integer("max_length", 2048,
-                                   "Tokens per sequence (prompt + completion).")
-_CAPTURE = flags.DEFINE_string("capture", None, "Append per-request token capture JSONL here.")
-_NAME = flags.DEFINE_string("served_model_name", None,
-                            "Model id clients send (default: the directory's name).")
-_SEED = flags.DEFINE_integer("seed", 0, "Seeds requests that send no seed.")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Server config (configs/serve.py[:variant]); default: its defaults. "
+    "The flags below set the same fields and win over the file.")
+_MODEL = flags.DEFINE_string("model", None, "A c2jax run directory or an HF model directory "
+                             "(config.model).")
+_HOST = flags.DEFINE_string("host", None, "Address to listen on (config.host, 127.0.0.1).")
+_PORT = flags.DEFINE_integer("port", None, "Port to listen on, 0 picks a free one "
+                             "(config.port, 8000).")
+_SLOTS = flags.DEFINE_integer("slots", None, "Sequences decoded together, KV cache slots "
+                              "(config.engine.slots, 8).")
+_MAX_LENGTH = flags.DEFINE_integer("max_length", None, "Tokens per sequence, prompt + "
+                                   "completion (config.engine.max_length, 2048).")
+_CAPTURE = flags.DEFINE_string("capture", None, "Append per-request token capture JSONL here "
+                               "(config.capture).")
+_NAME = flags.DEFINE_string("served_model_name", None, "Model id clients send "
+                            "(config.served_model_name; default the directory's name).")
+_SEED = flags.DEFINE_integer("seed", None, "Seeds requests that send no seed "
+                             "(config.engine.seed, 0).")
 _FOLLOW = flags.DEFINE_string("follow_weights", None,
                               "An RL weight directory (RUN/weights/<run>) to follow: newer "
-                              "published versions are swapped in between decode steps.")
-_MESH = flags.DEFINE_string("mesh", "", "Shard the engine over this process's devices, "
+                              "published versions are swapped in between decode steps "
+                              "(config.follow.weights).")
+_MESH = flags.DEFINE_string("mesh", None, "Shard the engine over this process's devices, "
                             "e.g. 'fsdp=8' or 'expert=4,tensor=2' (axes data, fsdp, expert, "
-                            "tensor; -1 takes the remaining devices). Empty: one device.")
-_POLL = flags.DEFINE_float("weight_poll_s", 2.0, "How often --follow_weights is polled.")
+                            "tensor; -1 takes the remaining devices). Empty: one device "
+                            "(config.engine.mesh).")
+_POLL = flags.DEFINE_float("weight_poll_s", None, "How often --follow_weights is polled "
+                           "(config.follow.poll_s, 2 s).")
 _API_KEY = flags.DEFINE_string("api_key", None, "Requests must send 'Authorization: Bearer "
                                "<key>' (the OpenAI clients' api_key); /health stays open. "
-                               "Default: $C2JAX_API_KEY; neither set: no authentication.")
-_MAX_BODY_MB = flags.DEFINE_float("max_body_mb", 8.0, "Largest request body accepted, in "
-                                  "MiB; a larger one is answered 413 before it is read.")
-
+                               "Default: $C2JAX_API_KEY; neither set: no authentication "
+                               "(config.limits.api_key).")
+_MAX_BODY_MB = flags.DEFINE_float("max_body_mb", None, "Largest request body accepted, in "
+                                  "MiB; a larger one is answered 413 before it is read "
+                                  "(config.limits.max_body_mb, 8).")
 _PROFILE_STEPS = flags.DEFINE_string(
-    "profile_steps", "", "FIRST,LAST: a jax.profiler trace of these engine steps (each a "
-    "decode call over every live request), for TensorBoard's profile plugin or Perfetto.")
+    "profile_steps", None, "FIRST,LAST: a jax.profiler trace of these engine steps (each a "
+    "decode call over every live request), for TensorBoard's profile plugin or Perfetto "
+    "(config.profile.steps).")
 _PROFILE_DIR = flags.DEFINE_string(
     "profile_dir", None, "Where --profile_steps writes its trace. Default: "
-    "MODEL/profile/serve when --model is a local directory.")
+    "MODEL/profile/serve when --model is a local directory (config.profile.dir).")
 
 USAGE = ("usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N "
-         "--max_length N --mesh AXIS=SIZE,...]")
+         "--max_length N --mesh AXIS=SIZE,...]\n"
+         "   or: c2jax serve --config=configs/serve.py[:variant] --config.model=DIR "
+         "[--config.<key>=<value> ...]")
+
+
+def settings_from_flags():
+  """The server's settings: --config (or settings.defaults()), then each flag given on the
+  command line over its field (settings.FLAG_FIELDS)."""
+  from c2jax.serve import settings  # pylint: disable=g-import-not-at-top
+
+  cfg = settings.defaults() if _CONFIG.value is None else _CONFIG.value
+  for flag, field in settings.FLAG_FIELDS.items():
+    if flags.FLAGS[flag].present:
+      *groups, key = field.split(".")
+      node = cfg
+      for group in groups:
+        node = node[group]
+      node[key] = flags.FLAGS[flag].value
+  return cfg
 
 
 def main(argv: list[str]) -> int:
   if len(argv) > 1:
     print(f"c2jax serve: unexpected arguments {argv[1:]}.\n{USAGE}", file=sys.stderr)
     return 2
-  if not _MODEL.value:
-    print(f"c2jax serve: --model is required.\n{USAGE}", file=sys.stderr)
-    return 2
-  if not _MAX_BODY_MB.value > 0:
-    print(f"c2jax serve: --max_body_mb = {_MAX_BODY_MB.value}; use a positive size.",
-          file=sys.stderr)
-    return 2
-  if _SLOTS.value < 1 or _MAX_LENGTH.value < 2:
-    print(f"c2jax serve: --slots = {_SLOTS.value} and --max_length = {_MAX_LENGTH.value}; "
-          "use at least 1 slot and 2 tokens.", file=sys.stderr)
-    return 2
+  from c2jax import config as configlib  # pylint: disable=g-import-not-at-top
+  from c2jax.serve import settings  # pylint: disable=g-import-not-at-top
+
+  cfg = settings_from_flags()
   try:
-    profile_steps = _profile_steps(_PROFILE_STEPS.value)
-  except ValueError as e:
-    print(f"c2jax serve: --profile_steps {_PROFILE_STEPS.value!r}: {e}", file=sys.stderr)
+    settings.validate(cfg)
+  except configlib.ConfigError as e:
+    print(f"c2jax serve: {e}\n{USAGE}", file=sys.stderr)
     return 2
-  profile_dir = _PROFILE_DIR.value
+  profile_steps = settings.profile_steps(cfg)
+  profile_dir = cfg.profile.dir
   if profile_steps is not None and not profile_dir:
-    if not os.path.isdir(_MODEL.value):
-      print("c2jax serve: --profile_steps needs --profile_dir when --model is not a local "
-            "directory.", file=sys.stderr)
+    if not os.path.isdir(cfg.model):
+      print("c2jax serve: --profile_steps (config.profile.steps) needs --profile_dir "
+            "(config.profile.dir) when the model is not a local directory.", file=sys.stderr)
       return 2
-    profile_dir = os.path.join(_MODEL.value, "profile", "serve")
-  # Heavy imports after the flags are checked, so a typo fails fast.
-  from c2jax.rollout import JaxEngine, jax_engine, sharding  # pylint: disable=g-import-not-at-top
+    profile_dir = os.path.join(cfg.model, "profile", "serve")
+  # Heavy imports after the settings are checked, so a typo fails fast.
+  from c2jax.rollout import JaxEngine, sharding  # pylint: disable=g-import-not-at-top
   from c2jax.serve import (app, auth, loading, server,  # pylint: disable=g-import-not-at-top
                            validation)
   from c2jax.train import profiling  # pylint: disable=g-import-not-at-top
+  mesh = sharding.parse_mesh(cfg.engine.mesh) if cfg.engine.mesh else None
   try:
-    mesh = sharding.parse_mesh(_MESH.value) if _MESH.value else None
-    if mesh is not None:
-      sharding.check_config(mesh, _SLOTS.value)
-  except ValueError as e:
-    print(f"c2jax serve: --mesh {_MESH.value!r}: {e}", file=sys.stderr)
-    return 2
-  try:
-    loaded = loading.load(_MODEL.value)
-    # Streamed replies advance once per decode call: keep calls at the short chunk.
-    engine = JaxEngine(loaded.cfg, loaded.params, num_slots=_SLOTS.value,
-                       max_length=_MAX_LENGTH.value, version=loaded.version,
-                       detokenize=loaded.tokenizer.decode, seed=_SEED.value, parallel=mesh,
-                       max_decode_steps=jax_engine.DEFAULT_DECODE_STEPS)
+    loaded = loading.load(cfg.model)
+    engine = JaxEngine(loaded.cfg, loaded.params, num_slots=cfg.engine.slots,
+                       max_length=cfg.engine.max_length, version=loaded.version,
+                       detokenize=loaded.tokenizer.decode, seed=cfg.engine.seed,
+                       parallel=mesh, max_decode_steps=cfg.engine.max_decode_steps,
+                       decode_steps=min(cfg.engine.max_decode_steps, 8))
   except (FileNotFoundError, ValueError) as e:
     print(f"c2jax serve: {e}", file=sys.stderr)
     return 2
@@ -106,32 +131,19 @@ def main(argv: list[str]) -> int:
     mesh = engine.placement.mesh
     print(f"c2jax serve: engine over {mesh.devices.size} devices, mesh "
           f"{ {axis: size for axis, size in mesh.shape.items() if size > 1} }", flush=True)
-  service = app.Service(engine, loaded.tokenizer, _NAME.value or loaded.name,
-                        vocab_size=loaded.cfg.vocab_size, capture_path=_CAPTURE.value,
+  service = app.Service(engine, loaded.tokenizer, cfg.served_model_name or loaded.name,
+                        vocab_size=loaded.cfg.vocab_size, capture_path=cfg.capture or None,
                         limits=validation.Limits(
-                            max_body_bytes=int(_MAX_BODY_MB.value * 2**20)),
-                        api_key=auth.resolve_key(_API_KEY.value),
+                            max_body_bytes=int(cfg.limits.max_body_mb * 2**20)),
+                        api_key=auth.resolve_key(cfg.limits.api_key or None),
                         trace=profiling.StepTrace(profile_steps, profile_dir or "."))
   follower = None
-  if _FOLLOW.value:
+  if cfg.follow.weights:
     from c2jax.serve import follow  # pylint: disable=g-import-not-at-top
-    follower = follow.WeightFollower(engine, _FOLLOW.value, _POLL.value).start()
+    follower = follow.WeightFollower(engine, cfg.follow.weights, cfg.follow.poll_s).start()
   try:
-    server.serve_forever(service, _HOST.value, _PORT.value)
+    server.serve_forever(service, cfg.host, cfg.port)
   finally:
     if follower is not None:
       follower.stop()
   return 0
-
-
-def _profile_steps(text: str) -> tuple[int, int] | None:
-  """'3,5' -> (3, 5); '' -> None. (The flag's own wording of profiling.steps_of's check.)"""
-  if not text.strip():
-    return None
-  try:
-    first, last = (int(part) for part in text.split(","))
-  except ValueError:
-    raise ValueError("use FIRST,LAST (two engine step numbers, e.g. 3,5).") from None
-  if not 1 <= first <= last:
-    raise ValueError("use 1 <= FIRST <= LAST.")
-  return first, last

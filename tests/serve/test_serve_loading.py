@@ -107,18 +107,21 @@ def test_cli_serves_a_run(run_dir, tmp_path):
 
 def test_cli_serves_on_a_mesh(run_dir, served):
   """--mesh shards the engine over local devices (2 fake CPU devices here) and the
-  greedy reply carries the one-device engine's log-probs."""
+  greedy reply carries the one-device engine's log-probs. Started from configs/serve.py,
+  whose 3 slots (which 2 devices cannot split) a --slots flag overrides."""
   env = {**os.environ, "PYTHONPATH": os.getcwd(), "JAX_PLATFORMS": "cpu",
          "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
   bad = subprocess.run(
       [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
        f"--model={run_dir}", "--slots=3", "--mesh=fsdp=2"],
       capture_output=True, text=True, env=env, timeout=120)
-  assert bad.returncode == 2 and "--mesh 'fsdp=2'" in bad.stderr, bad.stderr
+  assert bad.returncode == 2 and "config.engine.mesh: 'fsdp=2'" in bad.stderr, bad.stderr
   assert "use a multiple of 2 slots" in bad.stderr
   process = subprocess.Popen(
       [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
-       f"--model={run_dir}", "--port=0", "--slots=2", "--max_length=160", "--mesh=fsdp=2"],
+       "--config=configs/serve.py", f"--config.model={run_dir}", "--config.port=0",
+       "--config.engine.slots=3", "--config.engine.max_length=160",
+       "--config.engine.mesh=fsdp=2", "--slots=2"],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
   try:
     deadline, url, lines = time.time() + 180, None, []
