@@ -35,26 +35,28 @@ checked every `actors.check_every_s` seconds whatever the queue holds
 (c2jax.rl.actors.backends).
 
 Process 0's side (the run's tasks, pool and queue, the actors, weight publishing, metrics,
-evals) is c2jax.rl.leader. `config.profile.steps` traces learner steps (and the actors'
+evals) is c2jax.rl.leader. The loop's cadences (checkpoint, eval, profile window,
+preemption) are c2jax.train.run_loop's, shared with pretraining and SFT; this module
+supplies the learner's batch, step (with its weight publishing), checkpoint and eval. `config.profile.steps` traces learner steps (and the actors'
 rollouts for them) under WORKDIR/profile (c2jax.train.profiling).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import pathlib
 
 import jax
 import numpy as np
 
-from c2jax import preemption
 from c2jax.parallel import distributed
 from c2jax.rl import job
 from c2jax.rl import leader as leader_lib
 from c2jax.rl.actors import rollouts
 from c2jax.rl.learner import runtime as learner_runtime
 from c2jax.train import checkpoint as checkpoint_lib
-from c2jax.train import model_source, profiling, runtime
+from c2jax.train import model_source, profiling, run_loop, runtime
 
 class LeaderStoppedError(RuntimeError):
   """Process 0 of a multi-process learner stopped; the others stop with it."""
@@ -117,18 +119,20 @@ def train(cfg, workdir) -> dict:
             + (f" ({jax.process_count()} learner processes)" if jax.process_count() > 1
                else ""), flush=True)
     leader_lib.recover(run, step, restored)
-  lead, preempted = None, None
-  if run is not None:
-    preemption.clear(dirs.root)
-  stop = preemption.StopRequest(jax_processes=True).install()
+  lead = None
   trace = profiling.trace_of(
       cfg.profile, dirs.root / "profile" / ("learner" if jax.process_count() == 1
                                             else f"learner_{jax.process_index()}"))
-  try:
+  # A signal from here on (while the actors start, too) stops the run with a checkpoint.
+  with contextlib.ExitStack() as closing:
+    stop = closing.enter_context(run_loop.preemptible(dirs.root, run is not None))
+    closing.callback(checkpointer.close)
+    closing.callback(trace.close)  # when the loop never started (it closes the trace)
     host = distributed.gather_for_leader(state.params)
     if run is not None:
       lead = _on_leader(lambda: leader_lib.Lead(
           cfg, run, step, host, restored[2] if restored is not None else None))
+      closing.callback(lead.close)  # first: stops the actors
     step_fn = learner_runtime.make_step(rt)
     late = runtime.LateMetrics(
         lead.report if lead is not None else lambda at_step, metrics, extra: None,
@@ -138,57 +142,40 @@ def train(cfg, workdir) -> dict:
             "rewards and advantages, then rerun."))
     if lead is not None:
       _on_leader(lead.start)
-    saved = step if restored is not None else None
 
-    def save():
-      nonlocal saved
-      late.flush()  # a non-finite loss stops the run before this step is saved
-      # Only process 0 writes the JSON data slot (orbax), so the others pass {}.
-      checkpointer.save(step, state, lead.data_state() if lead is not None else {},
-                        {"config": json.loads(cfg.to_json())}, force=True)
-      saved = step
+    def take_batch(next_step, stop):
+      return _next_batch(lead, next_step - 1, rt.batch_ways(), stop)
 
-    while step < cfg.learner.steps:
-      trace.before(step + 1)
-      batch = _next_batch(lead, step, rt.batch_ways(), stop)
-      if batch is None:  # stopped while waiting for groups: nothing new to train
-        if saved != step:
-          save()
-        preempted = step
-        break
+    def run_step(next_step, batch):
+      nonlocal state, host
       with rt.scope(), profiling.span("learner/step"):
         state, step_metrics = step_fn(state, ref_params, rt.place(batch))
-      step += 1
       host = distributed.gather_for_leader(state.params)
-      late.push(step, step_metrics, lead.trained(step) if lead is not None else {})
+      late.push(next_step, step_metrics, lead.trained(next_step) if lead is not None else {})
       if lead is not None:
         with profiling.span("learner/publish"):
-          lead.publisher.publish(host, step)
-      stopping = stop.reached(step)  # every process calls it once per step
-      if (step % cfg.learner.checkpoint_every == 0 or step == cfg.learner.steps
-          or stopping):
-        with profiling.span("learner/checkpoint"):
-          save()
-      if step % cfg.eval.every == 0 or step == cfg.learner.steps:
-        late.flush()
-        if lead is not None:
-          with profiling.span("learner/eval"):
-            lead.evaluate(host, step)
-      trace.after(step, state)  # the step's checkpoint and eval are in its trace
-      if stopping and step < cfg.learner.steps:
-        preempted = step
-        break
-    late.flush()
-    if preempted is not None and lead is not None:
-      preemption.mark(dirs.root, step=step)
-      print(f"preemption: the learner stopped after step {step} with a checkpoint in "
-            f"{checkpointer.directory}; rerun the same command to resume", flush=True)
-  finally:
-    trace.close()
-    stop.uninstall()
-    if lead is not None:
-      lead.close()
-    checkpointer.close()
+          lead.publisher.publish(host, next_step)
+      return state
+
+    def save(at_step):
+      with profiling.span("learner/checkpoint"):
+        # Only process 0 writes the JSON data slot (orbax), so the others pass {}.
+        checkpointer.save(at_step, state, lead.data_state() if lead is not None else {},
+                          {"config": json.loads(cfg.to_json())}, force=True)
+
+    def evaluate(at_step):
+      if lead is not None:
+        with profiling.span("learner/eval"):
+          lead.evaluate(host, at_step)
+
+    cadence = run_loop.Cadence(steps=cfg.learner.steps,
+                               checkpoint_every=cfg.learner.checkpoint_every,
+                               eval_every=cfg.eval.every)
+    end = run_loop.run(cadence, run_loop.Hooks(take_batch, run_step, save, evaluate), stop,
+                       start=step, late=late, trace=trace, run_dir=dirs.root,
+                       checkpoint_dir=checkpointer.directory, leader=run is not None,
+                       saved=step if restored is not None else None, who="the learner ")
+    step, preempted = end.step, end.preempted
   if lead is None:
     return {"step": step, "process": jax.process_index(), "preempted": preempted}
   return {**lead.summary(step), "preempted": preempted}

@@ -12,7 +12,9 @@ checkpoint intact.
 SIGTERM or SIGINT (a preemption notice, Ctrl-C) stops the run after the step in flight:
 it writes a checkpoint of that step and returns with `preempted` set in the summary; with
 several processes they agree on the step first (c2jax.preemption). Rerunning resumes it
-exactly, as after any checkpoint.
+exactly, as after any checkpoint. The cadences (checkpoint, log, eval, profile window,
+preemption) are c2jax.train.run_loop's, which the RL learner shares; this module supplies
+the job's data, step, checkpoint, log line and evals.
 """
 
 from __future__ import annotations
@@ -26,12 +28,11 @@ import time
 import jax
 import numpy as np
 
-from c2jax import preemption
 from c2jax.data import packing
 from c2jax.parallel import context as context_lib
 from c2jax.parallel import distributed
 from c2jax.train import checkpoint as checkpoint_lib
-from c2jax.train import jobs, model_source, profiling, runtime
+from c2jax.train import jobs, model_source, profiling, run_loop, runtime
 from c2jax.train.init_params import initial_params
 from c2jax.train.metrics import MetricsWriter
 from c2jax.train.optimizer import make_optimizer
@@ -140,56 +141,51 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
                     f"{ckpt.directory}. Lower config.train.learning_rate or check the data, "
                     "then rerun."))
 
-  preempted = None
-  preemption.clear(workdir)
-  stop = preemption.StopRequest(jax_processes=True).install()
   trace = profiling.trace_of(cfg.profile,
                              workdir / "profile" / f"process_{jax.process_index()}")
+
+  def take_batch(step, stop):
+    del step, stop  # the data never makes the loop wait for a signal
+    with profiling.span("train/data"):
+      return device_batch(rt, next(iterator))
+
+  def run_step(step, batch):
+    nonlocal state
+    with rt.scope(), profiling.span("train/step"):
+      state, metrics = step_fn(state, batch)
+    late.push(step, metrics)
+    return state
+
+  def save(step):
+    with profiling.span("train/checkpoint"):
+      ckpt.save(step, state, iterator.get_state(), cfg.to_dict(), force=True)
+
+  def log(step):
+    rate = (step - start) * tokens_per_step / (time.time() - begun)
+    eta = (t.steps - step) * tokens_per_step / max(rate, 1e-9)
+    shown = late.last.get("loss", float("nan"))
+    print(f"step {step}/{t.steps}  loss {shown:.4f}  {rate:,.0f} tok/s  ETA {eta:,.0f}s",
+          flush=True)
+
+  def evals(step):
+    with profiling.span("train/eval"):
+      row = run_evals(rt, eval_step, state.params, datasets, step)
+    eval_rows.append(writer.write(step, row))
+    print("eval " + json.dumps({"step": step, **row}), flush=True)
+
+  cadence = run_loop.Cadence(steps=t.steps, checkpoint_every=t.checkpoint_every,
+                             eval_every=t.eval_every, log_every=t.log_every,
+                             eval_at_start=True)
+  leader = distributed.is_leader()
   try:
-    if t.eval_every and start == 0:
-      # The starting point of every curve: held-out loss before the first update.
-      row = run_evals(rt, eval_step, state.params, datasets, 0)
-      eval_rows.append(writer.write(0, row))
-      print("eval " + json.dumps({"step": 0, **row}), flush=True)
-    for step in range(start + 1, t.steps + 1):
-      trace.before(step)
-      with profiling.span("train/data"):
-        batch = device_batch(rt, next(iterator))
-      with rt.scope(), profiling.span("train/step"):
-        state, metrics = step_fn(state, batch)
-      late.push(step, metrics)
-      stopping = stop.reached(step)  # every process calls it once per step
-      if step % t.checkpoint_every == 0 or step == t.steps or stopping:
-        late.flush()  # a non-finite loss stops the run before this step is saved
-        with profiling.span("train/checkpoint"):
-          ckpt.save(step, state, iterator.get_state(), cfg.to_dict(), force=True)
-      if step % t.log_every == 0 or step == t.steps:
-        done = step - start
-        rate = done * tokens_per_step / (time.time() - begun)
-        eta = (t.steps - step) * tokens_per_step / max(rate, 1e-9)
-        shown = late.last.get("loss", float("nan"))
-        print(f"step {step}/{t.steps}  loss {shown:.4f}  {rate:,.0f} tok/s  "
-              f"ETA {eta:,.0f}s", flush=True)
-      if t.eval_every and (step % t.eval_every == 0 or step == t.steps):
-        late.flush()
-        with profiling.span("train/eval"):
-          row = run_evals(rt, eval_step, state.params, datasets, step)
-        eval_rows.append(writer.write(step, row))
-        print("eval " + json.dumps({"step": step, **row}), flush=True)
-      trace.after(step, state)  # the step's checkpoint and eval are in its trace
-      if stopping and step < t.steps:
-        preempted = step
-        if distributed.is_leader():
-          preemption.mark(workdir, step=step)
-        print(f"preemption: stopped after step {step} with a checkpoint in "
-              f"{ckpt.directory}; rerun the same command to resume", flush=True)
-        break
-    late.flush()
+    with run_loop.preemptible(workdir, leader) as stop:
+      end = run_loop.run(cadence, run_loop.Hooks(take_batch, run_step, save, evals, log),
+                         stop, start=start, late=late, trace=trace, run_dir=workdir,
+                         checkpoint_dir=ckpt.directory, leader=leader)
   finally:
-    trace.close()
-    stop.uninstall()
     ckpt.close()
     writer.close()
+  preempted = end.preempted
   # `steps`: the step the run reached (the last one, or where a signal stopped it).
   return {"steps": t.steps if preempted is None else preempted,
           "final_loss": late.last.get("loss"), "evals": eval_rows,
