@@ -19,15 +19,14 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import mtp
-from c2jax.model.projections import PANELS, TRANSPOSED
 from c2jax.model.transformer import (REMAT_POLICIES, Transformer, cache_axes,
                                      has_unstacked_layers, init_cache, lm_head,
-                                     projection_shapes, stack_layers, transformer_for,
-                                     unstack_layers)
+                                     projection_shapes, stack_layers, store_projections,
+                                     transformer_for, unstack_layers)
 
-__all__ = ["PANELS", "REMAT_POLICIES", "TRANSPOSED", "Transformer", "apply", "cache_axes",
-           "forward", "head", "has_unstacked_layers", "init", "init_cache", "param_axes",
-           "projection_shapes", "stack_layers", "trainable_mask", "transformer_for",
+__all__ = ["REMAT_POLICIES", "Transformer", "apply", "cache_axes", "forward", "head",
+           "has_unstacked_layers", "init", "init_cache", "param_axes", "projection_shapes",
+           "stack_layers", "store_projections", "trainable_mask", "transformer_for",
            "unstack_layers"]
 
 _NOT_TRAINED = frozenset({"correction_bias"})
@@ -58,8 +57,9 @@ def param_axes(cfg) -> dict:
 
 def apply(cfg, params, tokens_BxL, **kwargs):
   """(logits_BxLxV float32, aux, new_cache); kwargs as Transformer.__call__. `params`
-  may also be unstack_layers(params) (per-layer weight arrays, what decode engines keep):
-  the layers then run as a Python loop, same numerics."""
+  may also be unstack_layers(params) (per-layer weight arrays, what decode engines keep,
+  maybe with projection kernels in registered forms, store_projections): the layers then
+  run as a Python loop, same numerics."""
   return transformer_for(cfg, params).apply({"params": params}, tokens_BxL, **kwargs)
 
 

@@ -215,7 +215,7 @@ def all_experts(x_TxD, weights_TxK, indices_TxK, gate_up_Dx2xExF, down_ExFxD) ->
   product by down read as [E*F, D], which sums the weighted experts. Three ops a layer,
   whatever E, and the weights are read in place; E / K times the chosen experts' FLOPs.
   On CPU this beats reading only the chosen experts when a layer's experts are small
-  (c2jax.rollout.cpu_layout.fused_experts_pay). Same result as the other dispatches up to
+  (c2jax.rollout.cpu_decode.fused_experts_pay). Same result as the other dispatches up to
   float rounding: the combine weight multiplies before the down product, not after."""
   num_experts = gate_up_Dx2xExF.shape[2]
   h_Tx2xExF = jnp.einsum("td,dgef->tgef", x_TxD, gate_up_Dx2xExF,

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import attention as attention_lib
-from c2jax.model import layers, moe_dispatch, projections
+from c2jax.model import moe_dispatch, projections
 from c2jax.model.layers import MLP, Embed, Linear, RMSNorm, constrain
 from c2jax.model.moe import MoE
 
@@ -237,26 +237,19 @@ def cache_axes(cfg) -> dict:
 _EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
 
 
-def unstack_layers(params, split_experts: bool = False, projection_layout=None,
-                   fuse_experts: bool = False) -> dict:
+def unstack_layers(params, split_experts: bool = False, fuse_experts: bool = False) -> dict:
   """`params` (model.init's tree) with each stacked layer stack [layers, ...] split into
   {'0': layer 0's params, '1': ...}: the tree Transformer(unrolled_layers=True) reads.
   A cache (init_cache's tree) splits the same way, into the per-layer caches it also
   reads (a layer's cache leaves are then [B, T, ...]).
   split_experts: also split each MoE layer's routed expert weights [E, ...] into a tuple
   of E arrays, run by moe_dispatch.per_expert (unquantised, off a mesh: decode engines).
-  projection_layout: None, or a function (name, inputs, outputs) -> how to store each of
-  the layers' and the LM head's projection kernels (`name` e.g. 'down_proj' or 'lm_head';
-  inputs and outputs the sizes it contracts and produces): an int, that many column
-  pieces (layers.split_columns; 1 keeps the kernel as it is), TRANSPOSED, stored as
-  'kernel_t' with the output axes first (Linear multiplies by it as one 2-D product), or
-  PANELS, stored as 'kernel_p' in 32-column panels for c2jax_kernels.cpu_matmul (float32
-  kernels whose last output axis is a multiple of 32; XLA:CPU only).
   fuse_experts: instead, store each MoE layer's routed gate and up weights as one
   [D, 2, E, F] array ('gate_up_proj'; down_proj stays [E, F, D]), run by
   moe_dispatch.all_experts: every expert on every token in three ops a layer, for decode
-  engines whose experts are small (c2jax.rollout.cpu_layout.fused_experts_pay).
-  Other entries (embedding, norms, routers, 'mtp_layers') are kept as they are."""
+  engines whose experts are small.
+  Other entries (embedding, norms, routers, LM head, 'mtp_layers') are kept as they are;
+  store_projections then stores the layers' projection kernels in other forms."""
   if split_experts and fuse_experts:
     raise ValueError("unstack_layers: split_experts and fuse_experts are two layouts of the "
                      "same expert weights; pass at most one.")
@@ -270,17 +263,31 @@ def unstack_layers(params, split_experts: bool = False, projection_layout=None,
                      for layer in per_layer]
       if fuse_experts and name == "moe_layers":
         per_layer = [_fuse_experts(layer) for layer in per_layer]
-      if projection_layout is not None:
-        per_layer = [projections.relayout(layer, projection_layout) for layer in per_layer]
       out[name] = {str(i): layer for i, layer in enumerate(per_layer)}
-  if projection_layout is not None and "lm_head" in params:
-    out["lm_head"] = projections.relayout({"lm_head": params["lm_head"]},
-                                           projection_layout)["lm_head"]
+  return out
+
+
+def store_projections(params, store) -> dict:
+  """unstack_layers' tree with each layer's and the LM head's projection kernel stored as
+  store(name, kernel, n_in) -> {param name: stored value} says (`name` e.g. 'down_proj' or
+  'lm_head', `kernel` as model.init stores it, `n_in` its input axes; return {'kernel':
+  kernel} to keep it): how a decode engine keeps its kernels in forms it registered
+  (c2jax.model.projections). Embedding, norms, routers, experts and 'mtp_layers' stay;
+  stack_layers undoes it."""
+  if not has_unstacked_layers(params):
+    raise ValueError("store_projections: takes unstack_layers(params)' per-layer tree; got "
+                     "stacked layers (unstack them first).")
+  out = dict(params)
+  for name in _STACKS:
+    if name in params:
+      out[name] = {i: projections.relayout(layer, store) for i, layer in params[name].items()}
+  if "lm_head" in params:
+    out["lm_head"] = projections.relayout({"lm_head": params["lm_head"]}, store)["lm_head"]
   return out
 
 
 def stack_layers(params) -> dict:
-  """Inverse of unstack_layers (split experts and projection layouts included)."""
+  """Inverse of unstack_layers (split or fused experts) and of store_projections."""
   out = projections.join(dict(params))
   for name in _STACKS:
     if name in params:
@@ -295,8 +302,7 @@ def stack_layers(params) -> dict:
 
 def projection_shapes(params) -> set[tuple[str, tuple[int, ...], tuple[int, ...]]]:
   """(name, in_shape, out_shape) of each projection kernel in `params` (model.init's tree)
-  that unstack_layers' projection_layout is asked about, per layer (without a stack's
-  layer axis)."""
+  that store_projections asks about, per layer (without a stack's layer axis)."""
   found = set()
   for name in _STACKS:
     if name in params:

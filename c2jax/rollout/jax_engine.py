@@ -24,18 +24,14 @@ model's MTP module drafts tokens that one forward over all slots verifies.
 With a `parallel` config the engine spans a mesh of local devices (see sharding.py):
 parameters and caches are placed by the training logical rules, and every program keeps
 the state's shardings from step to step (and across weight swaps).
-On one CPU device, with enough slots (cpu_layout.decode_layout_pays), the engine keeps its
-weights in a decode layout (model.unstack_layers): one array per layer, and per routed expert
-when unquantised (small experts: a layer's gate and up fused, cpu_layout.fused_experts_pay),
-so the layers run as a Python loop and XLA reads every weight in place
-(XLA:CPU copies a weight it slices out of a stacked array, per step); the KV cache is
-kept per layer too (without speculation), for the same reason; when the weights stream
-from memory, each projection kernel is stored in the form (as it is, transposed, or in
-column pieces) measured fastest at the step's rows on this machine
-(cpu_layout.projection_layout; `projection_forms` says which);
-`update_params` and `param_like` still take and give model.init's stacked tree.
-Accelerators (whose compilers read such slices in place and whose grouped matmuls want
-stacked experts) and meshes keep the stacked tree.
+How the engine keeps its weights and cache is one strategy it picks per platform
+(decode_layout.choose): on one CPU device, with enough slots, cpu_decode's per-layer
+layout (one array per layer and routed expert or fused small experts, a per-layer KV
+cache, projection kernels in the form measured fastest on this machine; `projection_forms`
+says which), since XLA:CPU copies a weight it slices out of a stacked array per step;
+accelerators (whose compilers read such slices in place and whose grouped matmuls want
+stacked experts) and meshes keep model.init's stacked tree. Either way `update_params`
+and `param_like` take and give the stacked tree.
 
 Shape legend: S slots, C chunk length, T max_length, V vocab, Lm MoE layers, K experts
 per token, D draft tokens per step.
@@ -52,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax import model
-from c2jax.rollout import cpu_layout, decode_loop
+from c2jax.rollout import decode_layout, decode_loop
 from c2jax.rollout import prefill as prefill_lib
 from c2jax.rollout import sampling as sampling_lib
 from c2jax.rollout import sharding as sharding_lib
@@ -81,6 +77,22 @@ def _top(cfg, k, params, tokens_1xC, temperature):
       temperature, logits_CxV.shape[:1]))
   values_Cxk, ids_Cxk = jax.lax.top_k(logp_CxV, k)
   return ids_Cxk, values_Cxk
+
+
+def _decode_steps(decode_steps: int | None, max_decode_steps: int | None,
+                  num_draft: int) -> tuple[int, int]:
+  """(decode_steps, max_decode_steps) with their defaults (JaxEngine), checked."""
+  if decode_steps is None:
+    decode_steps = 1 if num_draft else DEFAULT_DECODE_STEPS
+  if max_decode_steps is None:
+    max_decode_steps = 1 if num_draft else max(DEFAULT_MAX_DECODE_STEPS, decode_steps)
+  if decode_steps < 1 or max_decode_steps < decode_steps or (num_draft
+                                                             and max_decode_steps != 1):
+    raise ValueError(f"decode_steps = {decode_steps}, max_decode_steps = "
+                     f"{max_decode_steps} with num_draft_tokens = {num_draft}: use "
+                     "1 <= decode_steps <= max_decode_steps, and 1 (or None) for both "
+                     "when speculating (a speculative call runs one verify step).")
+  return decode_steps, max_decode_steps
 
 
 def _score(cfg, params, tokens_1xC):
@@ -114,83 +126,65 @@ class JaxEngine(Engine):
                max_decode_steps: int | None = None, max_prefill_tokens: int | None = None,
                prefill_attention: str | None = "auto", prefill_block: int | None = None):
     super().__init__(num_slots, max_length, detokenize, seed)
-    long_cfg = prefill_lib.prefill_config(cfg, prefill_attention, prefill_block)
-    if decode_steps is None:
-      decode_steps = 1 if num_draft_tokens else DEFAULT_DECODE_STEPS
-    if max_decode_steps is None:
-      max_decode_steps = 1 if num_draft_tokens else max(DEFAULT_MAX_DECODE_STEPS,
-                                                        decode_steps)
-    if (decode_steps < 1 or max_decode_steps < decode_steps
-        or (num_draft_tokens and max_decode_steps != 1)):
-      raise ValueError(f"decode_steps = {decode_steps}, max_decode_steps = "
-                       f"{max_decode_steps} with num_draft_tokens = {num_draft_tokens}: use "
-                       "1 <= decode_steps <= max_decode_steps, and 1 (or None) for both "
-                       "when speculating (a speculative call runs one verify step).")
-    self.decode_steps, self.max_decode_steps = decode_steps, max_decode_steps
-    self.cfg, self._long_cfg = cfg, long_cfg
-    self._version = version
+    self.decode_steps, self.max_decode_steps = _decode_steps(decode_steps, max_decode_steps,
+                                                             num_draft_tokens)
+    self.cfg, self._version, self._num_draft = cfg, version, num_draft_tokens
+    self._long_cfg = prefill_lib.prefill_config(cfg, prefill_attention, prefill_block)
     self._buckets = tuple(sorted(prefill_buckets))
     self.max_prefill_tokens = max(self._buckets[-1], DEFAULT_MAX_PREFILL_TOKENS
                                   if max_prefill_tokens is None else max_prefill_tokens)
-    self._num_draft = num_draft_tokens
     self.placement = sharding_lib.placement_from_config(parallel, num_slots)
     if num_draft_tokens:
       speculative.check_drafter(cfg, params, num_draft_tokens)
-    placement = self.placement
-    # On one CPU device the decode layout (see the module docstring); on a mesh the
-    # stacked tree the sharding rules name (expert parallelism needs stacked experts).
-    decode_layout = (placement is None and jax.default_backend() == "cpu"
-                     and cpu_layout.decode_layout_pays(cfg,
-                                                       num_slots * (1 + num_draft_tokens)))
-    # Projection kernels stored in the form measured fastest at the step's rows on this
-    # machine (cpu_layout); not when quantised, nor when speculating (the MTP drafter
-    # reads the LM head's kernel).
-    projections = None
-    if decode_layout and cfg.quant == "none" and not num_draft_tokens:
-      projections = cpu_layout.projection_layout(cfg, params, num_slots)
-    # {(inputs, outputs): form} of the kernels stored another way ({} when none).
-    self.projection_forms = {shape: form for shape, form in
-                             (projections.chosen if projections else {}).items() if form != 1}
-    # Small experts fused, others one array each; quantised experts stay stacked.
-    fuse = decode_layout and cpu_layout.fused_experts_pay(cfg)
-    self._to_layout = jax.jit(functools.partial(
-        model.unstack_layers, split_experts=cfg.quant == "none" and not fuse,
-        fuse_experts=fuse, projection_layout=projections)) if decode_layout else None
+    self._layout = decode_layout.choose(cfg, params, num_slots=num_slots,
+                                        num_draft=num_draft_tokens, placement=self.placement)
+    # {(inputs, outputs): form} of the projection kernels stored another way ({} if none).
+    self.projection_forms = self._layout.forms
     with self._scope():
-      self._param_shardings = placement and placement.param_shardings(cfg, params)
-      self._params = self._place(params)
-      state_shardings = [placement and placement.cache_shardings(cfg)]
-      make_cache = functools.partial(model.init_cache, cfg, num_slots, max_length)
-      if decode_layout and not num_draft_tokens:
-        # The cache per layer as well: read and written in place, not copied out of a
-        # stack per layer and step (speculation's programs keep the stacked cache).
-        make_cache = lambda make=make_cache: model.unstack_layers(make())
-      self._cache = self._zeros(make_cache, state_shardings[0])
-      if num_draft_tokens:
-        state_shardings += [placement and placement.mtp_cache_shardings(cfg),
-                            placement and placement.hidden_sharding()]
-        self._mtp_cache = self._zeros(functools.partial(
-            speculative.init_mtp_cache, cfg, num_slots, max_length), state_shardings[1])
-        self._last_hidden = self._zeros(functools.partial(
-            jnp.zeros, (num_slots, cfg.hidden_size), jnp.dtype(cfg.dtype)),
-            state_shardings[2])
+      state_shardings = self._build_state(params)
+    self._build_programs(state_shardings)
+    self.acceptance = speculative.AcceptanceStats()
+
+  def _build_state(self, params) -> list:
+    """Places the parameters and zeroes the caches (the MTP cache and the last hidden
+    state too when speculating), born sharded on a mesh; returns the state's shardings
+    (Nones off a mesh), as the programs take the state after the parameters."""
+    cfg, placement = self.cfg, self.placement
+    slots, length = self.num_slots, self.max_length
+    self._param_shardings = placement and placement.param_shardings(cfg, params)
+    self._params = self._place(params)
+    shardings = [placement and placement.cache_shardings(cfg)]
+    self._cache = self._zeros(functools.partial(self._layout.make_cache, cfg, slots, length),
+                              shardings[0])
+    if self._num_draft:
+      shardings += [placement and placement.mtp_cache_shardings(cfg),
+                    placement and placement.hidden_sharding()]
+      self._mtp_cache = self._zeros(functools.partial(
+          speculative.init_mtp_cache, cfg, slots, length), shardings[1])
+      self._last_hidden = self._zeros(functools.partial(
+          jnp.zeros, (slots, cfg.hidden_size), jnp.dtype(cfg.dtype)), shardings[2])
+    return shardings
+
+  def _build_programs(self, state_shardings) -> None:
+    """The jitted programs: scoring and prefill over the long-input config; decode plain
+    (decode_loop, up to max_decode_steps tokens a call) or speculative (one verify step)."""
+    cfg, long_cfg = self.cfg, self._long_cfg
     self._score = self._jit(functools.partial(_score, long_cfg))
     self._top_fns = {}  # k -> jitted _top
-    if num_draft_tokens:
+    if self._num_draft:
       self._prefill_fn = self._jit(functools.partial(speculative.prefill, long_cfg),
                                    state_shardings, extra_outputs=3)
       self._decode_fn = self._jit(
-          functools.partial(speculative.decode, cfg, num_draft=num_draft_tokens),
+          functools.partial(speculative.decode, cfg, num_draft=self._num_draft),
           state_shardings, extra_outputs=4)
-    else:
-      self._prefill_fn = self._jit(functools.partial(prefill_lib.prefill_chunk, long_cfg),
-                                   state_shardings, extra_outputs=3)
-      self._prefill_rows_fn = self._jit(functools.partial(prefill_lib.prefill_rows, long_cfg),
-                                        state_shardings, extra_outputs=3)
-      self._decode_fn = self._jit(
-          functools.partial(decode_loop.decode_steps, cfg, max_decode_steps),
-          state_shardings, extra_outputs=4)
-    self.acceptance = speculative.AcceptanceStats()
+      return
+    self._prefill_fn = self._jit(functools.partial(prefill_lib.prefill_chunk, long_cfg),
+                                 state_shardings, extra_outputs=3)
+    self._prefill_rows_fn = self._jit(functools.partial(prefill_lib.prefill_rows, long_cfg),
+                                      state_shardings, extra_outputs=3)
+    self._decode_fn = self._jit(
+        functools.partial(decode_loop.decode_steps, cfg, self.max_decode_steps),
+        state_shardings, extra_outputs=4)
 
   # ---- placement ------------------------------------------------------------------------
   def _scope(self):
@@ -206,7 +200,7 @@ class JaxEngine(Engine):
       stacked = jax.device_put(params, self._param_shardings)
     self._stacked_like = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), stacked)
-    return stacked if self._to_layout is None else self._to_layout(stacked)
+    return self._layout.to_layout(stacked)
 
   def _zeros(self, make, shardings):
     """Zero state born sharded (never whole on one device)."""

@@ -16,7 +16,7 @@ and kept in C2JAX_KERNEL_CACHE (default ~/.cache/c2jax/kernels) under a name has
 source, the compiler, jaxlib and the CPU, so each machine builds it once. Without a
 working compiler available() is False, unavailable_reason() says why, and panel_matmul
 raises; c2jax's CPU decode layout then does not offer the form
-(c2jax.rollout.cpu_layout). No gradient: decode engines only.
+(c2jax.rollout.cpu_decode). No gradient: decode engines only.
 """
 
 from __future__ import annotations

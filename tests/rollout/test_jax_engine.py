@@ -227,7 +227,7 @@ def test_decode_layout_only_where_it_pays():
   16 experts, 2 per token: from 4 slots; speculation's draft tokens count as tokens), and
   always for a model without MoE layers."""
   from c2jax.model import variants
-  from c2jax.rollout.cpu_layout import decode_layout_pays
+  from c2jax.rollout.cpu_decode import decode_layout_pays
   small = variants.get("small")
   assert [decode_layout_pays(small, s) for s in (1, 2, 3, 4, 8, 32)] == [
       False, False, False, True, True, True]
@@ -237,19 +237,19 @@ def test_decode_layout_only_where_it_pays():
 
 
 def test_small_experts_fused_in_the_engine(setup, engine):
-  """cpu_layout.fused_experts_pay: a MoE layer's experts up to FUSED_EXPERTS_MAX_BYTES
+  """cpu_decode.fused_experts_pay: a MoE layer's experts up to FUSED_EXPERTS_MAX_BYTES
   (tiny: 8 x 3 x 64 x 32 float32, 196 KB) are fused, and the layout then pays at every
   batch; `small`'s (16 x 3 x 512 x 256, 25 MB), quantised and dense models are not. The
   engine stores the tiny model's experts fused (its decode matches the teacher in the
   tests above) and stack_layers gives the stacked tree's shapes back."""
   from c2jax.model import moe_dispatch, variants
-  from c2jax.rollout import cpu_layout
+  from c2jax.rollout import cpu_decode
   tiny = variants.get("tiny")
-  assert cpu_layout.fused_experts_pay(tiny)
-  assert all(cpu_layout.decode_layout_pays(tiny, s) for s in (1, 2, 8))
-  assert not cpu_layout.fused_experts_pay(variants.get("small"))
-  assert not cpu_layout.fused_experts_pay(variants.get("tiny", quant="mxfp8"))
-  assert not cpu_layout.fused_experts_pay(variants.get("tiny", first_k_dense=2))
+  assert cpu_decode.fused_experts_pay(tiny)
+  assert all(cpu_decode.decode_layout_pays(tiny, s) for s in (1, 2, 8))
+  assert not cpu_decode.fused_experts_pay(variants.get("small"))
+  assert not cpu_decode.fused_experts_pay(variants.get("tiny", quant="mxfp8"))
+  assert not cpu_decode.fused_experts_pay(variants.get("tiny", first_k_dense=2))
   experts = engine._params["moe_layers"]["0"]["moe"]["experts"]
   assert moe_dispatch.FUSED_GATE_UP in experts and "gate_proj" not in experts
   # (the session engine's weights may have been swapped by earlier tests: compare shapes)
@@ -258,14 +258,14 @@ def test_small_experts_fused_in_the_engine(setup, engine):
 
 
 def test_fastest_keeps_the_kernel_unless_another_form_clearly_wins():
-  from c2jax.rollout import cpu_layout
-  assert cpu_layout.fastest({"1": 1.0, "transposed": 0.98}) == 1  # within MIN_GAIN
-  assert cpu_layout.fastest({"1": 1.0, "transposed": 0.9, "64": 0.95}) == model.TRANSPOSED
-  assert cpu_layout.fastest({"1": 1.0, "transposed": 0.99, "64": 0.5}) == 64
-  assert cpu_layout.candidate_forms(16384) == (1, model.TRANSPOSED, 64)
-  assert cpu_layout.candidate_forms(512) == (1, model.TRANSPOSED)
-  assert cpu_layout.candidate_forms(512, panels=True) == (1, model.TRANSPOSED, model.PANELS)
-  assert cpu_layout.fastest({"1": 1.0, "transposed": 0.99, "panels": 0.6}) == model.PANELS
+  from c2jax.rollout.cpu_decode import PANELS, TRANSPOSED, measure
+  assert measure.fastest({"1": 1.0, "transposed": 0.98}) == 1  # within MIN_GAIN
+  assert measure.fastest({"1": 1.0, "transposed": 0.9, "64": 0.95}) == TRANSPOSED
+  assert measure.fastest({"1": 1.0, "transposed": 0.99, "64": 0.5}) == 64
+  assert measure.candidate_forms(16384) == (1, TRANSPOSED, 64)
+  assert measure.candidate_forms(512) == (1, TRANSPOSED)
+  assert measure.candidate_forms(512, panels=True) == (1, TRANSPOSED, PANELS)
+  assert measure.fastest({"1": 1.0, "transposed": 0.99, "panels": 0.6}) == PANELS
 
 
 def test_projection_layout_is_measured_once_per_machine_and_shape(setup, tmp_path):
@@ -273,61 +273,60 @@ def test_projection_layout_is_measured_once_per_machine_and_shape(setup, tmp_pat
   shape is timed in each candidate form at the step's rows, the fastest kept, and the
   timings written per machine, so a second engine reads them instead of measuring; a
   corrupt file is set aside and measured again."""
-  from c2jax.rollout import cpu_layout
+  from c2jax.rollout.cpu_decode import measure
   from c2jax_kernels import cpu_matmul
-  assert cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=1 << 40) is None
+  assert measure.projection_layout(setup.cfg, setup.params, 2, cache_bytes=1 << 40) is None
   path = tmp_path / "layout.json"
-  timings = cpu_layout.ProductTimings(str(path))
-  layout = cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
-                                        timings=timings)
-  shapes, divisible = set(layout.chosen), cpu_layout.kernel_shapes(setup.params)
+  timings = measure.ProductTimings(str(path))
+  layout = measure.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
+                                     timings=timings)
+  shapes, divisible = set(layout.chosen), measure.kernel_shapes(setup.params)
   assert shapes == set(divisible) and not divisible[64, VOCAB] and divisible[192, 64]
   assert (64, VOCAB) in shapes and timings.measured == len(shapes) >= 3
   [(machine, table)] = json.loads(path.read_text()).items()
-  assert machine == cpu_layout.machine_key() and f"{2}x64x{VOCAB}:" in " ".join(table)
+  assert machine == measure.machine_key() and f"{2}x64x{VOCAB}:" in " ".join(table)
   for (inputs, outputs), form in layout.chosen.items():
     [seconds] = [v for k, v in table.items() if k.startswith(f"2x{inputs}x{outputs}:")]
     panels = cpu_matmul.available() and divisible[inputs, outputs]
-    assert sorted(seconds) == sorted(str(f) for f in cpu_layout.candidate_forms(outputs,
-                                                                                 panels))
-    assert all(t > 0 for t in seconds.values()) and form == cpu_layout.fastest(seconds)
+    assert sorted(seconds) == sorted(str(f) for f in measure.candidate_forms(outputs, panels))
+    assert all(t > 0 for t in seconds.values()) and form == measure.fastest(seconds)
     assert layout("any_proj", inputs, outputs) == form
-  again = cpu_layout.ProductTimings(str(path))
-  assert cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
-                                      timings=again).chosen == layout.chosen
+  again = measure.ProductTimings(str(path))
+  assert measure.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
+                                   timings=again).chosen == layout.chosen
   assert again.measured == 0
   path.write_text("{not json")
-  fresh = cpu_layout.ProductTimings(str(path))
-  cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0, timings=fresh)
+  fresh = measure.ProductTimings(str(path))
+  measure.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0, timings=fresh)
   assert fresh.measured == len(shapes) and (tmp_path / "layout.json.corrupt").exists()
   assert json.loads(path.read_text())[machine].keys() == table.keys()
-  unwritable = cpu_layout.ProductTimings(str(path / "under_a_file.json"))  # kept in memory
-  assert cpu_layout.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
-                                      timings=unwritable).chosen.keys() == shapes
+  unwritable = measure.ProductTimings(str(path / "under_a_file.json"))  # kept in memory
+  assert measure.projection_layout(setup.cfg, setup.params, 2, cache_bytes=0,
+                                   timings=unwritable).chosen.keys() == shapes
   assert unwritable.measured == len(shapes) and unwritable.table().keys() == table.keys()
-  assert cpu_layout.last_level_cache_bytes() > 0
+  assert measure.last_level_cache_bytes() > 0
 
 
 def test_engine_with_projection_layouts_matches_teacher(setup, monkeypatch, tmp_path):
   """With the weights taken as streaming from memory (a last-level cache of 0 bytes) the
   engine stores each projection in the form measured fastest (here forced: in panels for
-  c2jax_kernels.cpu_matmul where it built and the kernel allows, else transposed; the
-  model's tests decode every form) and still decodes the teacher's greedy tokens and
+  c2jax_kernels.cpu_matmul where it built and the kernel allows, else transposed;
+  test_cpu_decode_forms decodes every form) and still decodes the teacher's greedy tokens and
   log-probs; param_like and stack_layers are unchanged."""
-  from c2jax.rollout import cpu_layout
+  from c2jax.rollout.cpu_decode import PANELS, TRANSPOSED, measure
   from c2jax_kernels import cpu_matmul
-  monkeypatch.setattr(cpu_layout, "last_level_cache_bytes", lambda: 0)
-  monkeypatch.setenv(cpu_layout.CACHE_ENV, str(tmp_path / "layout.json"))
-  monkeypatch.setattr(cpu_layout, "fastest", lambda seconds: model.PANELS
-                      if model.PANELS in seconds else model.TRANSPOSED)
+  monkeypatch.setattr(measure, "last_level_cache_bytes", lambda: 0)
+  monkeypatch.setenv(measure.CACHE_ENV, str(tmp_path / "layout.json"))
+  monkeypatch.setattr(measure, "fastest", lambda seconds: PANELS
+                      if PANELS in seconds else TRANSPOSED)
   engine = JaxEngine(setup.cfg, setup.params, num_slots=2, max_length=MAX_LENGTH,
                      prefill_buckets=(16,), detokenize=detokenize, max_decode_steps=8)
   down = engine._params["dense_layers"]["0"]["mlp"]["down_proj"]  # [192, 64]
   panels = cpu_matmul.available()
   assert ("kernel_p" if panels else "kernel_t") in down
   assert "kernel_t" in engine._params["lm_head"]  # [64, 16]: too narrow for a panel
-  assert engine.projection_forms[192, 64] == (model.PANELS if panels else model.TRANSPOSED)
-  assert engine.projection_forms[64, VOCAB] == model.TRANSPOSED
+  assert engine.projection_forms[192, 64] == (PANELS if panels else TRANSPOSED)
+  assert engine.projection_forms[64, VOCAB] == TRANSPOSED
   jax.tree.map(np.testing.assert_array_equal, model.stack_layers(engine._params),
                setup.params)
   requests = [Request(p, GREEDY) for p in prompts()]

@@ -1,6 +1,5 @@
-"""Whether a CPU decode engine keeps the per-layer decode layout (decode_layout_pays), and
-how it stores its projection kernels (model.unstack_layers' projection_layout), by the
-rows a step multiplies and whether the weights stream from memory.
+"""How the CPU decode layout stores its projection kernels (forms.py), by the rows a step
+multiplies and whether the weights stream from memory: measured, per machine.
 
 XLA:CPU's products with a few rows run below the memory's bandwidth on many shapes, and
 which form of the same weight runs fastest (as stored, transposed with the output axes
@@ -39,7 +38,8 @@ import numpy as np
 from c2jax_kernels import cpu_matmul
 
 from c2jax import model
-from c2jax.model import PANELS, TRANSPOSED, layers
+from c2jax.model import layers
+from c2jax.rollout.cpu_decode.forms import PANELS, TRANSPOSED, store
 
 # Column pieces of this width are a candidate form for kernels of at least 4 of them.
 HEAD_PIECE_COLUMNS = 256
@@ -57,9 +57,6 @@ _log = logging.getLogger(__name__)
 
 # Used when the machine does not say its last-level cache size (the VMs above: 32 MB).
 DEFAULT_LAST_LEVEL_CACHE = 32 << 20
-# A MoE layer's routed expert weights up to which a decode engine fuses them
-# (fused_experts_pay).
-FUSED_EXPERTS_MAX_BYTES = 1 << 20
 
 
 def last_level_cache_bytes() -> int:
@@ -191,20 +188,13 @@ def measure_forms(cfg, rows: int, inputs: int, outputs: int, cache_bytes: int,
   other = jnp.ones((2 * cache_bytes // 4,), jnp.float32)
   read_other = jax.jit(jnp.sum)
 
-  def stored(form, kernel):
-    if form == TRANSPOSED:
-      return {"kernel_t": jnp.transpose(kernel)}
-    if form == PANELS:
-      return {"kernel_p": cpu_matmul.pack(kernel)}
-    return {"kernel": kernel if form == 1 else layers.split_columns(kernel, form)}
-
   @jax.jit
   def chain(params, x):
     return [linear.apply({"params": p}, x) for p in params]
 
   programs = {}
   for form in candidate_forms(outputs) if forms is None else forms:
-    params = jax.block_until_ready([stored(form, k) for k in kernels])
+    params = jax.block_until_ready([store(form, k, 1) for k in kernels])
     jax.block_until_ready(chain(params, x))  # compiles and warms
     programs[form] = params
   jax.block_until_ready(read_other(other))
@@ -239,7 +229,7 @@ def kernel_shapes(params) -> dict[tuple[int, int], bool]:
 
 def projection_layout(cfg, params, rows: int, cache_bytes: int | None = None,
                       timings: ProductTimings | None = None):
-  """unstack_layers' projection_layout for decode steps of `rows` tokens over `params`
+  """forms.relayout's projection_layout for decode steps of `rows` tokens over `params`
   (model.init's tree): each kernel shape in the form measured fastest on this machine
   (ProductTimings, default from C2JAX_CPU_LAYOUT_CACHE), or None (every kernel as it is)
   when the weights fit in the last-level cache (`cache_bytes`, default
@@ -260,7 +250,7 @@ def projection_layout(cfg, params, rows: int, cache_bytes: int | None = None,
       chosen[inputs, outputs] = fastest(timings.seconds(
           cfg, rows, inputs, outputs, cache_bytes, panels=panels and divisible))
   if timings.measured:
-    _log.info("cpu_layout: measured %d kernel shapes at %d rows in %.1f s: %s",
+    _log.info("cpu_decode: measured %d kernel shapes at %d rows in %.1f s: %s",
               timings.measured, rows, time.perf_counter() - start, chosen)
 
   def layout(name: str, inputs: int, outputs: int):
@@ -268,43 +258,3 @@ def projection_layout(cfg, params, rows: int, cache_bytes: int | None = None,
     return chosen.get((inputs, outputs), 1)
   layout.chosen = chosen
   return layout
-
-
-def fused_experts_pay(cfg) -> bool:
-  """Whether a CPU decode engine stores each MoE layer's routed experts fused
-  (model.unstack_layers(..., fuse_experts=True)) and runs every expert on every token
-  of a decode step (moe_dispatch.all_experts: three ops a layer), rather than reading
-  only the chosen experts (one array per expert, moe_dispatch.per_expert: a few ops per
-  chosen expert): when a layer's routed experts take at most FUSED_EXPERTS_MAX_BYTES.
-
-  Measured (2026-12-02, the 2-core AMD VM; docs/benchmarks.md) on whole 64-step decode
-  loops, fused / per expert: `qwen3_moe_tiny` (8 experts of 64 x 32, 0.2 MB a layer)
-  1.39x, 1.12-1.18x and 0.96-1.03x at batch 1, 8 and 32; `qwen3_moe_small` (16 experts
-  of 512 x 256, 25 MB a layer) 0.47x, 0.70x and 0.72x, where the E / K times more
-  weight reads and FLOPs dominate. Unquantised only."""
-  if cfg.num_layers == cfg.first_k_dense or cfg.quant != "none":
-    return False
-  moe = cfg.moe
-  layer_bytes = (3 * moe.num_experts * cfg.hidden_size * moe.intermediate_size
-                 * np.dtype(cfg.param_dtype).itemsize)
-  return layer_bytes <= FUSED_EXPERTS_MAX_BYTES
-
-
-def decode_layout_pays(cfg, tokens_per_step: int) -> bool:
-  """Whether the CPU decode layout (model.unstack_layers) beats the stacked tree for
-  decode steps of `tokens_per_step` tokens.
-
-  Without MoE layers (dense models) always: a scanned dense layer's every weight is
-  copied out of the stack per step, and nothing else differs (measured 2026-11-27 at
-  qwen3_small, tools/bench/bench_decode_layout.py; docs/benchmarks.md, "Decode against the
-  JAX peers"). With MoE layers whose experts the engine fuses (fused_experts_pay),
-  always: the fused layers are one array each. Other MoE layers, when the steps choose at
-  least half a MoE layer's experts' worth of token copies. Below that the stacked tree's
-  'gathered' dispatch copies only a few experts' weights, which costs less than the
-  unrolled layers' own overhead (measured 2026-11-26 at small, one compiled chunk, quiet:
-  the layout ran 0.75x / 0.89x / 1.01x / 1.6-1.85x / 1.24-1.45x the stacked tree at batch
-  1 / 2 / 4 / 8 / 32)."""
-  moe = cfg.moe
-  if cfg.num_layers == cfg.first_k_dense or fused_experts_pay(cfg):
-    return True
-  return 2 * tokens_per_step * moe.num_experts_per_tok >= moe.num_experts
