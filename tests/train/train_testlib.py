@@ -128,7 +128,7 @@ def _pipeline(config, root, data_cache, stages, as_user=False):
     env = {k: v for k, v in os.environ.items()
            if k != "JAX_PLATFORMS" and k not in _SET_BY_C2JAX}
     # libtpu starts as in a user's lone process even while another test process holds
-    # its lock (/tmp/libtpu_lockfile), when it would skip its start-up, errors and all.
+    # its lock file, when it would skip its start-up, errors and all.
     env["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
   else:
     env = dict(os.environ, JAX_PLATFORMS="cpu")
