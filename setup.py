@@ -9,8 +9,9 @@ setup(
     python_requires=">=3.12",
     # The repo's top-level kernels/ folder installs as `c2jax_kernels`: a top-level
     # `kernels` would shadow the PyPI `kernels` package that transformers imports when
-    # present. In the tree, the c2jax_kernels symlink gives the same name to
-    # PYTHONPATH=. runs; code imports only `c2jax_kernels`.
+    # present. In the tree, the c2jax_kernels symlink gives the same name to runs with
+    # the checkout on sys.path (`python -m tools.<folder>.<name>` from the root, or
+    # PYTHONPATH=.); code imports only `c2jax_kernels`.
     packages=(find_packages(include=["c2jax", "c2jax.*"]) + ["c2jax_kernels"]
               + [f"c2jax_kernels.{p}" for p in find_packages(where="kernels")]),
     package_dir={"c2jax_kernels": "kernels"},
@@ -48,7 +49,7 @@ setup(
     ],
     extras_require={
         # torch and transformers are deliberately absent: HF reference outputs are
-        # committed fixtures (tools/make_hf_fixtures.py) and live comparisons run in a
+        # committed fixtures (tools/fixtures/make_hf_fixtures.py) and live comparisons run in a
         # separate venv where the CPU torch wheel exists.
         # setuptools: tests/test_install_names.py installs a copy of the project offline.
         # ray: tests/rl/test_ray_backend.py runs the Ray actor backend on a local cluster.
@@ -61,7 +62,7 @@ setup(
                  "ipykernel>=6.29", "nbformat>=5.9", "wandb>=0.18"],
         # experiments/notebooks/ (scaling-law fits): pip install -e .[notebooks]
         "notebooks": ["scipy>=1.11", "ipykernel>=6.29", "nbclient>=0.10", "nbformat>=5.9"],
-        # `c2jax plan --target=v5p-8` and tools/bench/compile_kernels.py: libtpu's TPU
+        # `c2jax plan --target=v5p-8` and tools/compile/kernels.py: libtpu's TPU
         # compiler, which compiles for compile-only TPU devices on any machine. The version
         # jax pins for its own `tpu` extra (jax 0.12.0.1 -> libtpu 0.0.50.*).
         "tpu-compile": ["libtpu==0.0.50.*"],

@@ -4,8 +4,8 @@ Difficulty-0 ('constant') tasks state their own fix ("In pkg/ledger.py, MAX_LEVE
 it should be 2. Fix it."); the scripted solver answers with one edit_file call and a
 finish call, in the agent loop's layout (system message listing configs/rl.py's tools).
 The aim is a model that gets the whole edit right on part (15-60%) of held-out tasks,
-leaving RL room to raise the pass rate; tools/eval_agent_sft.py measures it (one turn),
-and `c2jax rl` measures it for real at its step 0 (sandboxes and hidden tests).
+leaving RL room to raise the pass rate; experiments/findings/eval_agent_sft.py measures it
+(one turn), and `c2jax rl` measures it for real at its step 0 (sandboxes and hidden tests).
 Measured for `tiny` (2-core CPU, 2026-11-22; docs/benchmarks.md, "Reinforcement
 learning"): 600 steps on 320 traces copy the path but rarely the digits (greedy 6%,
 sampled 0%); 300 more steps on 1,520 traces reach greedy 38%, sampled 27%, best-of-4 63%.
@@ -21,7 +21,7 @@ copying appears suddenly after ~950 steps (docs/findings.md, "The starting polic
 The checkpoint lands in WORKDIR/sft/checkpoints. Chains:
   tiny_rl      traces -> SFT -> RL: configs/rl.py:tiny from WORKDIR/sft, in WORKDIR/rl
   tiny_cpt_rl  pretrain (configs/pretrain.py:tiny) -> traces -> SFT -> RL, the chain of the
-               report's Fig. 2 (experiments/fig2_chain.py sweeps its pretraining steps)
+               report's Fig. 2 (experiments/sweeps/fig2_chain.py sweeps its pretraining steps)
 `tiny` itself also carries the rl section: --config.stages="('traces','sft','rl')" adds RL. There is no pretraining stage: copying
 from the prompt is learnt from the traces alone, faster than a short pretraining helps.
 The tokenizer is the pipeline's shared code-corpus BPE (the `data` section of

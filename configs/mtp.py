@@ -8,7 +8,7 @@ softmax). The trunk, embedding and LM head are restored from init_from and do no
 init_from defaults to runs/<variant>/pretrain; a checkpoint without MTP modules is the
 normal case (the loop restores the trunk and logs that the MTP modules start fresh).
 Add data cross-entropy with --config.train.mtp_ce_weight=0.1. Measure the drafter with
-  python tools/bench/bench_decode.py --checkpoint runs/tiny/mtp --batches 1,8
+  python -m tools.bench.decode --checkpoint runs/tiny/mtp --batches 1,8
 """
 
 import pathlib

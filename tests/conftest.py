@@ -6,9 +6,7 @@ keeps the suite's wall time down. Set C2JAX_XLA_CACHE=off to disable. And a lowe
 backend optimisation level for every test process (below).
 """
 
-import importlib
 import os
-import pathlib
 import tempfile
 
 os.environ.setdefault("C2JAX_XLA_CACHE", os.path.join(tempfile.gettempdir(), "c2jax-test-xla-cache"))
@@ -21,28 +19,16 @@ os.environ.setdefault("C2JAX_XLA_CACHE_MIN_SECS", "0")
 # every process the tests start. Set C2JAX_XLA_BACKEND_OPT_LEVEL=2 for XLA's default.
 os.environ.setdefault("C2JAX_XLA_BACKEND_OPT_LEVEL", "0")
 # A decode engine over weights larger than the last-level cache times its projection forms
-# (c2jax.rollout.cpu_layout): keep the suite's timings out of the user's cache.
+# (c2jax.rollout.cpu_decode): keep the suite's timings out of the user's cache.
 os.environ.setdefault("C2JAX_CPU_LAYOUT_CACHE",
                       os.path.join(tempfile.gettempdir(), "c2jax-test-cpu-layout.json"))
 # And c2jax_kernels.cpu_matmul's library, built once for the suite's processes.
 os.environ.setdefault("C2JAX_KERNEL_CACHE", os.path.join(tempfile.gettempdir(),
                                                          "c2jax-test-kernels"))
 
-import pytest  # noqa: E402
-
 from c2jax import compile_cache  # noqa: E402
 
 compile_cache.enable()
-
-BENCH_DIR = pathlib.Path(__file__).resolve().parents[1] / "tools" / "bench"
-
-
-@pytest.fixture
-def bench_script(monkeypatch):
-  """bench_script(name): the tools/bench script `name` imported as a module, with its
-  directory on sys.path as when it runs (the scripts import one another by name)."""
-  monkeypatch.syspath_prepend(str(BENCH_DIR))
-  return importlib.import_module
 
 
 def pytest_collection_modifyitems(config, items):

@@ -30,7 +30,7 @@ def machine_paths(text: str) -> list[tuple[int, str]]:
 
 @pytest.mark.parametrize("line", [
     'TORCH_PYTHON = os.environ.get("C2JAX_TORCH_PYTHON", "/work/venvs/py311/bin/python")',
-    "  /work/venv311/bin/python tools/hf_logits.py HF_DIR TOKENS.npy OUT.npy",
+    "  /work/venv311/bin/python tools/fixtures/hf_logits.py HF_DIR TOKENS.npy OUT.npy",
     "parser.add_argument('--root', default='/tmp/quant_training')",
     "--init-from /work/runs/tiny/sft --tasks 8",
     'cache = "/root/.cache/c2jax"',
@@ -48,7 +48,7 @@ def test_the_rule_refuses_a_machine_path(line):
     "[ -e /tmp/.egress-ready ] && break",
     'location = os.environ.get("C2JAX_XLA_CACHE", "~/.cache/c2jax/xla")',
     "f'cat {host_secret}/secret.txt; ls /root /home /work; cat /etc/shadow; '",
-    "c2jax sweep experiments/fig2_chain.py:test --workdir=runs/fig2_chain --dry_run",
+    "c2jax sweep experiments/sweeps/fig2_chain.py:test --workdir=runs/fig2_chain --dry_run",
     "https://example.com/work/x and runs/tmp/y",
 ])
 def test_the_rule_allows_paths_every_machine_has(line):

@@ -1,4 +1,5 @@
-"""`c2jax sweep experiments/<file>.py[:arg] --workdir=DIR [--parallel N] [--backend=local|ray]`.
+"""`c2jax sweep experiments/sweeps/<file>.py[:arg] --workdir=DIR [--parallel N]
+[--backend=local|ray]`.
 
 Runs every point of a sweep file as its own `c2jax <verb>` process in DIR/runs/<point>,
 N at a time (local processes or Ray tasks), and writes DIR/results.jsonl, DIR/results.csv
@@ -25,7 +26,7 @@ _SET = flags.DEFINE_multi_string("set", [], "KEY=VALUE set on every point's conf
 
 def main(argv) -> int:
   if len(argv) != 2:
-    raise SystemExit("usage: c2jax sweep experiments/<file>.py[:arg] --workdir=DIR "
+    raise SystemExit("usage: c2jax sweep experiments/sweeps/<file>.py[:arg] --workdir=DIR "
                      "[--parallel=N] [--backend=local|ray] [--dry_run] [--set=KEY=VALUE]")
   if _WORKDIR.value is None:
     raise SystemExit("c2jax sweep: pass --workdir=DIR (where the runs and the table go).")

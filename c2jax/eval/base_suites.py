@@ -139,7 +139,7 @@ def check_state_tracking(cfg) -> None:
              "generated cases)")
   if args.cases_path and not os.path.isfile(os.path.expanduser(args.cases_path)):
     raise configlib.ConfigError("suite.args.cases_path", f"= {args.cases_path!r} is not a "
-                                "file; write one with tools/build_state_tracking.py.")
+                                "file; write one with tools/tasks/build_state_tracking.py.")
   for key in ("count", "max_new_tokens", "max_new_tokens_factor", "min_diffs"):
     configlib.check_positive(cfg, f"suite.args.{key}")
   configlib.check_positive(cfg, "suite.args.chunk", allow_zero=True)

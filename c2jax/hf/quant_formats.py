@@ -3,7 +3,7 @@
 Two formats, each a pair of pure functions `dequantize(stored..., dtype) -> array` and
 `quantize(array, ...) -> stored...`, bit-compatible with the code that wrote the released
 checkpoints (tests/hf/test_quantized.py compares against fixtures made by the reference
-libraries; tools/make_quant_fixtures.py):
+libraries; tools/fixtures/make_quant_fixtures.py):
 
   FP8 blocks (DeepSeek-V3/V3.1, Kimi-K2): `weight` float8_e4m3fn [out, in] and
     `weight_scale_inv` float32 [ceil(out/bo), ceil(in/bi)], one scale per bo x bi block

@@ -198,7 +198,7 @@ def gqa_step(q_Bx1xKxGxE, keys_BxTxKxE, values_BxTxKxE, mask_Bx1x1xT, dtype):
   float32. A dot_general wants the batch axes (B, K) outermost,
   so XLA:CPU copies each layer's whole cache into [B, K, T, E] on every step: at 4,096
   tokens of context and batch 8 that copy made the attention 5.9x slower than these two
-  streaming reductions (tools/bench/bench_decode_attention.py). Not on TPU: its compiler
+  streaming reductions (tools/bench/decode_attention.py). Not on TPU: its compiler
   materialises the broadcast product and estimates this form 7-9x slower than the dots,
   whose cache layout it chooses itself (the same bench, --target=v5p-8)."""
   f32 = jnp.float32

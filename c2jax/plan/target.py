@@ -262,7 +262,7 @@ def time_estimate(cost: dict | None, hlo_text: str) -> tuple[float | None, str]:
     return seconds, ""
   offloaded = offloaded_ops(hlo_text)
   why = (f"; {offloaded} gather/scatter op(s) offloaded to the SparseCore carry no "
-         "estimate (tools/bench/tpu_cost_breakdown.py lists them)" if offloaded else
+         "estimate (tools/compile/tpu_cost_breakdown.py lists them)" if offloaded else
          "; some op has no cost (an all-reduce of booleans is one)")
   return None, f"the cost model returned {seconds * 1e3:,.3f} ms, not an estimate{why}"
 

@@ -58,7 +58,7 @@ def argmax(x_BxV: jax.Array) -> jax.Array:
   the least index holding it) costs three more passes there: the broadcast maximum and
   the selected indices materialised, and their reduction. The greedy sampler (argmax
   and log-prob) ran 1.17-1.36x faster this way at [1-32, 8192-16384]
-  (tools/bench/bench_sampler.py, 2026-12-02; docs/benchmarks.md).
+  (tools/bench/sampler.py, 2026-12-02; docs/benchmarks.md).
 
   XLA:CPU's YNNPACK max reduction over a long row skips NaNs, so there a row holding a
   NaN gets the argmax of its other entries; the engine's log-prob of such a row is NaN

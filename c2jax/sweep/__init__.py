@@ -1,6 +1,6 @@
 """Sweeps: a grid or list of config overrides, each point its own run, one table.
 
-    c2jax sweep experiments/tiny_lr_width.py --workdir=DIR [--parallel N] [--backend=ray]
+    c2jax sweep experiments/sweeps/tiny_lr_width.py --workdir=DIR [--parallel N] [--backend=ray]
 
 A sweep file defines `get_sweep(arg=None) -> Sweep` (c2jax/sweep/spec.py); the runner
 (c2jax/sweep/runner.py) launches each point as `c2jax <verb>` in DIR/runs/<point>, resumes

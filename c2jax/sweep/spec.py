@@ -1,7 +1,7 @@
 """A sweep: one verb and base config, a grid or list of config overrides, the metrics to read.
 
-A sweep file in experiments/ defines `get_sweep(arg=None) -> Sweep` (as a config file
-defines `get_config(arg)`); `experiments/<file>.py:<arg>` picks a variant of it:
+A sweep file in experiments/sweeps/ defines `get_sweep(arg=None) -> Sweep` (as a config
+file defines `get_config(arg)`); `experiments/sweeps/<file>.py:<arg>` picks a variant of it:
 
     def get_sweep(arg=None):
       return sweep.Sweep(

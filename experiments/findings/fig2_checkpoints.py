@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-import findings_common as common
+from experiments.findings import common
 
 
 def _checkpoint_step(run) -> int:

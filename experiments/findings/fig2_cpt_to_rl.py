@@ -1,6 +1,6 @@
 """Report Fig. 2: the loss after continued pretraining (and SFT) predicts the RL reward.
 
-  python experiments/findings/fig2_cpt_to_rl.py [--variant tiny] [--levels 25,75,225] \
+  python -m experiments.findings.fig2_cpt_to_rl [--variant tiny] [--levels 25,75,225] \
       [--sft-steps 150] [--traces 320] [--rl-steps 10] [--seeds 3] [--out DIR] \
       [--workdir DIR] [--set pretrain.KEY=V] [--set sft.KEY=V] [--set rl.KEY=V] [--smoke]
 
@@ -14,7 +14,7 @@ active parameters x tokens):
 RL reward = mean training reward over the last quarter of the RL steps; the held-out pass
 rate at the last step is recorded beside it.
 
-  python experiments/findings/fig2_cpt_to_rl.py --from-checkpoints RUN1,RUN2,RUN3 \
+  python -m experiments.findings.fig2_cpt_to_rl --from-checkpoints RUN1,RUN2,RUN3 \
       [--metrics RUN] [--rl-steps 10] [--seeds 1] [--out DIR] [--workdir DIR] \
       [--set sft.KEY=V] [--set rl.KEY=V] [--smoke]
 
@@ -40,8 +40,8 @@ import pathlib
 
 import numpy as np
 
-import findings_common as common
-import fig2_checkpoints
+from experiments.findings import common
+from experiments.findings import fig2_checkpoints
 
 NAME = "fig2_cpt_to_rl"
 TABLE = "cpt_to_rl"
@@ -256,7 +256,7 @@ def main(argv=None):
           "cpt_run": str(cpt_run), "sft_run": str(sft_run), "rl_run": str(rl_run)})
   write_table(args, rows)
   summary = summarise(rows, levels)
-  numbers = {**common.header(args, "python experiments/findings/fig2_cpt_to_rl.py"),
+  numbers = {**common.header(args, "python -m experiments.findings.fig2_cpt_to_rl"),
              "variant": args.variant, "levels": levels, "sft_steps": args.sft_steps,
              "traces": args.traces, "rl_steps": args.rl_steps, "rows": rows, **summary}
   print("fig2:", summary["verdict"], flush=True)
@@ -303,7 +303,7 @@ def main_from_checkpoints(args):
   rows.sort(key=lambda r: (r["seed"], r["cpt_steps"]))
   write_table(args, rows)
   summary = summarise(rows, levels, first_loss="training loss")
-  numbers = {**common.header(args, "python experiments/findings/fig2_cpt_to_rl.py "
+  numbers = {**common.header(args, "python -m experiments.findings.fig2_cpt_to_rl "
                                    "--from-checkpoints"),
              "variant": args.variant, "levels": levels, "from_checkpoints": [str(r) for r in runs],
              "loss_columns": {"cpt_loss": "training loss at the checkpoint's step",

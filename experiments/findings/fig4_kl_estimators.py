@@ -1,11 +1,11 @@
 """Report Fig. 4: variance of the k1 / k2 / k3 KL estimators (and the std-normalisation
-blow-up beside it), from experiments/kl_estimators.py, with its numbers as JSON.
+blow-up beside it), from experiments/findings/kl_estimators.py, with its numbers as JSON.
 
-  python experiments/findings/fig4_kl_estimators.py [--samples 200000] [--seeds 3]
+  python -m experiments.findings.fig4_kl_estimators [--samples 200000] [--seeds 3]
       [--out DIR] [--smoke]
 
 Per seed, the Monte-Carlo moments of each estimator against q = N(0,1), p = N(delta,1)
-(experiments/kl_estimators.py explains the set-up and the closed forms). The finding
+(experiments/findings/kl_estimators.py explains the set-up and the closed forms). The finding
 holds when k3's variance is far below k1's while the policies are close (small delta) and
 far above it once they separate (large delta), k2's mean misses the KL (biased); and when
 grpo's max |advantage| stays at unit scale for spreads far below 1 while dr_grpo's follows
@@ -14,21 +14,12 @@ the spread. No jobs: --workdir is unused and --set has nothing to override (an e
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 
-import findings_common as common
+from experiments.findings import common
+from experiments.findings import kl_estimators
 
 NAME = "fig4_kl_estimators"
-_SCRIPT = common.REPO / "experiments" / "kl_estimators.py"
-
-
-def _kl_script():
-  spec = importlib.util.spec_from_file_location("kl_estimators", _SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def summarise(per_seed: list[dict]) -> dict:
@@ -88,14 +79,13 @@ def main(argv=None):
     args.samples = min(args.samples, 20_000)
   if args.samples < 100:
     raise SystemExit(f"--samples must be >= 100, got {args.samples}.")
-  kl_script = _kl_script()
-  per_seed = [kl_script.compute(args.samples, seed) for seed in range(args.seeds)]
-  kl_script.report(per_seed[0])
+  per_seed = [kl_estimators.compute(args.samples, seed) for seed in range(args.seeds)]
+  kl_estimators.report(per_seed[0])
   summary = summarise(per_seed)
-  numbers = {**common.header(args, "python experiments/findings/fig4_kl_estimators.py"),
+  numbers = {**common.header(args, "python -m experiments.findings.fig4_kl_estimators"),
              "samples": args.samples, **summary}
   print("fig4:", summary["verdict"], flush=True)
-  common.write_outputs(args, numbers, kl_script.plot(per_seed[0]))
+  common.write_outputs(args, numbers, kl_estimators.plot(per_seed[0]))
   return numbers
 
 

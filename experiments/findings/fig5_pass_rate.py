@@ -1,6 +1,6 @@
 """Report Fig. 5: held-out mean pass rate and best-of-K both rise during RL.
 
-  python experiments/findings/fig5_pass_rate.py --init-from runs/tiny_agent/sft \
+  python -m experiments.findings.fig5_pass_rate --init-from runs/tiny_agent/sft \
       [--seeds 3] [--out DIR] [--workdir DIR] [--set rl.learner.steps=80] [--smoke]
 
 Per seed s: `c2jax rl --config=configs/rl.py:tiny --config.learner.seed=s` from the SFT
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import findings_common as common
+from experiments.findings import common
 
 NAME = "fig5_pass_rate"
 
@@ -114,7 +114,7 @@ def main(argv=None):
     common.run_job("rl", cfg, run)
     curves.append(eval_curve(run, cfg.eval.samples))
   summary = summarise(curves, cfg.eval.samples)
-  numbers = {**common.header(args, "python experiments/findings/fig5_pass_rate.py"),
+  numbers = {**common.header(args, "python -m experiments.findings.fig5_pass_rate"),
              "init_from": cfg.init_from or "(random init)", "rl_steps": cfg.learner.steps,
              "heldout_tasks": cfg.tasks.heldout_count, "eval_every": cfg.eval.every,
              "runs": [str(args.workdir / f"seed{s}") for s in range(args.seeds)],

@@ -1,6 +1,6 @@
 """Report Fig. 6: with the length penalty, completion tokens fall on easy tasks, not on hard.
 
-  python experiments/findings/fig6_length_penalty.py --init-from runs/tiny_agent/sft \
+  python -m experiments.findings.fig6_length_penalty --init-from runs/tiny_agent/sft \
       [--easy 0] [--hard 3] [--penalty-scale 1e-3] [--arms penalty,none] [--seeds 3] \
       [--out DIR] [--workdir DIR] [--set rl.learner.steps=80] [--smoke]
 
@@ -23,7 +23,7 @@ import re
 
 import numpy as np
 
-import findings_common as common
+from experiments.findings import common
 
 NAME = "fig6_length_penalty"
 ARMS = ("penalty", "none")
@@ -178,7 +178,7 @@ def main(argv=None):
       per_arm[arm].append(heldout_tokens(run, (args.easy, args.hard)))
       train_curves[arm].append(train_tokens(run, (args.easy, args.hard), args.bins))
   summary = summarise(per_arm, args.easy, args.hard)
-  numbers = {**common.header(args, "python experiments/findings/fig6_length_penalty.py"),
+  numbers = {**common.header(args, "python -m experiments.findings.fig6_length_penalty"),
              "init_from": cfg.init_from or "(random init)", "rl_steps": cfg.learner.steps,
              "easy": args.easy, "hard": args.hard, "penalty_scale": args.penalty_scale,
              "length_penalty": cfg.rl.reward.length_penalty.to_dict(), "arms": arms,

@@ -1,8 +1,8 @@
 """Report §4.1: std-normalised advantages blow up groups whose rewards barely differ;
 Dr. GRPO (c2jax/rl/learner/advantages.py) does not.
 
-  python experiments/findings/sec41_advantages.py --runs RUN [RUN ...]     # groups of runs
-  python experiments/findings/sec41_advantages.py --init-from SFT_RUN [--seeds 3] \
+  python -m experiments.findings.sec41_advantages --runs RUN [RUN ...]     # groups of runs
+  python -m experiments.findings.sec41_advantages --init-from SFT_RUN [--seeds 3] \
       [--train-steps 20] [--out DIR] [--workdir DIR] [--set rl.KEY=VALUE] [--smoke]
 
 Part 1, exact, on real reward distributions: every group of rollouts an RL run produced
@@ -30,8 +30,8 @@ import pathlib
 
 import numpy as np
 
-import findings_common as common
-import fig5_pass_rate
+from experiments.findings import common
+from experiments.findings import fig5_pass_rate
 
 NAME = "sec41_advantages"
 ESTIMATORS = ("grpo", "dr_grpo")
@@ -241,7 +241,7 @@ def main(argv=None):
     text += (f" Training {args.train_steps} steps: held-out pass rate change grpo "
              f"{training['pass_rate_change_grpo']['mean']:+.3f}, dr_grpo "
              f"{training['pass_rate_change_dr_grpo']['mean']:+.3f}.")
-  numbers = {**common.header(args, "python experiments/findings/sec41_advantages.py"),
+  numbers = {**common.header(args, "python -m experiments.findings.sec41_advantages"),
              "runs": [str(r) for r in runs], **analysis, "agrees": agrees, "verdict": text,
              "per_group": rows}
   if training:

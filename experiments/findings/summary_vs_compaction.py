@@ -20,9 +20,9 @@ summary, and what the next segment starts from). The report's gain is credited l
 RL training the summaries, which takes more RL than a tiny CPU run can show; run RL with
 configs/rl.py:summary against --config.agent.context_management=compaction for that.
 
-  PYTHONPATH=. python experiments/findings/summary_vs_compaction.py \
+  python -m experiments.findings.summary_vs_compaction \
       --init-from runs/tiny/sft --seeds 2 --tasks 16 --out docs/figures
-  PYTHONPATH=. python experiments/findings/summary_vs_compaction.py --smoke --out runs/findings_smoke
+  python -m experiments.findings.summary_vs_compaction --smoke --out runs/findings_smoke
 
 The defaults fit the tiny tokenizer with the full tool list (a ~470-token prompt): a
 rollout summarises after its first turn or two, and without management a five-turn
@@ -52,8 +52,6 @@ matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt  # pylint: disable=wrong-import-position
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:  # run as a script from anywhere
-  sys.path.insert(0, str(REPO))
 
 # pylint: disable=wrong-import-position
 from c2jax import config as configlib

@@ -1,5 +1,5 @@
 """Our tokenizers and template rendering against transformers' own output (fixtures made by
-tools/make_template_fixtures.py): rendered text, token ids and assistant masks, exactly."""
+tools/fixtures/make_template_fixtures.py): rendered text, token ids and assistant masks, exactly."""
 
 import json
 import pathlib
@@ -68,7 +68,7 @@ def test_live_against_transformers(tmp_path):
   live, so a transformers upgrade that changes apply_chat_template shows up here."""
   import subprocess
   python = torch_reference.torch_python("transformers", "tiktoken")
-  tool = FIXTURES.parent.parent.parent / "tools" / "make_template_fixtures.py"
+  tool = FIXTURES.parent.parent.parent / "tools" / "fixtures" / "make_template_fixtures.py"
   subprocess.run([python, str(tool), "--out", str(tmp_path)], check=True,
                  capture_output=True, timeout=300, env=torch_reference.clean_env())
   cases = json.loads((tmp_path / "cases.json").read_text())["cases"]
@@ -126,13 +126,13 @@ def test_tokenizers_pickle(tokenizers):
 def test_kimi_pattern_matches_the_fixture_tool():
   # The tool cannot import c2jax (it runs in the transformers venv), so it keeps a copy.
   import ast
-  tool = FIXTURES.parent.parent.parent / "tools" / "make_template_fixtures.py"
+  tool = FIXTURES.parent.parent.parent / "tools" / "fixtures" / "make_template_fixtures.py"
   for node in ast.parse(tool.read_text()).body:
     if isinstance(node, ast.Assign) and node.targets[0].id == "KIMI_PATTERN":
       pieces = ast.literal_eval(node.value.args[0])
       assert "|".join(pieces) == model_tokenizer.KIMI_PATTERN
       return
-  pytest.fail("tools/make_template_fixtures.py no longer defines KIMI_PATTERN")
+  pytest.fail("tools/fixtures/make_template_fixtures.py no longer defines KIMI_PATTERN")
 
 
 def test_template_helpers_and_sandbox():

@@ -13,6 +13,8 @@ from c2jax.env import procgen, reward
 from c2jax.env import tasks as tasks_lib
 from c2jax.env import tools as tools_lib
 from c2jax.env.bubblewrap import BubblewrapSandbox
+from experiments.findings import eval_agent_sft
+from tools.tasks import build_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
@@ -99,11 +101,6 @@ def test_scripted_solver_solves_every_task_through_the_tools(tmp_path):
 
 
 def _build(tmp_path, count, seed):
-  sys.path.insert(0, os.path.join(ROOT, 'tools'))
-  try:
-    import build_tasks  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
   return build_tasks.build_procgen(str(tmp_path), count, seed)
 
 
@@ -145,9 +142,9 @@ def test_solver_refuses_when_the_code_is_not_as_expected(tmp_path):
 @pytest.mark.slow
 def test_build_tasks_tool_writes_tasks_and_traces(tmp_path):
   result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'tools', 'build_tasks.py'), 'procgen',
+      [sys.executable, '-m', 'tools.tasks.build_tasks', 'procgen',
        '--out', str(tmp_path), '--count', '4', '--seed', '7'],
-      capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+      capture_output=True, text=True, cwd=ROOT)
   assert result.returncode == 0, result.stderr
   loaded = tasks_lib.load_jsonl(str(tmp_path / 'tasks.jsonl'))
   with open(tmp_path / 'traces.jsonl') as f:
@@ -157,11 +154,6 @@ def test_build_tasks_tool_writes_tasks_and_traces(tmp_path):
 
 
 def test_agent_sft_eval_scores_the_first_call_against_the_gold_edit(tmp_path):
-  sys.path.insert(0, os.path.join(ROOT, 'tools'))
-  try:
-    import eval_agent_sft  # pylint: disable=g-import-not-at-top
-  finally:
-    sys.path.pop(0)
   from c2jax.toolcalls import protocol  # pylint: disable=g-import-not-at-top
   (task,) = procgen.generate_suite(str(tmp_path), 1, seed=9, difficulties=(0,))
   gold = task.metadata['solution'][0]

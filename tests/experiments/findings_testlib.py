@@ -1,6 +1,5 @@
-"""Helpers for the tests of experiments/findings/: import a script, run its --smoke."""
+"""Helpers for the tests of experiments/findings/: run a script's --smoke."""
 
-import importlib
 import json
 import os
 import pathlib
@@ -8,23 +7,15 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-FINDINGS = REPO / "experiments" / "findings"
-
-
-def import_finding(name: str):
-  """The script as a module (its folder on sys.path, as when it runs)."""
-  if str(FINDINGS) not in sys.path:
-    sys.path.insert(0, str(FINDINGS))
-  return importlib.import_module(name)
 
 
 def run_smoke(name: str, tmp_path, *extra: str, timeout: int = 900) -> tuple[dict, pathlib.Path]:
-  """Runs `python experiments/findings/<name>.py --smoke` into tmp_path/out; returns its
+  """Runs `python -m experiments.findings.<name> --smoke` into tmp_path/out; returns its
   JSON numbers and the workdir of its runs, after checking both outputs were written."""
   out, workdir = tmp_path / "out", tmp_path / "runs"
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
   result = subprocess.run(
-      [sys.executable, str(FINDINGS / f"{name}.py"), "--smoke", "--out", str(out),
+      [sys.executable, "-m", f"experiments.findings.{name}", "--smoke", "--out", str(out),
        "--workdir", str(workdir), *extra],
       cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
   assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])

@@ -1,16 +1,11 @@
 """The log-linear eval-loss fit recovers a known law and reads a run's metrics."""
 
-import importlib.util
 import json
-import pathlib
 
 import numpy as np
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "experiments" / "eval_loss_fit.py"
-spec = importlib.util.spec_from_file_location("eval_loss_fit", SCRIPT)
-fit_lib = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fit_lib)
+from experiments.findings import eval_loss_fit as fit_lib
 
 
 def test_recovers_exact_law():

@@ -5,9 +5,8 @@ import json
 
 import pytest
 
-from findings_testlib import import_finding, run_smoke
-
-fig2 = import_finding("fig2_cpt_to_rl")
+from experiments.findings import fig2_cpt_to_rl as fig2
+from findings_testlib import run_smoke
 
 
 def _row(level, seed, cpt_loss, sft_loss, reward):

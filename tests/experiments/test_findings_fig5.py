@@ -4,9 +4,8 @@ import json
 
 import pytest
 
-from findings_testlib import import_finding, run_smoke
-
-fig5 = import_finding("fig5_pass_rate")
+from experiments.findings import fig5_pass_rate as fig5
+from findings_testlib import run_smoke
 
 
 def _curve(points):

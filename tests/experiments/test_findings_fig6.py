@@ -6,9 +6,8 @@ import json
 import numpy as np
 import pytest
 
-from findings_testlib import import_finding, run_smoke
-
-fig6 = import_finding("fig6_length_penalty")
+from experiments.findings import fig6_length_penalty as fig6
+from findings_testlib import run_smoke
 
 
 def test_summary_agrees_only_when_easy_falls_more_than_hard():

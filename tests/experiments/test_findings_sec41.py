@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 from c2jax.rl.queue.group_store import Group
-from findings_testlib import import_finding, run_smoke
-
-sec41 = import_finding("sec41_advantages")
+from experiments.findings import sec41_advantages as sec41
+from findings_testlib import run_smoke
 EPS = 1e-6
 
 

@@ -1,7 +1,6 @@
 """experiments/findings/summary_vs_compaction.py --smoke: every context-management mode
 runs on the same tasks, summarises as configured, and the plot and JSON are written."""
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -10,14 +9,16 @@ import sys
 
 import pytest
 
+from experiments.findings import summary_vs_compaction
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "experiments" / "findings" / "summary_vs_compaction.py"
 
 
 def test_smoke_runs_every_mode_and_writes_plot_and_json(tmp_path):
-  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  result = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out", str(tmp_path)],
-                          capture_output=True, text=True, timeout=300, env=env)
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  result = subprocess.run([sys.executable, "-m", "experiments.findings.summary_vs_compaction",
+                           "--smoke", "--out", str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300, env=env)
   assert result.returncode == 0, result.stderr[-2000:]
   assert (tmp_path / "summary_vs_compaction.png").stat().st_size > 10_000
   data = json.loads((tmp_path / "summary_vs_compaction.json").read_text())
@@ -37,10 +38,7 @@ def test_smoke_runs_every_mode_and_writes_plot_and_json(tmp_path):
 
 
 def test_a_real_run_needs_a_checkpoint():
-  spec = importlib.util.spec_from_file_location("summary_vs_compaction", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
   with pytest.raises(SystemExit):
-    module.parse_args(["--seeds", "2"])
+    summary_vs_compaction.parse_args(["--seeds", "2"])
   with pytest.raises(SystemExit):
-    module.parse_args(["--smoke", "--seeds", "0"])
+    summary_vs_compaction.parse_args(["--smoke", "--seeds", "0"])

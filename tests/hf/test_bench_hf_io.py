@@ -1,4 +1,4 @@
-"""tools/bench/bench_hf_io.py --smoke: generate -> load (init_from) -> export runs end to
+"""tools/bench/hf_io.py --smoke: generate -> load (init_from) -> export runs end to
 end at a few MB, reports every figure docs/benchmarks.md quotes, and cleans up."""
 
 import json
@@ -12,10 +12,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 def test_smoke_reports_each_step_and_deletes_its_files(tmp_path):
   workdir = tmp_path / "bench"
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
-  done = subprocess.run([sys.executable, str(ROOT / "tools" / "bench" / "bench_hf_io.py"),
-                         "--workdir", str(workdir), "--smoke"], env=env, capture_output=True,
-                        text=True, timeout=300, check=False)
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  done = subprocess.run([sys.executable, "-m", "tools.bench.hf_io", "--workdir", str(workdir),
+                         "--smoke"], cwd=ROOT, env=env, capture_output=True, text=True,
+                        timeout=300, check=False)
   assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
   rows = {row["step"]: row for row in (json.loads(line) for line in done.stdout.splitlines()
                                         if line.startswith("{"))}

@@ -93,7 +93,7 @@ def test_pretrain_from_transformers_dir_then_export_matches(run):
 
   python = torch_reference.torch_python()  # the c2jax-side checks above have passed
   np.save(root / "tokens.npy", tokens)
-  done = subprocess.run([python, str(ROOT / "tools" / "hf_logits.py"), str(out),
+  done = subprocess.run([python, str(ROOT / "tools" / "fixtures" / "hf_logits.py"), str(out),
                          str(root / "tokens.npy"), str(root / "hf_logits.npy")],
                         capture_output=True, text=True, timeout=300,
                         env=torch_reference.clean_env(), check=False)

@@ -1,5 +1,5 @@
 """Released quantised formats: dequantisation and re-quantisation against the reference
-libraries' own outputs (tests/fixtures/quant, made by tools/make_quant_fixtures.py), the
+libraries' own outputs (tests/fixtures/quant, made by tools/fixtures/make_quant_fixtures.py), the
 exact on-disk layout, bad checkpoints and configs, and the load/export hooks end to end."""
 
 from __future__ import annotations
@@ -276,9 +276,9 @@ def test_reference_libraries_still_write_the_fixtures(tmp_path):
   """Live: the installed torch / transformers / compressed-tensors regenerate every
   committed fixture byte for byte (so an upstream format change cannot go unnoticed)."""
   python = torch_reference.torch_python("torch", "transformers", "compressed_tensors")
-  result = subprocess.run([python, str(QUANT.parents[2] / "tools" / "make_quant_fixtures.py"),
-                           "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=300, env=torch_reference.clean_env())
+  tool = QUANT.parents[2] / "tools" / "fixtures" / "make_quant_fixtures.py"
+  result = subprocess.run([python, str(tool), "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, env=torch_reference.clean_env())
   assert result.returncode == 0, result.stdout + result.stderr
   committed = sorted(p.relative_to(QUANT) for p in QUANT.rglob("*") if p.is_file())
   assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()) == (

@@ -1,5 +1,5 @@
 """Numerical parity with HF transformers: c2jax.model.forward on hf.load(fixture) must
-reproduce the logits transformers computed for the same weights (tools/make_hf_fixtures.py),
+reproduce the logits transformers computed for the same weights (tools/fixtures/make_hf_fixtures.py),
 and, when an interpreter with torch + transformers is at hand, the live transformers output.
 """
 
@@ -77,7 +77,7 @@ def test_logits_match_live_transformers(loaded, tmp_path):
   for case in CASES:
     np.save(tmp_path / f"{case}.npy", _logits(case, loaded))
   result = subprocess.run(
-      [python, str(_ROOT / "tools" / "make_hf_fixtures.py"), "--verify",
+      [python, str(_ROOT / "tools" / "fixtures" / "make_hf_fixtures.py"), "--verify",
        "--jax_logits", str(tmp_path)], capture_output=True, text=True, timeout=300,
       env=torch_reference.clean_env())
   assert result.returncode == 0, result.stdout + result.stderr

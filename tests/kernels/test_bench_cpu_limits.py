@@ -1,12 +1,14 @@
-"""tools/bench/bench_cpu_limits.py --smoke prints its three tables (docs/benchmarks.md,
+"""tools/bench/cpu_limits.py --smoke prints its three tables (docs/benchmarks.md,
 "What limits `small` on XLA:CPU"), every row timed, and lax.ragged_dot agrees with the tile
 loop it is compared against."""
 
 import re
 
+from tools.bench import cpu_limits
 
-def test_cpu_limits_smoke_tables(bench_script, capsys):
-  bench_script("bench_cpu_limits").main(["--smoke"])
+
+def test_cpu_limits_smoke_tables(capsys):
+  cpu_limits.main(["--smoke"])
   out = capsys.readouterr().out
   assert re.search(r"^XLA:CPU limits, \d{4}-\d\d-\d\d, cpu .* ceiling [\d.]+ GFLOP/s$", out,
                    re.M)

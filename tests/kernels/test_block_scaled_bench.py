@@ -1,19 +1,15 @@
-"""tools/bench/bench_block_scaled.py runs at tiny shapes and times the Hopper path."""
+"""tools/bench/block_scaled.py runs at tiny shapes and times the Hopper path."""
 
-import importlib
-import pathlib
 import re
 
 import pytest
 
-BENCH_DIR = pathlib.Path(__file__).resolve().parents[2] / 'tools' / 'bench'
+from tools.bench import block_scaled
 
 
-def test_tiny_run_times_hopper_path_beside_portable_and_agrees(monkeypatch, capsys):
-  monkeypatch.syspath_prepend(str(BENCH_DIR))
-  bench = importlib.import_module('bench_block_scaled')
-  bench.main(['--tiny', '--repeats', '1', '--recipes', 'mxfp8',
-              '--paths', 'hopper_fp8,dequantize'])
+def test_tiny_run_times_hopper_path_beside_portable_and_agrees(capsys):
+  block_scaled.main(['--tiny', '--repeats', '1', '--recipes', 'mxfp8',
+                     '--paths', 'hopper_fp8,dequantize'])
   out = capsys.readouterr().out
   assert 'M=64 K=96 N=32' in out
   for case in ('bf16', 'mxfp8 [hopper_fp8]', 'mxfp8 [dequantize]'):
@@ -23,4 +19,4 @@ def test_tiny_run_times_hopper_path_beside_portable_and_agrees(monkeypatch, caps
   agreement = re.search(r'^mxfp8 \[hopper_fp8\]\s+([\d.e+-]+)$', out, re.M)
   assert agreement and float(agreement.group(1)) < 1e-6, out
   with pytest.raises(SystemExit, match='--paths: unknown'):
-    bench.main(['--tiny', '--paths', 'wgmma'])
+    block_scaled.main(['--tiny', '--paths', 'wgmma'])

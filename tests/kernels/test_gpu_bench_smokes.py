@@ -1,9 +1,8 @@
 """The GPU benchmark scripts of tools/bench (issue 20, item 6) run their --smoke mode on
 this CPU and print the tables their GPU runs will fill: device and date, every row with a
 time, ratios against the named baseline, forward agreement with the reference, and the
-roofline columns. tools/bench/gpu_all.sh names only scripts and flags that exist."""
+roofline columns. tools/device/gpu_all.sh names only modules and flags that exist."""
 
-import importlib
 import pathlib
 import re
 import subprocess
@@ -11,16 +10,12 @@ import subprocess
 import pytest
 
 from c2jax.plan import accelerators
+from tools.bench import attention, block_scaled, decode, grouped_matmul, train
+from tools.device import gpu_check_kernels
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-BENCH_DIR = ROOT / "tools" / "bench"
+GPU_ALL = ROOT / "tools" / "device" / "gpu_all.sh"
 NUMBER = r"([\d.,]+)"
-
-
-@pytest.fixture
-def bench(monkeypatch):
-  monkeypatch.syspath_prepend(str(BENCH_DIR))
-  return importlib.import_module
 
 
 def _row(out, case):
@@ -31,8 +26,8 @@ def _row(out, case):
   return float(match.group(1)), match.group(4) and float(match.group(4))
 
 
-def test_grouped_matmul_smoke_has_both_routings_and_agrees(bench, capsys):
-  bench("bench_grouped_matmul").main(["--smoke"])
+def test_grouped_matmul_smoke_has_both_routings_and_agrees(capsys):
+  grouped_matmul.main(["--smoke"])
   out = capsys.readouterr().out
   assert re.search(r"^grouped matmul, \d{4}-\d\d-\d\d, cpu", out, re.M)
   assert "balanced routing" in out and re.search(r"skewed routing: .* [1-9]\d* empty", out)
@@ -46,11 +41,11 @@ def test_grouped_matmul_smoke_has_both_routings_and_agrees(bench, capsys):
                       out)
   assert len(errors) == 2 and all(float(e) < 1e-2 for e in errors)
   with pytest.raises(SystemExit, match="--groups: unknown"):
-    bench("bench_grouped_matmul").main(["--smoke", "--groups", "zipf"])
+    grouped_matmul.main(["--smoke", "--groups", "zipf"])
 
 
-def test_block_scaled_smoke_times_grouped_fp8_against_bf16(bench, capsys):
-  bench("bench_block_scaled").main(["--smoke", "--recipes", "mxfp8", "--paths", "dequantize"])
+def test_block_scaled_smoke_times_grouped_fp8_against_bf16(capsys):
+  block_scaled.main(["--smoke", "--recipes", "mxfp8", "--paths", "dequantize"])
   out = capsys.readouterr().out
   assert re.search(r"grouped \(MoE\) GEMMs, M=64 K=96 N=32 G=4, skewed routing: .* 1 empty",
                    out)
@@ -63,8 +58,8 @@ def test_block_scaled_smoke_times_grouped_fp8_against_bf16(bench, capsys):
   assert 1e-4 < error < 0.1
 
 
-def test_attention_smoke_compares_fused_with_blockwise_and_dense(bench, capsys):
-  bench("bench_attention").main(["--smoke", "--heads", "gqa", "--masks", "documents"])
+def test_attention_smoke_compares_fused_with_blockwise_and_dense(capsys):
+  attention.main(["--smoke", "--heads", "gqa", "--masks", "documents"])
   out = capsys.readouterr().out
   assert re.search(r"^attention, \d{4}-\d\d-\d\d, cpu", out, re.M)
   assert "mask documents; auto picks blockwise (cuDNN needs a GPU" in out
@@ -77,8 +72,8 @@ def test_attention_smoke_compares_fused_with_blockwise_and_dense(bench, capsys):
   assert all(float(e) < 2e-2 for e in errors.values())   # bf16 operands
 
 
-def test_train_smoke_reports_mfu_and_roofline_bound(bench, capsys):
-  bench("bench_train").main(["--smoke"])
+def test_train_smoke_reports_mfu_and_roofline_bound(capsys):
+  train.main(["--smoke"])
   out = capsys.readouterr().out
   assert "roofline device: this cpu (measured)" in out
   row = re.search(r"^tiny\s+ragged\s+dense\s+float32\s+2x32\s+" + r"\s+".join([NUMBER] * 3)
@@ -89,8 +84,8 @@ def test_train_smoke_reports_mfu_and_roofline_bound(bench, capsys):
   assert abs(of_bound - 100 * bound_ms / step_ms) < 0.2
 
 
-def test_decode_smoke_reports_the_hbm_bound(bench, capsys):
-  bench("bench_decode").main(["--smoke", "--drafts", "0"])
+def test_decode_smoke_reports_the_hbm_bound(capsys):
+  decode.main(["--smoke", "--drafts", "0"])
   out = capsys.readouterr().out
   assert re.search(r"^decode throughput, \d{4}-\d\d-\d\d, cpu", out, re.M)
   row = re.search(r"^\| tiny \| 2 \| ([\d.]+) \| ([\d.]+) \| (memory|compute) \| ([\d.]+) \|",
@@ -109,12 +104,14 @@ def test_device_kinds_map_to_datasheet_rows():
   assert accelerators.by_device_kind("cpu") is None
 
 
-def test_gpu_all_names_scripts_and_flags_that_exist():
-  script = (BENCH_DIR / "gpu_all.sh").read_text()
-  subprocess.run(["bash", "-n", str(BENCH_DIR / "gpu_all.sh")], check=True)
-  for line in re.findall(r"^run \w+ \d+ (\$BENCH/\S+\.py.*(?:\\\n.*)*)", script, re.M):
+def test_gpu_all_names_modules_and_flags_that_exist():
+  script = GPU_ALL.read_text()
+  subprocess.run(["bash", "-n", str(GPU_ALL)], check=True)
+  lines = re.findall(r"^run \w+ \d+ -m (tools\.\S+.*(?:\\\n.*)*)", script, re.M)
+  assert len(lines) >= 8, lines
+  for line in lines:
     words = line.replace("\\\n", " ").split()
-    path = ROOT / words[0].replace("$BENCH", "tools/bench")
+    path = ROOT / (words[0].replace(".", "/") + ".py")
     assert path.is_file(), path
     source = path.read_text()
     for flag in (w for w in words[1:] if w.startswith("--")):
@@ -125,10 +122,10 @@ def test_gpu_all_names_scripts_and_flags_that_exist():
     assert re.search(rf"^run {name}\b", script, re.M), name
 
 
-def test_gpu_check_passes_a_right_kernel_and_fails_a_wrong_one(bench, monkeypatch, capsys):
+def test_gpu_check_passes_a_right_kernel_and_fails_a_wrong_one(monkeypatch, capsys):
   """gpu_check_kernels' grouped check against its float64 reference: the 'tiled' impl
   passes (forward, both gradients, zero rows past the sum); the same impl 2% off fails."""
-  check = bench("gpu_check_kernels")
+  check = gpu_check_kernels
   monkeypatch.setattr(check, "failures", [])
   check.check_grouped(["tiled"], check.SMOKE_SHAPES, 0, interpret=True)
   assert check.failures == [] and capsys.readouterr().out.count("PASS") == 8

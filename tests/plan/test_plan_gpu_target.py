@@ -125,9 +125,9 @@ def test_mosaic_gpu_kernels_compile_to_device_code_for_h100_and_b200():
   the 'tiled' loop, not the Hopper kernel that ptxas rejects for sm_100a."""
   python = _gpu_python()
   result = subprocess.run(
-      [python, "tools/bench/compile_kernels.py", "--targets", "h100-8,b200-8", "--shapes",
+      [python, "-m", "tools.compile.kernels", "--targets", "h100-8,b200-8", "--shapes",
        "tiny", "--kinds", "grouped,block_scaled"], cwd=REPO,
-      env=dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu"),
+      env=dict(os.environ, JAX_PLATFORMS="cpu"),
       capture_output=True, text=True, timeout=900, check=False)
   assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
   rows = [json.loads(line[5:]) for line in result.stdout.splitlines()

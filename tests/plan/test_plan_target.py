@@ -2,7 +2,6 @@
 the tiny train step compiled by the real TPU compiler for compile-only v5p devices (GPU
 targets: test_plan_gpu_target.py)."""
 
-import importlib
 import json
 import os
 import pathlib
@@ -14,6 +13,8 @@ import pytest
 
 from c2jax.plan import shardings as plan
 from c2jax.plan import topologies
+from tools.compile import ep_exchange
+from tools.compile import kernels as compile_kernels
 
 pytest.importorskip("libtpu", reason='the TPU compiler: pip install -e ".[tpu-compile]"')
 
@@ -72,28 +73,24 @@ def test_tpu_granules_are_slices_not_hosts(v5p_devices):
 # The suite's persistent cache looks the program up first; an executable for compile-only
 # devices cannot be loaded from it (no client), which JAX reports and then compiles.
 @pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
-def test_grouped_matmul_kernels_compile_through_mosaic(v5p_devices, monkeypatch):
+def test_grouped_matmul_kernels_compile_through_mosaic(v5p_devices):
   """Forward, input-gradient and weight-gradient megablox kernels, picked by the mesh's
   platform (not the CPU process's), compile as Mosaic custom calls."""
-  monkeypatch.syspath_prepend(str(REPO / "tools" / "bench"))
-  bench = importlib.import_module("compile_kernels")
   # (The block-scaled recipe runs the same three kernels on dequantised operands; its
-  # fake-quantisation compiles slowly, so tools/bench/compile_kernels.py covers it.)
-  result = bench.compile_one(v5p_devices, "grouped", bench.SHAPES["tiny"], jnp.bfloat16)
+  # fake-quantisation compiles slowly, so tools/compile/kernels.py covers it.)
+  result = compile_kernels.compile_one(v5p_devices, "grouped", compile_kernels.SHAPES["tiny"],
+                                       jnp.bfloat16)
   assert result["mosaic_calls"] == 3, result
   assert result["cost_model_s"] > 0 and result["temp_bytes"] > 0
 
 
 @pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
-def test_ragged_ep_exchange_compiles_for_tpu_and_moves_less_than_fixed_buckets(
-    monkeypatch, capsys):
+def test_ragged_ep_exchange_compiles_for_tpu_and_moves_less_than_fixed_buckets(capsys):
   """A dropless expert-parallel MoE layer (forward and backward) on v5p-8, expert 4: the
   ragged exchange compiles to ragged all-to-alls that send less than the fixed
   worst-case buckets' all-to-alls, and the compiler sees fewer bytes accessed."""
-  monkeypatch.syspath_prepend(str(REPO / "tools" / "bench"))
-  bench = importlib.import_module("compile_ep_exchange")
-  bench.main(["--shape=tiny", "--target=v5p-8", "--expert=4", "--seq_len=256",
-              "--exchanges=ragged:0,fixed:0"])
+  ep_exchange.main(["--shape=tiny", "--target=v5p-8", "--expert=4", "--seq_len=256",
+                    "--exchanges=ragged:0,fixed:0"])
   ragged, fixed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
   assert (ragged["exchange"], fixed["exchange"]) == ("ragged", "fixed")
   sent = ragged["collective_operand_bytes"]

@@ -1,19 +1,11 @@
-"""tools/bench/tpu_cost_breakdown.py: the TPU compiler's per-instruction cycle estimates,
+"""tools/compile/tpu_cost_breakdown.py: the TPU compiler's per-instruction cycle estimates,
 added up by the JAX operation they came from."""
-
-import importlib
-import sys
 
 import numpy as np
 import pytest
 
 from c2jax.plan import topologies
-
-
-@pytest.fixture
-def tool(monkeypatch):
-  monkeypatch.syspath_prepend("tools/bench")
-  return importlib.import_module("tpu_cost_breakdown")
+from tools.compile import tpu_cost_breakdown
 
 
 HLO = """\
@@ -32,20 +24,20 @@ ENTRY %main (p: f32[8]) -> f32[8] {
 """
 
 
-def test_adds_estimates_by_operation_and_keeps_uncosted_apart(tool):
-  result = tool.breakdown(HLO)
+def test_adds_estimates_by_operation_and_keeps_uncosted_apart():
+  result = tpu_cost_breakdown.breakdown(HLO)
   # The fusion body's own estimate is inside its fusion's: not counted twice.
   assert result.cycles == {"fwd moe/experts/dot_general": 300,
                            "bwd moe/experts/dot_general": 100, "? copy": 50}
   assert result.total == 450
   assert result.unknown == {"fwd moe/scatter-add": 1}
   assert result.by_opcode == {"fusion": 400, "copy": 50}
-  text = tool.format_breakdown(result, top=2)
+  text = tpu_cost_breakdown.format_breakdown(result, top=2)
   assert "66.7%" in text and "fwd moe/experts/dot_general" in text
   assert "no estimate (not summed): fwd moe/scatter-add x1" in text
 
 
-def test_a_step_compiled_for_a_tpu_names_its_matmul_first(tool, monkeypatch):
+def test_a_step_compiled_for_a_tpu_names_its_matmul_first(monkeypatch):
   pytest.importorskip("libtpu")
   monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another test process may hold it
   import jax
@@ -56,6 +48,6 @@ def test_a_step_compiled_for_a_tpu_names_its_matmul_first(tool, monkeypatch):
   spec = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16,
                               sharding=NamedSharding(mesh, PartitionSpec()))
   hlo = jax.jit(lambda a, b: jnp.tanh(a @ b)).lower(spec, spec).compile().as_text()
-  result = tool.breakdown(hlo)
+  result = tpu_cost_breakdown.breakdown(hlo)
   assert result.total > 0
   assert "dot_general" in result.cycles.most_common(1)[0][0]

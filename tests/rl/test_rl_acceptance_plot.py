@@ -1,7 +1,6 @@
-"""tools/bench/plot_rl_acceptance.py: windowed table and plot from runs' metrics.jsonl."""
+"""experiments/findings/plot_rl_acceptance.py: windowed table and plot from runs' metrics.jsonl."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -23,10 +22,9 @@ def test_table_averages_windows_and_the_plot_is_written(tmp_path):
   frozen = _run_dir(tmp_path / "frozen", [0.8, 0.4, 0.2])
   out = tmp_path / "fig.png"
   done = subprocess.run(
-      [sys.executable, str(ROOT / "tools" / "bench" / "plot_rl_acceptance.py"),
+      [sys.executable, "-m", "experiments.findings.plot_rl_acceptance",
        f"online={online}", f"frozen={frozen}", "--window", "2", "--out", str(out)],
-      env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-      timeout=120, check=False)
+      cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
   assert done.returncode == 0, done.stderr[-2000:]
   assert "| online | 1-2 | 2.400 | 0.700 |" in done.stdout, done.stdout
   assert "| frozen | 3-3 | 1.400 | 0.200 |" in done.stdout, done.stdout
@@ -38,7 +36,6 @@ def test_a_run_without_speculation_is_refused(tmp_path):
   plain.mkdir()
   (plain / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.1}) + "\n")
   done = subprocess.run(
-      [sys.executable, str(ROOT / "tools" / "bench" / "plot_rl_acceptance.py"),
-       f"plain={plain}"], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
-      text=True, timeout=120, check=False)
+      [sys.executable, "-m", "experiments.findings.plot_rl_acceptance", f"plain={plain}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
   assert done.returncode != 0 and "num_draft_tokens" in done.stderr

@@ -1,13 +1,14 @@
-"""tools/bench/bench_decode_layout.py: the layouts it compares sample the same tokens (the
+"""tools/bench/decode_layout.py: the layouts it compares sample the same tokens (the
 script asserts it) and each prints its per-step time; a peer bench model name works as
 --variant."""
 
 import re
 
+from tools.bench import decode_layout
 
-def test_bench_decode_layout_split_against_fused(bench_script, capsys):
-  bench = bench_script("bench_decode_layout")
-  bench.main(["--variant", "qwen3_moe_tiny", "--batches", "2", "--steps", "2", "--rounds",
+
+def test_bench_decode_layout_split_against_fused(capsys):
+  decode_layout.main(["--variant", "qwen3_moe_tiny", "--batches", "2", "--steps", "2", "--rounds",
               "1", "--layouts", "layers+experts,layers+fused", "--stat", "median"])
   line = capsys.readouterr().out.strip().splitlines()[-1]
   assert line.startswith("qwen3_moe_tiny batch 2: layers+experts ")

@@ -1,10 +1,11 @@
-"""tools/bench/bench_sampler.py: the three argmax forms agree (the script asserts it) and
+"""tools/bench/sampler.py: the three argmax forms agree (the script asserts it) and
 each prints its per-step time, alone and with the log-prob."""
 
+from tools.bench import sampler
 
-def test_bench_sampler_times_every_form(bench_script, capsys):
-  bench = bench_script("bench_sampler")
-  bench.main(["--batches", "2", "--vocabs", "96", "--rounds", "1"])
+
+def test_bench_sampler_times_every_form(capsys):
+  sampler.main(["--batches", "2", "--vocabs", "96", "--rounds", "1"])
   lines = capsys.readouterr().out.splitlines()
   assert lines[0].startswith("greedy sampler, ")
   header, row = lines[1], lines[-1]

@@ -1,19 +1,14 @@
-"""tools/bench/bench_serve.py --smoke runs end to end and reports consistent numbers."""
-
-import importlib.util
-import pathlib
+"""tools/bench/serve.py --smoke runs end to end and reports consistent numbers."""
 
 import pytest
+
+from tools.bench import serve
 
 pytest.importorskip("openai")
 
 
 def test_bench_serve_smoke(capsys):
-  path = pathlib.Path(__file__).parents[2] / "tools" / "bench" / "bench_serve.py"
-  spec = importlib.util.spec_from_file_location("bench_serve", path)
-  bench = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(bench)
-  result = bench.main(["--smoke", "--clients", "4"])
+  result = serve.main(["--smoke", "--clients", "4"])
   assert result["engine_tokens_per_s"] > 0 and result["server_tokens_per_s"] > 0
   # 4 clients x 1 round x at most 16 tokens (fewer only if <|eos|> was sampled).
   assert 4 <= result["server_tokens"] <= 64

@@ -19,7 +19,7 @@ from c2jax import sweep
 pytestmark = pytest.mark.slow
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = REPO / "experiments" / "notebooks"
-SWEEP = "experiments/scaling_tiny.py:test"
+SWEEP = "experiments/sweeps/scaling_tiny.py:test"
 
 
 def tiny_settings(data_cache):

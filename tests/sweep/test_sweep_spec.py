@@ -30,14 +30,14 @@ def write_sweep(tmp_path, body, name="s.py"):
 
 
 def test_grid_expands_in_order_with_stable_names():
-  plan = sweep.load(str(REPO / "experiments/tiny_lr_width.py"))
+  plan = sweep.load(str(REPO / "experiments/sweeps/tiny_lr_width.py"))
   assert plan.axes == ("train.learning_rate", "model.hidden_size")
   assert [p.name for p in plan.points] == [
       "learning_rate=0.001,hidden_size=32", "learning_rate=0.001,hidden_size=64",
       "learning_rate=0.003,hidden_size=32", "learning_rate=0.003,hidden_size=64"]
   assert plan.points[1].config.model.hidden_size == 64
   assert plan.points[1].config.train.steps == 40  # fixed overrides reach every point
-  again = sweep.load(str(REPO / "experiments/tiny_lr_width.py"))
+  again = sweep.load(str(REPO / "experiments/sweeps/tiny_lr_width.py"))
   assert [p.name for p in again.points] == [p.name for p in plan.points]
   command = plan.command(plan.points[0], pathlib.Path("/w/r"))
   assert command[2:5] == ["c2jax.cli", "pretrain", f"--config={REPO}/configs/pretrain.py:tiny"]
@@ -45,7 +45,7 @@ def test_grid_expands_in_order_with_stable_names():
 
 
 def test_points_list_axes_are_the_varying_keys():
-  plan = sweep.load(str(REPO / "experiments/scaling_tiny.py") + ":test")
+  plan = sweep.load(str(REPO / "experiments/sweeps/scaling_tiny.py") + ":test")
   assert plan.axes == ("model.hidden_size", "model.intermediate_size", "train.steps")
   assert len(plan.points) == 4
   assert plan.points[3].name == "hidden_size=64,intermediate_size=192,steps=6"
@@ -103,7 +103,7 @@ def test_metrics_read_a_run_dir(tmp_path):
           {"step": 3, "loss": "nan"}, {"step": 3, "eval_loss": 4.0}]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"ste')
   (tmp_path / "summary.json").write_text(json.dumps({"overall": {"accuracy": 0.25}}))
-  plan = sweep.load(str(REPO / "experiments/tiny_lr_width.py"))
+  plan = sweep.load(str(REPO / "experiments/sweeps/tiny_lr_width.py"))
   config = plan.points[0].config
   assert sweep.last("eval_loss").collect(tmp_path, config) == 4.0
   assert sweep.minimum("loss").collect(tmp_path, config) == 3.0
@@ -122,7 +122,7 @@ def test_metrics_read_a_run_dir(tmp_path):
 
 
 def test_table_keeps_every_point_and_plots(tmp_path):
-  plan = sweep.load(str(REPO / "experiments/tiny_lr_width.py"))
+  plan = sweep.load(str(REPO / "experiments/sweeps/tiny_lr_width.py"))
   statuses = {}
   for i, point in enumerate(plan.points):
     directory = runner.run_dir(tmp_path, point)
@@ -151,9 +151,9 @@ def test_table_keeps_every_point_and_plots(tmp_path):
 
 def test_cli_dry_run_lists_points_and_rejects_bad_files(tmp_path):
   env_cmd = [sys.executable, "-m", "c2jax.cli", "sweep"]
-  result = subprocess.run(env_cmd + ["experiments/tiny_lr_width.py", f"--workdir={tmp_path}",
-                                     "--dry_run"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+  result = subprocess.run(env_cmd + ["experiments/sweeps/tiny_lr_width.py",
+                                     f"--workdir={tmp_path}", "--dry_run"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
   assert result.returncode == 0, result.stderr
   assert result.stdout.count("pending ") == 4
   assert "--config.train.learning_rate=0.003" not in result.stdout  # only the first command
@@ -182,7 +182,7 @@ def test_set_may_not_touch_an_axis_and_metrics_may_not_shadow_columns(tmp_path):
 def test_errors_inside_the_sweep_file_are_reported_as_its_own():
   with pytest.raises(sweep.SweepError, match=r"get_sweep\('huge'\) raised ValueError: "
                      r"scaling_tiny.py:huge: expected one of \['default', 'test'\]"):
-    sweep.load(str(REPO / "experiments/scaling_tiny.py") + ":huge")
+    sweep.load(str(REPO / "experiments/sweeps/scaling_tiny.py") + ":huge")
 
 
 def _jsonl(path, rows):
@@ -191,8 +191,9 @@ def _jsonl(path, rows):
 
 
 def test_pipeline_sweep_reads_each_stage_of_a_chain(tmp_path):
-  """experiments/fig2_chain.py: CPT -> SFT -> RL per point; one row has every stage's number."""
-  plan = sweep.load(str(REPO / "experiments/fig2_chain.py:test"))
+  """experiments/sweeps/fig2_chain.py: CPT -> SFT -> RL per point; one row has every
+  stage's number."""
+  plan = sweep.load(str(REPO / "experiments/sweeps/fig2_chain.py:test"))
   assert plan.sweep.verb == "pipeline" and plan.axes == ("pretrain.train.steps",)
   assert [p.config.pretrain.train.steps for p in plan.points] == [1, 2, 4]
   assert tuple(plan.points[0].config.stages) == ("pretrain", "traces", "sft", "rl")

@@ -1,4 +1,4 @@
-"""The peer side of tools/bench/bench_decode_peers.py: one persistent worker process per
+"""The peer side of tools/bench/decode_peers.py: one persistent worker process per
 peer, run by that peer's own interpreter (its virtualenv; no c2jax needed, only the
 standard library at the top):
 
@@ -10,7 +10,7 @@ It reads one JSON request a line on stdin ({"op": "build", "shape": ..., "batch"
 {"seconds": ...}: the wall time of one whole generate call of n new tokens;
 {"prefill": ..., "decode": ...}: the same call's prefill, which samples the first token,
 and then its decode of the other n - 1 from the prefilled cache, timed apart). The
-method and the settings of each peer are bench_decode_peers.py's docstring.
+method and the settings of each peer are decode_peers.py's docstring.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def _maxtext_builder(request: dict, sparse: bool):
 def hf_builder(request: dict):
   """transformers' greedy generate of `request['batch']` random prompts: (timed(count),
   None, parameter count); timed(count) is the seconds one generate of `count` tokens
-  takes (there is no split timing on this side). bench_decode.py's HF side uses it too."""
+  takes (there is no split timing on this side). decode.py's HF side uses it too."""
   import torch
   from transformers import AutoModelForCausalLM
   model = AutoModelForCausalLM.from_pretrained(request["hf_dir"], dtype=torch.float32).eval()

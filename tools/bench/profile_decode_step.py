@@ -4,7 +4,7 @@ alone, interleaved round by round, best of --rounds (ms per decode step):
   layers     the decoder layers and final norm over a one-token step against the KV
              cache (in the per-layer layout JaxEngine picks on one CPU device, with the
              projection kernels as model.init stores them: the engine may also transpose
-             or split some, cpu_layout.py), no LM head
+             or split some, c2jax/rollout/cpu_decode), no LM head
   head       the LM head over the step's hidden state
   sampler    greedy sampling and the token's log-prob (c2jax.rollout.sampling.sample)
   loop       one compiled 64-step decode loop (decode_loop.decode_steps), per step: the
@@ -14,7 +14,7 @@ alone, interleaved round by round, best of --rounds (ms per decode step):
 engine@N - loop is the host's per-call work (scheduling, reading tokens, log-probs and
 routing back) spread over the call's N steps.
 
-    PYTHONPATH=. python tools/bench/profile_decode_step.py --variants qwen3_small --batches 1,8,32
+    python -m tools.bench.profile_decode_step --variants qwen3_small --batches 1,8,32
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 from c2jax import host_memory, model
 from c2jax.model import variants
 from c2jax.rollout import JaxEngine, Request, SamplingParams, decode_loop, sampling
-from c2jax.rollout.cpu_layout import decode_layout_pays
+from c2jax.rollout.cpu_decode import decode_layout_pays
 
 PROMPT, STEPS = 16, 64
 

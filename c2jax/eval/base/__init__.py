@@ -15,7 +15,7 @@
       diffs; greedy generation; score = mean of 1 - Levenshtein / max length (characters).
       -> StateTrackingResult
 
-`tools/build_state_tracking.py --repo DIR --out cases.jsonl` writes cases.
+`python -m tools.tasks.build_state_tracking --repo DIR --out cases.jsonl` writes cases.
 """
 
 from c2jax.eval.base.codebase import CodebaseOptions

@@ -54,7 +54,7 @@ class Case:
     if not isinstance(record, dict) or not fields - {"meta"} <= set(record):
       got = sorted(record) if isinstance(record, dict) else type(record).__name__
       raise ValueError(f"state-tracking case has fields {got}; expected "
-                       f"{sorted(fields)} (write cases with tools/build_state_tracking.py).")
+                       f"{sorted(fields)} (write cases with tools/tasks/build_state_tracking.py).")
     wrong = [k for k in ("id", "path", "initial", "final", "source")
              if not isinstance(record[k], str)]
     if not isinstance(record["diffs"], list) or not all(
@@ -204,7 +204,7 @@ def git_cases(repo: str | os.PathLike, *, max_cases: int = 50, min_diffs: int = 
   if not (root / ".git").exists():
     raise ValueError(f"{root} is not a git checkout (no .git); pass a repository with "
                      "history, or generate cases instead (procedural_cases(), or "
-                     "--procedural N in tools/build_state_tracking.py).")
+                     "--procedural N in tools/tasks/build_state_tracking.py).")
   if min_diffs < 1 or max_diffs < min_diffs:
     raise ValueError(f"min_diffs = {min_diffs}, max_diffs = {max_diffs}; use "
                      "1 <= min_diffs <= max_diffs.")

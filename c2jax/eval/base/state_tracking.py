@@ -228,7 +228,7 @@ def run(engine, tokenizer, cases: Sequence[Case],
   options.validate()
   if not cases:
     raise ValueError("state tracking got no cases; build them with "
-                     "tools/build_state_tracking.py or state_cases.procedural_cases().")
+                     "tools/tasks/build_state_tracking.py or state_cases.procedural_cases().")
   began = time.perf_counter()
   requests, kept, skipped = prepare(engine.max_length, tokenizer, cases, options, seed=seed)
   if not kept:

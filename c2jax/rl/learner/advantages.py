@@ -11,7 +11,7 @@ later receives its chain's advantage.
 Why dr_grpo by default: dividing by the group std rescales each prompt's signal by how
 uncertain the policy is on it, so nearly-solved (or nearly-hopeless) prompts, whose
 rewards barely differ, get their tiny differences blown up to unit scale. See
-experiments/kl_estimators.py for the degenerate case.
+experiments/findings/kl_estimators.py for the degenerate case.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ With log r = log p(x) - log q(x) (p the reference policy, q the policy that samp
   k2 = (log r)^2 / 2          biased (exact only to second order), always >= 0
   k3 = (r - 1) - log r        unbiased and >= 0, but r = exp(log r) makes its variance
                               explode once q and p drift apart
-experiments/kl_estimators.py measures the variances (the report's Figure 4).
+experiments/findings/kl_estimators.py measures the variances (the report's Figure 4).
 
 Placement (config.rl.kl.placement):
   reward  the estimate is a detached per-token penalty folded into the advantage

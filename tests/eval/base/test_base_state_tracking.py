@@ -2,7 +2,6 @@
 through real engines (a scripted oracle engine, FakeEngine, JaxEngine on the tiny model)."""
 
 import json
-import os
 import pathlib
 import shutil
 import subprocess
@@ -92,17 +91,16 @@ def test_git_cases_follow_renames_and_match_git(history_repo, tmp_path):
 
 def test_build_tool_writes_cases(history_repo, tmp_path):
   out = tmp_path / "cases.jsonl"
-  tool = pathlib.Path(__file__).resolve().parents[3] / "tools" / "build_state_tracking.py"
-  env = {**os.environ, "PYTHONPATH": str(tool.parents[1])}
-  done = subprocess.run([sys.executable, str(tool), "--repo", str(history_repo), "--out",
-                         str(out), "--procedural", "2", "--seed", "5"], env=env, check=True,
-                        capture_output=True, text=True)
+  repo = pathlib.Path(__file__).resolve().parents[3]
+  done = subprocess.run([sys.executable, "-m", "tools.tasks.build_state_tracking", "--repo",
+                         str(history_repo), "--out", str(out), "--procedural", "2", "--seed",
+                         "5"], cwd=repo, check=True, capture_output=True, text=True)
   assert json.loads(done.stdout)["cases"] == 4
   cases = state_cases.load_jsonl(out)
   assert [c.source for c in cases] == ["git", "git", "procedural", "procedural"]
   assert all(_replay(c) == c.final for c in cases)
-  failed = subprocess.run([sys.executable, str(tool), "--out", str(out)], env=env,
-                          capture_output=True, text=True)
+  failed = subprocess.run([sys.executable, "-m", "tools.tasks.build_state_tracking", "--out",
+                           str(out)], cwd=repo, capture_output=True, text=True)
   assert failed.returncode != 0 and "--procedural" in failed.stderr
 
 

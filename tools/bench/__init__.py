@@ -1,0 +1,1 @@
+"""Timings on this machine or a device (tools/bench/README.md)."""

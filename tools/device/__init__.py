@@ -1,0 +1,1 @@
+"""The checks to run on a lent GPU (tools/device/README.md)."""

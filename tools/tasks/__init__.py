@@ -1,0 +1,1 @@
+"""Builders of task suites and eval cases (tools/tasks/README.md)."""
