@@ -135,7 +135,9 @@ def two_nodes(monkeypatch, head_cpus: int, node_cpus: int):
       _kill_group(process, signal.SIGTERM)  # `ray start --block` stops its node on TERM
     for process in reversed(processes):
       try:
-        process.wait(timeout=10)
+        # Briefly: the head's graceful stop outlasts 10 s (it was always cut short by the
+        # SIGKILL below), and the group's SIGKILL ends this throwaway cluster either way.
+        process.wait(timeout=2)
       except subprocess.TimeoutExpired:
         pass
       _kill_group(process, signal.SIGKILL)  # whatever of the group outlived it

@@ -54,6 +54,9 @@ def _smoke_data(args, cfg):
   cfg.data.vocab_size = 1024
   cfg.data.max_total_bytes = 3_000_000
   cfg.data.tokenizer_train_bytes = 300_000
+  # One (dense) layer: the jobs' time is tracing the model, and the smoke checks the
+  # pipeline, not the model; SFT and RL inherit it from the CPT checkpoint.
+  cfg.model.num_layers = 1
 
 
 def pretrain_config(args, steps: int, seed: int):

@@ -22,7 +22,9 @@ def _sandbox_containers_since(client, since):
 
 
 def _run(args, timeout):
-  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu', C2JAX_XLA_CACHE='off')
+  # The suite's XLA cache (tests/conftest.py) stays on: `c2jax rl` here compiles the same
+  # programs as the other configs/rl.py:test runs, and the engine is what this file tests.
+  env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS='cpu')
   proc = subprocess.run([sys.executable, '-m', 'c2jax.cli', *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=timeout, check=False)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

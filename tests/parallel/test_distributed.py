@@ -1,8 +1,9 @@
 """Multi-process JAX on loopback: 4 CPU processes x 2 fake devices form one 8-device mesh,
 take one train step of the tiny model and evaluate shards that run out at different
-batches; they must match a 1-process, 8-device run. (Two processes run the whole
-`c2jax pretrain` in tests/train/test_preemption_distributed.py.) A SLURM step's environment is
-detected by JAX's own cluster detection.
+batches; they must match a 1-process, 8-device run. (The tiny model is cut to one MoE
+layer, since five processes compile it; two processes run the whole `c2jax pretrain` in
+tests/train/test_preemption_distributed.py.) A SLURM step's environment is detected by
+JAX's own cluster detection.
 
 This file is also the worker: `python test_distributed.py` prints one JSON line.
 """
@@ -145,6 +146,9 @@ def _worker() -> None:
   cfg = configlib.load_config_file(REPO / "configs/pretrain.py", "tiny")
   distributed.initialize(cfg.parallel.distributed)
   cfg.train.batch_size, cfg.train.seq_len = max(4, jax.device_count()), 16
+  # One MoE layer (attention, router, routed and shared experts) in place of tiny's
+  # dense + MoE pair: each of the five processes compiles a quarter less.
+  cfg.model.num_layers, cfg.model.first_k_dense = 1, 0
   rt = loop.build_runtime(cfg)
   state = loop.init_state(rt)
   rng = np.random.default_rng(0)

@@ -153,7 +153,7 @@ def test_moe_layer_with_router_replay_matches_no_mesh(dispatch_results):
 def test_train_steps_on_meshes_match_one_device():
   results = run_checks("train")
   reference = results.pop("one_device")
-  assert set(results) == {"fsdp8", "data2_fsdp2_expert2", "expert4_fsdp2"}
+  assert set(results) == {"fsdp8", "data2_fsdp2_expert2"}
   for name, run in results.items():
     assert run["all_to_all"] == (name != "fsdp8"), name
     assert run["dropped"] == [0.0, 0.0, 0.0]

@@ -34,8 +34,9 @@ def test_rl_with_speculative_actors_logs_acceptance_and_publishes_trained_heads(
   # `c2jax rl` in a child process (it starts its own actor processes), its config built
   # here: a data list cannot be overridden on the command line.
   script = f"""
-from c2jax import config as configlib
+from c2jax import compile_cache, config as configlib
 from c2jax.rl import trainer
+compile_cache.enable()  # as `c2jax rl` does: the suite's XLA cache (tests/conftest.py)
 cfg = configlib.load_config_file("configs/rl.py", "test")
 cfg.data.update(cache_dir={str(tmp_path / "data")!r}, vocab_size=1024,
                 max_total_bytes=1_000_000, tokenizer_train_bytes=300_000,

@@ -44,7 +44,10 @@ def parallel_cfg(**sizes):
 
 
 def make_model():
-  cfg = tiny_cfg(vocab_size=VOCAB, num_layers=2, num_mtp_layers=1, **MLA_OVERRIDES)
+  # One MoE layer (MLA attention, router, routed + shared experts) and the MTP layer, in
+  # place of a dense + MoE pair: compiled for one engine and three meshes.
+  cfg = tiny_cfg(vocab_size=VOCAB, num_layers=1, first_k_dense=0, num_mtp_layers=1,
+                 **MLA_OVERRIDES)
   params = random_params(cfg)
   params[mtp.PARAMS_KEY] = draw_params(
       jax.eval_shape(lambda: mtp.init(cfg, jax.random.key(1))), cfg.init_std, 8)

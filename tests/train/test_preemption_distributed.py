@@ -16,10 +16,13 @@ from train_testlib import REPO, job_command, losses, signal_at_step, summary
 pytestmark = pytest.mark.slow  # each run starts two JAX processes
 PRETRAIN = "configs/pretrain.py:tiny"
 # Enough steps after the latest signal (step 5) for the processes to agree on a sync
-# point: a tiny step takes tens of milliseconds on a quiet machine.
-STEPS = 40
+# point (a step or two after it): a tiny step takes tens of milliseconds on a quiet machine.
+STEPS = 30
+# The tiny model cut to its one MoE layer: six processes compile it, and each step is a
+# collective between the two.
 ARGS = (f"--config.train.steps={STEPS}", "--config.train.checkpoint_every=20",
-        "--config.train.eval_every=0")
+        "--config.train.eval_every=0", "--config.model.num_layers=1",
+        "--config.model.first_k_dense=0")
 
 
 def _free_port() -> int:
