@@ -18,8 +18,12 @@ setup(
     # cpu_matmul's C++ source, compiled on first use (kernels/cpu_matmul/__init__.py).
     package_data={"c2jax_kernels.cpu_matmul": ["*.cc"]},
     install_requires=[
-        "jax>=0.11.2",
-        "jaxlib>=0.11.2",
+        # Upper bound: the tested release. The TPU kernels compile through Mosaic, whose
+        # serialised module a given libtpu must read (jax 0.12.1 writes Mosaic version 20,
+        # libtpu 0.0.50 reads up to 18); move jax, jaxlib, libtpu (tpu-compile) and the
+        # CUDA plugin (gpu-compile) together and rerun tests/plan.
+        "jax>=0.11.2,<0.12.1",
+        "jaxlib>=0.11.2,<0.12.1",
         "flax>=0.12",
         "optax>=0.2.5",
         "orbax-checkpoint>=0.11",
