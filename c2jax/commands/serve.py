@@ -77,16 +77,14 @@ USAGE = ("usage: c2jax serve --model RUN_OR_HF_DIR [--host H --port N --slots N 
 def settings_from_flags():
   """The server's settings: --config (or settings.defaults()), then each flag given on the
   command line over its field (settings.FLAG_FIELDS)."""
+  from c2jax import config as configlib  # pylint: disable=g-import-not-at-top
   from c2jax.serve import settings  # pylint: disable=g-import-not-at-top
 
   cfg = settings.defaults() if _CONFIG.value is None else _CONFIG.value
   for flag, field in settings.FLAG_FIELDS.items():
     if flags.FLAGS[flag].present:
-      *groups, key = field.split(".")
-      node = cfg
-      for group in groups:
-        node = node[group]
-      node[key] = flags.FLAGS[flag].value
+      group, _, key = field.rpartition(".")
+      (configlib.get(cfg, group) if group else cfg)[key] = flags.FLAGS[flag].value
   return cfg
 
 
@@ -112,7 +110,7 @@ def main(argv: list[str]) -> int:
       return 2
     profile_dir = os.path.join(cfg.model, "profile", "serve")
   # Heavy imports after the settings are checked, so a typo fails fast.
-  from c2jax.rollout import JaxEngine, sharding  # pylint: disable=g-import-not-at-top
+  from c2jax.rollout import JaxEngine, jax_engine, sharding  # pylint: disable=g-import-not-at-top
   from c2jax.serve import (app, auth, loading, server,  # pylint: disable=g-import-not-at-top
                            validation)
   from c2jax.train import profiling  # pylint: disable=g-import-not-at-top
@@ -123,7 +121,8 @@ def main(argv: list[str]) -> int:
                        max_length=cfg.engine.max_length, version=loaded.version,
                        detokenize=loaded.tokenizer.decode, seed=cfg.engine.seed,
                        parallel=mesh, max_decode_steps=cfg.engine.max_decode_steps,
-                       decode_steps=min(cfg.engine.max_decode_steps, 8))
+                       decode_steps=min(cfg.engine.max_decode_steps,
+                                        jax_engine.DEFAULT_DECODE_STEPS))
   except (FileNotFoundError, ValueError) as e:
     print(f"c2jax serve: {e}", file=sys.stderr)
     return 2
