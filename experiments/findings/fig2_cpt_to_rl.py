@@ -218,7 +218,7 @@ def main(argv=None):
     return main_from_checkpoints(args)
   common.check_kinds(args, ("pretrain", "sft", "rl"))
   if args.smoke:
-    args.levels, args.sft_steps, args.traces, args.rl_steps = "1,2,4", 2, 4, 1
+    args.levels, args.sft_steps, args.traces, args.rl_steps = "1,2", 2, 4, 1
   try:
     levels = sorted({int(x) for x in args.levels.split(",") if x})
   except ValueError:

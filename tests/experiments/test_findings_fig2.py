@@ -27,19 +27,27 @@ def test_summary_correlates_loss_with_reward():
   assert "undefined" in s["verdict"]
 
 
-@pytest.mark.slow
-def test_smoke_runs_three_levels_and_writes_the_table(tmp_path):
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+  """The --smoke run: two CPT levels (1 and 2 steps), each -> SFT -> RL."""
+  tmp_path = tmp_path_factory.mktemp("fig2")
   numbers, workdir = run_smoke("fig2_cpt_to_rl", tmp_path, timeout=1500)
+  return tmp_path, numbers, workdir
+
+
+@pytest.mark.slow
+def test_smoke_runs_every_level_and_writes_the_table(smoke):
+  tmp_path, numbers, workdir = smoke
   out = tmp_path / "out"
   rows = [json.loads(line) for line in (out / "cpt_to_rl.jsonl").read_text().splitlines()]
   with open(out / "cpt_to_rl.csv") as f:
     csv_rows = list(csv.DictReader(f))
-  assert [r["cpt_steps"] for r in rows] == [1, 2, 4] == numbers["levels"]
-  assert [int(r["cpt_steps"]) for r in csv_rows] == [1, 2, 4]
+  assert [r["cpt_steps"] for r in rows] == [1, 2] == numbers["levels"]
+  assert [int(r["cpt_steps"]) for r in csv_rows] == [1, 2]
   assert list(rows[0])[:6] == ["cpt_steps", "cpt_compute", "cpt_loss", "sft_loss",
                                "rl_reward", "seed"]
   # Compute is proportional to the CPT steps; each loss is the run's own last eval.
-  assert rows[2]["cpt_compute"] == pytest.approx(4 * rows[0]["cpt_compute"])
+  assert rows[1]["cpt_compute"] == pytest.approx(2 * rows[0]["cpt_compute"])
   for row in rows:
     for key, run in (("cpt_loss", row["cpt_run"]), ("sft_loss", row["sft_run"])):
       evals = [json.loads(line)["eval_loss"] for line in
@@ -48,12 +56,18 @@ def test_smoke_runs_three_levels_and_writes_the_table(tmp_path):
     rewards = [json.loads(line) for line in open(f"{row['rl_run']}/metrics.jsonl")]
     assert row["rl_reward"] == [r["reward"] for r in rewards if "reward" in r][-1]
   assert (workdir / "traces" / "train.jsonl").exists()
-  # --from-checkpoints: existing runs as the levels (here two of the CPT runs, steps 1
-  # and 4); each level's losses are its run's own at that step, and RL starts from it.
-  rows = [rows[0], rows[2]]
+
+
+@pytest.mark.slow
+def test_from_checkpoints_uses_existing_runs_as_the_levels(smoke, tmp_path):
+  # --from-checkpoints: existing runs as the levels (here the smoke's two CPT runs, steps
+  # 1 and 2); each level's losses are its run's own at that step, and RL starts from it.
+  first, _, _ = smoke
+  rows = [json.loads(line) for line in
+          (first / "out" / "cpt_to_rl.jsonl").read_text().splitlines()]
   runs = ",".join(row["cpt_run"] for row in rows)
   again, _ = run_smoke("fig2_cpt_to_rl", tmp_path, "--from-checkpoints", runs, timeout=900)
-  assert again["levels"] == [1, 4] and again["from_checkpoints"] == runs.split(",")
+  assert again["levels"] == [1, 2] and again["from_checkpoints"] == runs.split(",")
   for row, before in zip(again["rows"], rows):
     assert row["sft_loss"] == before["cpt_loss"] and row["sft_loss_source"] == "metrics"
     assert row["cpt_compute"] == pytest.approx(before["cpt_compute"])
