@@ -10,7 +10,9 @@
 `iter(dataset)` is a grain DatasetIterator: `get_state()` is a small JSON-serialisable
 dict and `set_state(state)` on a fresh iterator of the same dataset continues with exactly
 the batches that followed the saved point, so a resumed run neither skips nor repeats an
-example. Multi-host: pass shard_index=jax.process_index(), shard_count=jax.process_count().
+example. Training reads a run's data as streams, each one of these pipelines with
+shard_index=stream, shard_count=streams (c2jax.data.streams); held-out data is sharded by
+process (shard_index=jax.process_index(), shard_count=jax.process_count()).
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def train(cfg, workdir) -> dict:
     host = distributed.gather_for_leader(state.params)
     if run is not None:
       lead = _on_leader(lambda: leader_lib.Lead(
-          cfg, run, step, host, restored[2] if restored is not None else None))
+          cfg, run, step, host, restored[2][0] if restored is not None else None))
       closing.callback(lead.close)  # first: stops the actors
     step_fn = learner_runtime.make_step(rt)
     late = runtime.LateMetrics(

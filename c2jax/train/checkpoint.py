@@ -11,9 +11,12 @@ Restore never destroys a run. When the newest step fails to restore, the cause d
       (permission, a storage service that is down), or any cause not recognised as
       damage: `CheckpointRestoreError` naming the cause, with every step left in place.
 
-With several jax.distributed processes each process has its own data-iterator state (its
-shard of the data); `save` gathers them, the checkpoint keeps one per process, and each
-process restores its own.
+With several jax.distributed processes each process has its own data-iterator state;
+`save` gathers them and the checkpoint keeps every process's. Restoring returns them all,
+in the writing run's process order, whatever this run's process count: the job decides
+what each of its processes continues from (training data streams: c2jax.data.streams;
+the RL leader's queue position: the writer's process 0). The state arrays are restored
+into this run's shardings, so a run resumes on another mesh and process count.
 """
 
 from __future__ import annotations
@@ -102,11 +105,13 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def restore_latest(self, abstract_state):
-    """(step, state, data_state) of the newest restorable checkpoint, or None if none.
+    """(step, state, data_states) of the newest restorable checkpoint, or None if none.
 
     `abstract_state` is a pytree of jax.ShapeDtypeStruct (with shardings) telling orbax
-    where to place each restored array. Damaged steps are set aside and older ones tried;
-    any other failure raises CheckpointRestoreError and moves nothing (module docstring).
+    where to place each restored array (this run's mesh, which may differ from the
+    writer's). data_states is the list of each writing process's data state, in process
+    order. Damaged steps are set aside and older ones tried; any other failure raises
+    CheckpointRestoreError and moves nothing (module docstring).
     """
     for step in reversed(self.steps()):
       try:
@@ -121,27 +126,21 @@ class Checkpointer:
         print(f"checkpoint: step {step} is corrupt or partial ({damage}); moved to "
               f"{kept.name} and using the previous checkpoint", flush=True)
         continue
-      return step, restored["state"], self._own_data_state(step, restored["data"])
+      return step, restored["state"], _per_process(restored["data"])
     return None
 
-  def _own_data_state(self, step: int, data_state: dict) -> dict:
-    """This process's entry of a multi-process checkpoint's data states."""
-    if _PER_PROCESS not in data_state:
-      if jax.process_count() > 1 and data_state:  # an empty state splits trivially
-        raise CheckpointRestoreError(
-            f"checkpoint step {step} in {self.directory} was written by one process; its "
-            f"data-iterator state cannot be split over {jax.process_count()} processes. "
-            "Resume with one process, or start a new workdir. Every checkpoint was left "
-            "in place.")
-      return data_state
-    states = data_state[_PER_PROCESS]
-    if len(states) != jax.process_count():
-      raise CheckpointRestoreError(
-          f"checkpoint step {step} in {self.directory} was written by {len(states)} "
-          f"processes and this run has {jax.process_count()}; each process resumes its own "
-          "shard of the data, so resume with the same number of processes (or start a new "
-          "workdir). Every checkpoint was left in place.")
-    return states[jax.process_index()]
+  def data_states(self) -> list[dict] | None:
+    """The writing processes' data states of the newest step whose data slot reads (no
+    arrays are read), or None without one: what a resume needs to know before it builds
+    anything (how the run's data was split)."""
+    for step in reversed(self.steps()):
+      try:
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(data=ocp.args.JsonRestore()))
+      except Exception:  # pylint: disable=broad-except  (restore_latest classifies it)
+        continue
+      return _per_process(restored["data"])
+    return None
 
   def _stored_shapes(self, step: int) -> dict[str, tuple]:
     """The shapes step's state was saved with, from its metadata alone (no arrays read)."""
@@ -221,6 +220,14 @@ class Checkpointer:
 
 
 _PER_PROCESS = "per_process"  # the data slot of a multi-process checkpoint
+
+
+def _per_process(data_state) -> list[dict]:
+  """Each writing process's data state: a multi-process checkpoint keeps the list, one
+  written by a single process its state alone."""
+  if isinstance(data_state, dict) and _PER_PROCESS in data_state:
+    return list(data_state[_PER_PROCESS])
+  return [data_state or {}]
 
 
 def _gather_json(value) -> list:

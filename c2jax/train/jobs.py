@@ -17,6 +17,7 @@ import ml_collections
 
 from c2jax import config as configlib
 from c2jax import data, parallel
+from c2jax.data import streams
 from c2jax.model import config as model_config
 from c2jax.model import lineage, variants
 from c2jax.parallel import context
@@ -32,6 +33,12 @@ def train_defaults() -> ml_collections.ConfigDict:
   t.seed = 0
   t.steps = 200
   t.batch_size = 8
+  # The training data as this many streams, fixed when the run starts (0: one per process
+  # of the first start). Each is its own shuffled, packed pipeline of batch_size /
+  # data_streams rows; a process reads the streams of its rows. A run resumes on any
+  # process count that divides it with the same batches (c2jax.data.streams): set it to a
+  # multiple of every process count a run may move to (e.g. 8 to go between 1, 2, 4, 8).
+  t.data_streams = 0
   # Gradient accumulation: each step's batch runs as this many sequential microbatches of
   # batch_size / microbatches rows (one optimizer update; same loss as the whole batch).
   t.microbatches = 1
@@ -103,7 +110,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
               "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
               "train.eval_batches", "data.vocab_size"):
     configlib.check_positive(cfg, key)
-  for key in ("train.eval_every", "train.mtp_kl_weight", "train.mtp_ce_weight",
+  for key in ("train.eval_every", "train.data_streams", "train.mtp_kl_weight", "train.mtp_ce_weight",
               "train.mtp_vocab_chunk", "train.loss_vocab_chunk"):
     configlib.check_positive(cfg, key, allow_zero=True)
   configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
@@ -158,26 +165,100 @@ def _validate_context(cfg, sizes: dict[str, int]) -> None:
 
 @dataclasses.dataclass
 class Datasets:
-  train: object  # a grain IterDataset (checkpointable iterator)
+  train: object  # a streams.StreamSet of grain IterDatasets (checkpointable iterator)
   evals: dict[str, Callable[[], object]]  # eval name -> fresh finite dataset
 
 
-def datasets(cfg) -> Datasets:
+@dataclasses.dataclass(frozen=True)
+class DataPlan:
+  """Which training data streams this process reads (c2jax.data.streams)."""
+  count: int  # the run's streams
+  held: tuple[int, ...]  # the ones whose rows this process's devices hold
+
+  @classmethod
+  def per_process(cls) -> "DataPlan":
+    """One stream per process, this process's own: a run's first start by default."""
+    return cls(jax.process_count(), (jax.process_index(),))
+
+
+def process_rows(sharding, global_shape: tuple[int, ...]) -> list[tuple[int, int]]:
+  """The [start, stop) ranges of global batch rows held by this process's devices."""
+  spans = set()
+  for device, index in sharding.devices_indices_map(global_shape).items():
+    if device.process_index == jax.process_index():
+      rows = index[0]
+      spans.add((rows.start or 0, global_shape[0] if rows.stop is None else rows.stop))
+  merged = []
+  for start, stop in sorted(spans):
+    if merged and start <= merged[-1][1]:
+      merged[-1] = (merged[-1][0], max(stop, merged[-1][1]))
+    else:
+      merged.append((start, stop))
+  return merged
+
+
+def data_plan(cfg, batch_sharding, stored: int | None, where: str = "") -> DataPlan:
+  """The streams of this run and this process's share of them; ConfigError (naming both
+  sizes) when this process count cannot continue the run's batches, before anything is
+  restored or compiled. `stored` is the stream count of the checkpoint being resumed."""
   t = cfg.train
+  processes = jax.process_count()
+  if t.batch_size % processes:
+    raise configlib.ConfigError(
+        "train.batch_size", f"= {t.batch_size} rows is not divisible by this run's "
+        f"{processes} processes; each process feeds an equal share of the global batch. "
+        "Keep the global batch (a resumed run's losses match only with it) and run on a "
+        "process count that divides it.")
+  configured = t.data_streams
+  if stored is not None and configured and configured != stored:
+    raise configlib.ConfigError(
+        "train.data_streams", f"is {configured} but the run in {where} started with "
+        f"{stored} data streams, and a run's streams are fixed when it starts. Set it to "
+        f"{stored} (or 0: the checkpoint's), or start a new workdir.")
+  count = stored or configured or processes
+  if t.batch_size % count:
+    raise configlib.ConfigError(
+        "train.batch_size", f"= {t.batch_size} rows cannot be split into the run's {count} "
+        f"data streams; use a multiple of {count}.")
+  rows = process_rows(batch_sharding, (t.batch_size, t.seq_len))
+  try:
+    held = streams.held_streams(rows, t.batch_size, count)
+  except ValueError:
+    resumed = f"the run in {where} started with" if stored else "this run has"
+    raise configlib.ConfigError(
+        "train.data_streams", f"{resumed} {count} data streams, and {processes} processes "
+        f"cannot each read whole streams ({count} % {processes} != 0). Resume on a "
+        f"process count that divides {count}, or start runs that must move between "
+        "process counts with train.data_streams set to a multiple of each.") from None
+  return DataPlan(count, tuple(held))
+
+
+def datasets(cfg, plan: DataPlan | None = None) -> Datasets:
+  """The training streams of `plan` (default: this process's own, one per process) and
+  the eval datasets (each process its shard of the held-out data)."""
+  t = cfg.train
+  plan = plan or DataPlan.per_process()
   prepared = data.prepare_from_config(cfg.data)
   tokenizer = prepared.tokenizer()
   shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
   common = dict(seq_len=t.seq_len, batch_size=t.batch_size // jax.process_count())
+  stream = dict(seq_len=t.seq_len, batch_size=t.batch_size // plan.count,
+                shard_count=plan.count)
   if cfg.task == "sft":
     common = dict(common, tool_format=cfg.sft.tool_format)
-    train = data.chat_dataset(cfg.sft.train_path, tokenizer, seed=t.seed, **common, **shard)
+    stream = dict(stream, tool_format=cfg.sft.tool_format)
+    train = streams.StreamSet(
+        lambda s: data.chat_dataset(cfg.sft.train_path, tokenizer, seed=t.seed,
+                                    shard_index=s, **stream), plan.count, plan.held)
     evals = {}
     if cfg.sft.heldout_path:
       evals["eval_loss"] = lambda: data.chat_dataset(
           cfg.sft.heldout_path, tokenizer, shuffle=False, num_epochs=1, **common, **shard)
     return Datasets(train, evals)
   corpus = prepared.corpus()
-  train = data.pretrain_dataset(corpus, "train", tokenizer, seed=t.seed, **common, **shard)
+  train = streams.StreamSet(
+      lambda s: data.pretrain_dataset(corpus, "train", tokenizer, seed=t.seed,
+                                      shard_index=s, **stream), plan.count, plan.held)
   evals = {
       "eval_loss": lambda: data.pretrain_dataset(
           corpus, "heldout", tokenizer, shuffle=False, num_epochs=1, **common, **shard),

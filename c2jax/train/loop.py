@@ -28,7 +28,7 @@ import time
 import jax
 import numpy as np
 
-from c2jax.data import packing
+from c2jax.data import packing, streams
 from c2jax.parallel import context as context_lib
 from c2jax.parallel import distributed
 from c2jax.train import checkpoint as checkpoint_lib
@@ -115,9 +115,15 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
   model_source.check_resume(cfg, workdir / "checkpoints")
   rt = build_runtime(cfg)
   t = cfg.train
-  datasets = jobs.datasets(cfg)
   ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", keep=t.keep_checkpoints,
                                      every=t.checkpoint_every)
+  # How the run's data was split (c2jax.data.streams) is read first, so a process count
+  # that cannot continue its batches is named before anything is restored or compiled.
+  saved = ckpt.data_states()
+  saved = streams.merge(saved) if saved is not None else None
+  plan = jobs.data_plan(cfg, rt.batch_sharding, saved["count"] if saved else None,
+                        where=str(ckpt.directory))
+  datasets = jobs.datasets(cfg, plan)
   (workdir / "config.json").write_text(cfg.to_json_best_effort(indent=2))
   with rt.scope():
     restored = ckpt.restore_latest(abstract_state(rt))
@@ -125,9 +131,17 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
   if restored is None:
     start, state = 0, initial_params(rt, init_state(rt))
   else:
-    start, state, data_state = restored
+    start, state, data_states = restored
+    data_state = streams.merge(data_states)
+    if data_state is None:
+      raise checkpoint_lib.CheckpointRestoreError(
+          f"checkpoint step {start} in {ckpt.directory} holds no data-iterator state, so "
+          "the run cannot continue its data where it stopped; start a new workdir (or "
+          "init_from it).")
     iterator.set_state(data_state)
-    print(f"resume: step {start} from {ckpt.directory}", flush=True)
+    print(f"resume: step {start} from {ckpt.directory}"
+          + (f" ({plan.count} data streams, this process reads {list(plan.held)})"
+             if plan.count > 1 else ""), flush=True)
   # The leader's metrics are the run's; other processes keep theirs apart (same losses).
   writer = MetricsWriter(workdir if distributed.is_leader()
                          else workdir / f"process_{jax.process_index()}", resume_step=start,

@@ -9,6 +9,7 @@ whatever the timing of the processes."""
 
 import json
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
@@ -96,7 +97,8 @@ def _free_port() -> int:
 
 def _rl(config_file, workdir, devices, log, *flags) -> subprocess.Popen:
   env = child_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  if flags:  # as the other jax.distributed tests: no shared compilation cache
+  # As the other jax.distributed tests: no shared compilation cache across processes.
+  if any("distributed" in flag for flag in flags):
     env["C2JAX_XLA_CACHE"] = "off"
   return subprocess.Popen(
       [sys.executable, "-m", "c2jax.cli", "rl", f"--config={config_file}",
@@ -186,3 +188,29 @@ def test_two_learner_processes_match_one(runs):
   [incarnation] = [p for p in weights.iterdir() if p.name.startswith("from-step-")]
   manifests = sorted(p.name for p in (incarnation / "manifests").iterdir())
   assert len(manifests) == STEPS + 1, manifests
+
+
+@pytest.mark.slow  # one more `c2jax rl` process
+def test_a_two_process_learner_checkpoint_resumes_on_one_process_and_another_mesh(
+    runs, tmp_path):
+  """The 2-process run's step-1 checkpoint, resumed by one process on fsdp=2, expert=2:
+  the learner takes the group it trained at step 2 again, and its step-2 loss and
+  parameters are the 2-process run's."""
+  root, cfg, state, _ = runs
+  workdir = tmp_path / "moved"
+  shutil.copytree(root / "two", workdir)
+  shutil.rmtree(workdir / "checkpoints" / str(STEPS))
+  log = tmp_path / "moved.log"
+  with open(log, "wb") as handle:
+    process = _rl(root / "rl_config.py", workdir, 4, handle,
+                  "--config.parallel.mesh.fsdp=2", "--config.parallel.mesh.expert=2")
+    _wait([process], [log])
+  assert "rl: resuming from step 1" in log.read_text()
+  two, moved = _losses(root / "two"), _losses(workdir)
+  np.testing.assert_allclose(moved[STEPS], two[STEPS], atol=TOLERANCE, rtol=0)
+  _, params_two = _params(root / "two", state.params)
+  _, params_moved = _params(workdir, state.params)
+  diff = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+             for a, b in zip(jax.tree.leaves(params_two), jax.tree.leaves(params_moved)))
+  assert diff <= TOLERANCE
+  assert rollouts.RunDirs(workdir).queue(cfg).trained_steps() == {1: ["g0"], 2: ["g1"]}

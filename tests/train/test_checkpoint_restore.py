@@ -54,8 +54,23 @@ def _array_files(step_dir):
 
 def test_intact_run_restores_newest(run_dir):
   step, state, data = _restore(run_dir)
-  assert step == 2 and data == {"pos": 2}
+  assert step == 2 and data == [{"pos": 2}]
   np.testing.assert_array_equal(state.params["w"], np.arange(12).reshape(3, 4) + 1)
+
+
+def test_data_states_are_read_alone_and_skip_a_step_whose_data_slot_is_gone(run_dir):
+  """What a resume reads before it builds anything: the newest readable data slot, as
+  a list of the writing processes' states (one here); no arrays are read."""
+  ck = checkpoint_lib.Checkpointer(run_dir, async_save=False, every=1)
+  try:
+    assert ck.data_states() == [{"pos": 2}]
+    for path in (run_dir / "2" / "data").rglob("*"):
+      if path.is_file():
+        path.unlink()
+    assert ck.data_states() == [{"pos": 1}]
+  finally:
+    ck.close()
+  assert _entries(run_dir)[:2] == ["1", "2"]  # nothing was moved
 
 
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
@@ -68,7 +83,7 @@ def test_damaged_array_files_are_set_aside(run_dir, damage, capsys):
     else:
       path.unlink()
   step, state, data = _restore(run_dir)
-  assert step == 1 and data == {"pos": 1}
+  assert step == 1 and data == [{"pos": 1}]
   np.testing.assert_array_equal(state.params["w"], np.arange(12).reshape(3, 4))
   assert _entries(run_dir) == ["1", "2.corrupt"]
   assert "step 2 is corrupt or partial" in capsys.readouterr().out

@@ -1,26 +1,32 @@
-"""Preemption of a 2-process jax.distributed pretraining run (2 CPU processes x 2 fake
-devices): SIGTERM to one process at a random step stops both after the same step with one
-checkpoint and exit status 0, and rerunning both continues the uninterrupted run's losses
-exactly."""
+"""Preemption and resume of a 2-process jax.distributed pretraining run (2 CPU processes x
+2 fake devices): SIGTERM to one process at a random step stops both after the same step
+with one checkpoint and exit status 0, and rerunning both continues the uninterrupted
+run's losses exactly. And resuming onto another process count and mesh: the 2-process
+run's checkpoint continues on 1 process with fsdp=2, expert=2, and a 1-process run of two
+data streams continues on 2 processes, each with the losses of the uninterrupted
+2-process run; a run of one stream is refused on 2 processes before anything compiles."""
 
 import random
+import shutil
 import signal
 import socket
 import subprocess
 
+import numpy as np
 import pytest
 
 from tests.subprocess_checks import child_env
-from train_testlib import REPO, job_command, losses, signal_at_step, summary
+from train_testlib import REPO, job_command, losses, run_job, signal_at_step, summary
 
 pytestmark = pytest.mark.slow  # each run starts two JAX processes
 PRETRAIN = "configs/pretrain.py:tiny"
-# Enough steps after the latest signal (step 5) for the processes to agree on a sync
-# point (a step or two after it): a tiny step takes tens of milliseconds on a quiet machine.
-STEPS = 30
+# Enough steps after the latest signal (step 4) for the processes to agree on a sync point
+# (a step or two after it), and no more: a step here is a Gloo collective between two CPU
+# processes, about a quarter of a second on a quiet machine.
+STEPS = 14
 # The tiny model cut to its one MoE layer: six processes compile it, and each step is a
 # collective between the two.
-ARGS = (f"--config.train.steps={STEPS}", "--config.train.checkpoint_every=20",
+ARGS = (f"--config.train.steps={STEPS}", "--config.train.checkpoint_every=10",
         "--config.train.eval_every=0", "--config.model.num_layers=1",
         "--config.model.first_k_dense=0")
 
@@ -31,10 +37,10 @@ def _free_port() -> int:
     return sock.getsockname()[1]
 
 
-def _start_pair(workdir, data_cache) -> list[subprocess.Popen]:
+def _start_pair(workdir, data_cache, *extra) -> list[subprocess.Popen]:
   port = _free_port()
   return [subprocess.Popen(
-      job_command("pretrain", PRETRAIN, workdir, data_cache, *ARGS), cwd=REPO,
+      job_command("pretrain", PRETRAIN, workdir, data_cache, *ARGS, *extra), cwd=REPO,
       # No compilation cache, as the other jax.distributed tests: JAX writes it from process
       # 0 only, so with it process 0 loads while process 1 compiles, and under load the
       # first collective's Gloo rendezvous times out (30 s) waiting for process 1.
@@ -54,13 +60,20 @@ def _finish(procs, timeout_s=600) -> list[tuple[int, str, str]]:
   return results
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_cache):
+  """The uninterrupted 2-process run: checkpoints at steps 10 and 14."""
+  workdir = tmp_path_factory.mktemp("reference")
+  _finish(_start_pair(workdir, data_cache))
+  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [10, 14]
+  return workdir
+
+
 def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(
-    tmp_path, data_cache):
-  reference = tmp_path / "reference"
-  _finish(_start_pair(reference, data_cache))
+    tmp_path, data_cache, reference):
   workdir = tmp_path / "preempted"
   pair = _start_pair(workdir, data_cache)
-  at_step = random.randint(1, 5)
+  at_step = random.randint(1, 4)
   results = signal_at_step(pair, workdir, at_step, signal.SIGTERM, to=[pair[1]],
                            timeout_s=600)
   for rank, (code, _, err) in enumerate(results):
@@ -73,3 +86,58 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(
   assert all(f"resume: step {stopped[0]}" in out for _, out, _ in resumed)
   assert losses(workdir) == losses(reference)
   assert losses(workdir / "process_1") == losses(reference / "process_1")
+
+
+def _from_step(source, step, workdir):
+  """workdir holding only `source`'s checkpoint of `step`, as a resume finds it."""
+  shutil.copytree(source / "checkpoints" / str(step), workdir / "checkpoints" / str(step))
+  return workdir
+
+
+def _assert_continues(workdir, reference, first, last=STEPS):
+  got, want = losses(workdir), losses(reference)
+  assert sorted(got) == list(range(first, last + 1)), sorted(got)
+  # Another mesh sums in another order: float32 rounding, not other data.
+  np.testing.assert_allclose([got[s] for s in sorted(got)],
+                             [want[s] for s in sorted(got)], rtol=2e-5)
+
+
+def test_a_two_process_checkpoint_resumes_on_one_process_and_another_mesh(
+    tmp_path, data_cache, reference):
+  workdir = _from_step(reference, 10, tmp_path / "one")
+  result = run_job("pretrain", PRETRAIN, workdir, data_cache, *ARGS,
+                   "--config.parallel.mesh.fsdp=2", "--config.parallel.mesh.expert=2",
+                   devices=4)
+  assert "resume: step 10" in result.stdout
+  assert "(2 data streams, this process reads [0, 1])" in result.stdout
+  _assert_continues(workdir, reference, 11)
+
+
+def test_a_one_process_run_of_two_streams_resumes_on_two_processes(
+    tmp_path, data_cache, reference):
+  # Two data streams from the start: one process reads both, as the 2-process run did.
+  first = tmp_path / "first"
+  run_job("pretrain", PRETRAIN, first, data_cache, *ARGS, "--config.train.steps=10",
+          "--config.train.data_streams=2", devices=4)
+  _assert_continues(first, reference, 1, 10)
+  workdir = _from_step(first, 10, tmp_path / "two")
+  resumed = _finish(_start_pair(workdir, data_cache))
+  for rank, (_, out, _) in enumerate(resumed):
+    assert f"resume: step 10 from {workdir}/checkpoints (2 data streams, this process " \
+           f"reads [{rank}])" in out
+  _assert_continues(workdir, reference, 11)
+
+
+def test_a_run_of_one_stream_is_refused_on_two_processes_before_compiling(
+    tmp_path, data_cache):
+  workdir = tmp_path / "one_stream"
+  run_job("pretrain", PRETRAIN, workdir, data_cache, *ARGS, "--config.train.steps=1",
+          "--config.train.checkpoint_every=1", devices=2)
+  pair = _start_pair(workdir, data_cache)
+  for rank, proc in enumerate(pair):
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0, (rank, out)
+    assert ("train.data_streams: the run in" in err and "started with 1 data streams, and "
+            "2 processes cannot each read whole streams (1 % 2 != 0)" in err), err[-3000:]
+    assert "step " not in out and "resume:" not in out
+  assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["1"]
