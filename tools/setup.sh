@@ -47,4 +47,9 @@ fi
 # The docker sandbox backend's engine and image (root: installs and starts Docker where it
 # is missing, builds the image once); never fails the set-up.
 bash tools/setup_docker.sh
+# A one-node SLURM on this machine for the scheduler tests (root only; never fails the
+# set-up: without it those tests are skipped with the reason).
+if [ "$(id -u)" = 0 ]; then
+  bash tools/setup_slurm.sh || echo "setup.sh: SLURM did not start; its tests will be skipped" >&2
+fi
 echo "setup.sh: ready (.venv/bin/c2jax)"

@@ -9,70 +9,21 @@ data streams continues on 2 processes, each with the losses of the uninterrupted
 import random
 import shutil
 import signal
-import socket
-import subprocess
 
 import numpy as np
 import pytest
 
-from tests.subprocess_checks import child_env
-from train_testlib import REPO, job_command, losses, run_job, signal_at_step, summary
+from distributed_testlib import ARGS, PRETRAIN, STEPS, finish, start_pair
+from train_testlib import losses, run_job, signal_at_step, summary
 
 pytestmark = pytest.mark.slow  # each run starts two JAX processes
-PRETRAIN = "configs/pretrain.py:tiny"
-# Enough steps after the latest signal (step 4) for the processes to agree on a sync point
-# (a step or two after it), and no more: a step here is a Gloo collective between two CPU
-# processes, about a quarter of a second on a quiet machine.
-STEPS = 14
-# The tiny model cut to its one MoE layer: six processes compile it, and each step is a
-# collective between the two.
-ARGS = (f"--config.train.steps={STEPS}", "--config.train.checkpoint_every=10",
-        "--config.train.eval_every=0", "--config.model.num_layers=1",
-        "--config.model.first_k_dense=0")
-
-
-def _free_port() -> int:
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
-
-
-def _start_pair(workdir, data_cache, *extra) -> list[subprocess.Popen]:
-  port = _free_port()
-  return [subprocess.Popen(
-      job_command("pretrain", PRETRAIN, workdir, data_cache, *ARGS, *extra), cwd=REPO,
-      # No compilation cache, as the other jax.distributed tests: JAX writes it from process
-      # 0 only, so with it process 0 loads while process 1 compiles, and under load the
-      # first collective's Gloo rendezvous times out (30 s) waiting for process 1.
-      env=child_env(C2JAX_XLA_CACHE="off",
-                    XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=2,
-                    JAX_PROCESS_ID=rank),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
-
-
-def _finish(procs, timeout_s=600) -> list[tuple[int, str, str]]:
-  results = []
-  for proc in procs:
-    out, err = proc.communicate(timeout=timeout_s)
-    assert proc.returncode == 0, err[-4000:]
-    results.append((proc.returncode, out, err))
-  return results
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, data_cache):
-  """The uninterrupted 2-process run: checkpoints at steps 10 and 14."""
-  workdir = tmp_path_factory.mktemp("reference")
-  _finish(_start_pair(workdir, data_cache))
-  assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [10, 14]
-  return workdir
 
 
 def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(
-    tmp_path, data_cache, reference):
+    tmp_path, data_cache, two_process_reference):
+  reference = two_process_reference
   workdir = tmp_path / "preempted"
-  pair = _start_pair(workdir, data_cache)
+  pair = start_pair(workdir, data_cache)
   at_step = random.randint(1, 4)
   results = signal_at_step(pair, workdir, at_step, signal.SIGTERM, to=[pair[1]],
                            timeout_s=600)
@@ -82,7 +33,7 @@ def test_sigterm_to_one_process_stops_both_at_one_step_and_resumes_exactly(
   # JAX's preemption sync point: both stop after the same step, after the signal.
   assert stopped[0] == stopped[1] and at_step < stopped[0] < STEPS, (at_step, stopped)
   assert (workdir / "checkpoints" / str(stopped[0])).is_dir()
-  resumed = _finish(_start_pair(workdir, data_cache))
+  resumed = finish(start_pair(workdir, data_cache))
   assert all(f"resume: step {stopped[0]}" in out for _, out, _ in resumed)
   assert losses(workdir) == losses(reference)
   assert losses(workdir / "process_1") == losses(reference / "process_1")
@@ -103,7 +54,8 @@ def _assert_continues(workdir, reference, first, last=STEPS):
 
 
 def test_a_two_process_checkpoint_resumes_on_one_process_and_another_mesh(
-    tmp_path, data_cache, reference):
+    tmp_path, data_cache, two_process_reference):
+  reference = two_process_reference
   workdir = _from_step(reference, 10, tmp_path / "one")
   result = run_job("pretrain", PRETRAIN, workdir, data_cache, *ARGS,
                    "--config.parallel.mesh.fsdp=2", "--config.parallel.mesh.expert=2",
@@ -114,14 +66,15 @@ def test_a_two_process_checkpoint_resumes_on_one_process_and_another_mesh(
 
 
 def test_a_one_process_run_of_two_streams_resumes_on_two_processes(
-    tmp_path, data_cache, reference):
+    tmp_path, data_cache, two_process_reference):
+  reference = two_process_reference
   # Two data streams from the start: one process reads both, as the 2-process run did.
   first = tmp_path / "first"
   run_job("pretrain", PRETRAIN, first, data_cache, *ARGS, "--config.train.steps=10",
           "--config.train.data_streams=2", devices=4)
   _assert_continues(first, reference, 1, 10)
   workdir = _from_step(first, 10, tmp_path / "two")
-  resumed = _finish(_start_pair(workdir, data_cache))
+  resumed = finish(start_pair(workdir, data_cache))
   for rank, (_, out, _) in enumerate(resumed):
     assert f"resume: step 10 from {workdir}/checkpoints (2 data streams, this process " \
            f"reads [{rank}])" in out
@@ -133,7 +86,7 @@ def test_a_run_of_one_stream_is_refused_on_two_processes_before_compiling(
   workdir = tmp_path / "one_stream"
   run_job("pretrain", PRETRAIN, workdir, data_cache, *ARGS, "--config.train.steps=1",
           "--config.train.checkpoint_every=1", devices=2)
-  pair = _start_pair(workdir, data_cache)
+  pair = start_pair(workdir, data_cache)
   for rank, proc in enumerate(pair):
     out, err = proc.communicate(timeout=300)
     assert proc.returncode != 0, (rank, out)
