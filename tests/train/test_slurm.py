@@ -96,7 +96,9 @@ def test_scancel_term_checkpoints_exit_0_and_requeue_resumes_exactly(
 
     subprocess.run(["scontrol", "requeue", job_id], check=True)
     # SLURM holds a requeued batch job for two minutes before it may start again; an
-    # operator (or this test) releases it at once.
+    # operator (or this test) may release it, though not within the second its last run
+    # ended: slurmd refuses a job credential as old as the revocation of the previous one.
+    time.sleep(2.0)
     subprocess.run(["scontrol", "update", f"jobid={job_id}", "StartTime=now"], check=True)
     _wait_for(lambda: _job(job_id)["Restarts"] == "1" and _finished(job_id),
               "the requeued job to end", job_id)
