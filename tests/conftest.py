@@ -9,6 +9,8 @@ backend optimisation level for every test process (below).
 import os
 import tempfile
 
+import pytest
+
 os.environ.setdefault("C2JAX_XLA_CACHE", os.path.join(tempfile.gettempdir(), "c2jax-test-xla-cache"))
 # Cache every program, however fast it compiles: the suite's processes compile the same
 # small programs over and over, and on 2 cores those add up.
@@ -37,3 +39,11 @@ def pytest_collection_modifyitems(config, items):
   them instead of one worker finishing a long test alone at the end."""
   del config
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="session")
+def slurm():
+  """The one-node SLURM of tools/setup_slurm.sh, started if needed (root), else a skip."""
+  from tests import slurm_testlib  # pylint: disable=g-import-not-at-top
+
+  slurm_testlib.start_cluster()
