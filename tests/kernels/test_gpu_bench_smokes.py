@@ -3,9 +3,11 @@ this CPU and print the tables their GPU runs will fill: device and date, every r
 time, ratios against the named baseline, forward agreement with the reference, and the
 roofline columns. tools/device/gpu_all.sh names only modules and flags that exist."""
 
+import os
 import pathlib
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -135,3 +137,32 @@ def test_gpu_check_passes_a_right_kernel_and_fails_a_wrong_one(monkeypatch, caps
   check.check_grouped(["tiled"], check.SMOKE_SHAPES, 0, interpret=True)
   assert {"grouped tiled ragged bfloat16 out", "grouped tiled ragged float32 out",
           "grouped tiled ragged float32 dlhs"} <= set(check.failures)
+
+
+def test_gpu_all_runs_its_steps_into_one_log_and_a_summary_within_the_budget(tmp_path):
+  """The script itself on this CPU (SMOKE=1): a step runs under its limit into all.txt
+  with a header, the summary has the device line and each step's status and seconds;
+  with the budget spent, every step is skipped by name and the summary still written."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHON=sys.executable)
+  for name in ("OUT", "STEPS", "BUDGET", "SMOKE", "RUNS"):
+    env.pop(name, None)
+  out = tmp_path / "smoke"
+  ran = subprocess.run(["bash", str(GPU_ALL)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env=dict(env, OUT=str(out), SMOKE="1", STEPS="check"))
+  assert ran.returncode == 0, ran.stderr[-3000:]
+  summary = (out / "summary.txt").read_text()
+  assert re.search(r"^jax \S+ cpu ", summary, re.M), summary
+  assert re.search(r"^check rc=0 \d+s: -m tools.device.gpu_check_kernels --smoke$", summary,
+                   re.M), summary
+  log = (out / "all.txt").read_text()
+  assert re.search(r"^===== check: -m tools.device.gpu_check_kernels --smoke \(limit 300s",
+                   log, re.M) and "PASS" in log, log[-3000:]
+  spent = tmp_path / "spent"
+  ran = subprocess.run(["bash", str(GPU_ALL)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(env, OUT=str(spent), BUDGET="20",
+                                             STEPS="check,grouped"))
+  assert ran.returncode == 0, ran.stderr[-3000:]
+  summary = (spent / "summary.txt").read_text()
+  assert re.search(r"^check skipped: \d+s of the budget left$", summary, re.M), summary
+  assert re.search(r"^grouped skipped: \d+s of the budget left$", summary, re.M), summary
+  assert (spent / "all.txt").read_text() == ""
