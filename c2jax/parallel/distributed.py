@@ -17,7 +17,10 @@ $JAX_COORDINATOR_PORT or one derived from the job id). A cluster of one process,
 cluster, is a single-process job and nothing is initialised. `auto = True` skips c2jax's
 reading and calls jax.distributed.initialize() bare (e.g. for mpi4py, which JAX only uses
 when asked). docs/cluster.md has a launch recipe for each.
-CPU processes exchange collectives through gloo (jax_cpu_collectives_implementation).
+CPU processes exchange collectives through gloo (jax_cpu_collectives_implementation),
+each listening on the address through which it reaches the coordinator (JAX leaves gloo
+to resolve the machine's hostname, which many hosts map to 127.0.0.1: the other hosts
+could not connect).
 After initialisation, `c2jax.parallel.make_mesh` builds a hybrid mesh whose data-like
 axes span the processes.
 
@@ -33,7 +36,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
+import ipaddress
 import os
+import socket
 
 import jax
 import ml_collections
@@ -153,12 +158,47 @@ def initialize(dist_cfg, environ=None) -> bool:
         + (f" ({settings.cluster} detected)" if settings.cluster else ""), flush=True)
   if settings.cluster:  # JAX initialises from its own detection (local devices included)
     jax.distributed.initialize(initialization_timeout=settings.initialization_timeout_s)
-    return True
-  jax.distributed.initialize(
-      coordinator_address=settings.coordinator_address,
-      num_processes=settings.num_processes, process_id=settings.process_id,
-      initialization_timeout=settings.initialization_timeout_s)
+  else:
+    jax.distributed.initialize(
+        coordinator_address=settings.coordinator_address,
+        num_processes=settings.num_processes, process_id=settings.process_id,
+        initialization_timeout=settings.initialization_timeout_s)
+  _pin_gloo_address()
   return True
+
+
+def local_address_towards(coordinator_address: str) -> str:
+  """This host's address on the route to `coordinator_address` (host:port): the source
+  address the kernel picks for it (a UDP connect sends nothing)."""
+  host, _, port = coordinator_address.rpartition(":")
+  family, _, _, _, target = socket.getaddrinfo(host.strip("[]"), int(port),
+                                               type=socket.SOCK_DGRAM)[0]
+  with socket.socket(family, socket.SOCK_DGRAM) as probe:
+    probe.connect(target)
+    return probe.getsockname()[0]
+
+
+def _pin_gloo_address() -> None:
+  """CPU collectives (gloo) on the address that reaches the coordinator, when that is not
+  a loopback address. JAX creates gloo without an address, and gloo then resolves the
+  hostname, which many machines map to 127.0.0.1 (/etc/hosts): it would listen where no
+  other host reaches it. Runs before the CPU backend exists (initialize's contract)."""
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
+  from jax._src.lib import _jax  # pylint: disable=g-import-not-at-top
+
+  state = jax_distributed.global_state
+  if (jax.config.jax_cpu_collectives_implementation != "gloo" or state.client is None
+      or not state.coordinator_address):
+    return
+  address = local_address_towards(state.coordinator_address)
+  if ipaddress.ip_address(address).is_loopback:
+    return  # every process on this machine: the default reaches them all
+  collectives = _jax.make_gloo_tcp_collectives(distributed_client=state.client,
+                                               hostname=address)
+  xla_bridge.register_backend_factory(
+      "cpu", functools.partial(xla_bridge.make_cpu_client, collectives=collectives),
+      priority=0, fail_quietly=False)
 
 
 def is_leader() -> bool:

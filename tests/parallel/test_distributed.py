@@ -222,3 +222,11 @@ def _uneven_eval(rt, cfg, params) -> float:
 
 if __name__ == "__main__":
   _worker()
+
+
+def test_gloo_listens_on_the_address_that_reaches_the_coordinator():
+  """The source address of the route to the coordinator: loopback for a coordinator on
+  this machine (gloo's default is kept then); tests/train/test_two_hosts.py runs two
+  hosts with their own addresses."""
+  assert distributed.local_address_towards("127.0.0.1:8476") == "127.0.0.1"
+  assert distributed.local_address_towards("localhost:8476") in ("127.0.0.1", "::1")
