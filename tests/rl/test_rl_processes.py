@@ -214,3 +214,37 @@ def test_a_two_process_learner_checkpoint_resumes_on_one_process_and_another_mes
              for a, b in zip(jax.tree.leaves(params_two), jax.tree.leaves(params_moved)))
   assert diff <= TOLERANCE
   assert rollouts.RunDirs(workdir).queue(cfg).trained_steps() == {1: ["g0"], 2: ["g1"]}
+
+
+@pytest.mark.slow  # two more `c2jax rl` processes
+def test_two_learner_processes_on_two_hosts_match_them_on_one(runs, tmp_path):
+  """The 2-process learner with each process in a network namespace of its own (two hosts
+  joined by a veth pair, tests/netns_testlib.py): the losses of the loopback run."""
+  from tests.netns_testlib import Hosts  # pylint: disable=g-import-not-at-top
+
+  root, cfg, state, _ = runs
+  workdir = tmp_path / "hosts"
+  _prepare_run(workdir, cfg, state, [procgen.generate(str(tmp_path / "heldout"), 7, 1)])
+  logs = [tmp_path / f"hosts.{rank}.log" for rank in range(2)]
+  with Hosts() as hosts:
+    handles = [open(log, "wb") for log in logs]  # pylint: disable=consider-using-with
+    try:
+      processes = []
+      for rank in range(2):
+        env = child_env(XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                        C2JAX_XLA_CACHE="off")
+        processes.append(subprocess.Popen(
+            hosts.command(rank, [
+                sys.executable, "-m", "c2jax.cli", "rl", f"--config={root / 'rl_config.py'}",
+                f"--workdir={workdir}",
+                f"--config.parallel.distributed.coordinator_address={hosts.addresses[0]}:8476",
+                "--config.parallel.distributed.num_processes=2",
+                f"--config.parallel.distributed.process_id={rank}"]),
+            cwd=REPO, env=env, stdout=handles[rank], stderr=subprocess.STDOUT))
+      _wait(processes, logs)
+    finally:
+      for handle in handles:
+        handle.close()
+  assert sorted(_losses(workdir)) == [1, 2]
+  assert _losses(workdir) == _losses(root / "two")
+  assert "coordinator " + hosts.addresses[0] in logs[1].read_text()
