@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import subprocess
+import sys
 import time
 
 import pytest
@@ -25,6 +26,25 @@ def start_cluster() -> None:
   if started.returncode:
     pytest.skip("SLURM did not start (tools/setup_slurm.sh): "
                 + (started.stdout + started.stderr)[-600:])
+
+
+def batch_script(path: pathlib.Path, name: str, tasks: int, cpus_per_task: int,
+                 command: list[str]) -> pathlib.Path:
+  """A requeueable sbatch script at `path` (as docs/cluster.md recommends): `tasks` tasks
+  of `cpus_per_task` CPUs running `command` (python -m ...) through srun from the
+  checkout, output appended to slurm-<job>.out beside the script."""
+  path.write_text(
+      "#!/bin/bash\n"
+      f"#SBATCH --job-name={name}\n"
+      f"#SBATCH --ntasks={tasks}\n"
+      f"#SBATCH --cpus-per-task={cpus_per_task}\n"
+      f"#SBATCH --output={path.parent}/slurm-%j.out\n"
+      "#SBATCH --open-mode=append\n"
+      "#SBATCH --requeue\n"
+      f"#SBATCH --chdir={REPO}\n"
+      "# srun sets SLURM_*; JAX picks the coordinator (the first node) from them.\n"
+      f"srun {sys.executable} {' '.join(map(str, command))}\n")
+  return path
 
 
 def submit(script: pathlib.Path, env: dict) -> str:

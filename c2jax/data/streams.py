@@ -1,10 +1,10 @@
 """A run's training data as a fixed number of streams, so that the global batch does not
 depend on how many processes read it.
 
-The data of a run is `count` streams, fixed when the run starts (config.data.streams, or
-the process count of its first start). Stream s is its own grain pipeline over every
-count-th example from s (shuffled, tokenized, packed and batched on its own, `rows` =
-global batch / count rows per batch). The global batch of step t is every stream's t-th
+The data of a run is `count` streams, fixed when the run starts (config.train.data_streams,
+or the process count of its first start). Stream s is its own grain pipeline over every
+count-th example from s (shuffled, tokenized, packed and batched on its own, global batch
+/ count rows per batch). The global batch of step t is every stream's t-th
 batch, concatenated in stream order. A process reads the streams whose rows its devices
 hold (`held_streams`), so on any process count that divides `count` every step sees the
 same global batch: a run resumed on another number of processes neither skips nor
@@ -35,7 +35,7 @@ class StreamSet:
     if count < 1 or not held or any(not 0 <= s < count for s in held):
       raise ValueError(f"streams {held} of {count}: need at least one stream, each in "
                        f"[0, {count}).")
-    self.count, self.held = count, held
+    self.count = count
     self._streams = {s: make(s) for s in held}
 
   def __iter__(self) -> "StreamIterator":

@@ -110,8 +110,8 @@ def validate(cfg, num_devices: int | None = None) -> None:
               "train.log_every", "train.checkpoint_every", "train.keep_checkpoints",
               "train.eval_batches", "data.vocab_size"):
     configlib.check_positive(cfg, key)
-  for key in ("train.eval_every", "train.data_streams", "train.mtp_kl_weight", "train.mtp_ce_weight",
-              "train.mtp_vocab_chunk", "train.loss_vocab_chunk"):
+  for key in ("train.eval_every", "train.data_streams", "train.mtp_kl_weight",
+              "train.mtp_ce_weight", "train.mtp_vocab_chunk", "train.loss_vocab_chunk"):
     configlib.check_positive(cfg, key, allow_zero=True)
   configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
   if cfg.data.tokenizer_dir is not None:  # a released model's tokenizer sets the vocabulary

@@ -28,6 +28,10 @@ def _assert_same(got, want):
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
+def _concat(batches):
+  return {key: np.concatenate([b[key] for b in batches]) for key in KEYS}
+
+
 @pytest.mark.parametrize("make", ["pretrain", "chat"])
 def test_processes_read_the_rows_of_one_global_batch(built, tok, make):
   whole = iter(_stream_set(built, tok, 4, range(4), make))
@@ -36,10 +40,6 @@ def test_processes_read_the_rows_of_one_global_batch(built, tok, make):
     batch = next(whole)
     assert batch["inputs"].shape[0] == 4 * ROWS
     _assert_same(batch, _concat([next(h) for h in halves]))
-
-
-def _concat(batches):
-  return {key: np.concatenate([b[key] for b in batches]) for key in KEYS}
 
 
 def test_one_stream_per_process_is_each_process_s_shard(built, tok):

@@ -8,7 +8,6 @@ left leased."""
 import json
 import pathlib
 import subprocess
-import sys
 
 import pytest
 
@@ -18,19 +17,7 @@ from tests.rl import rl_testlib
 from tests.subprocess_checks import child_env
 
 pytestmark = pytest.mark.slow  # a `c2jax rl` run with its actors, twice
-REPO = pathlib.Path(__file__).resolve().parents[2]
 STEPS = 4
-
-SCRIPT = """#!/bin/bash
-#SBATCH --job-name=c2jax-test-rl
-#SBATCH --ntasks=1
-#SBATCH --cpus-per-task=2
-#SBATCH --output={out}/slurm-%j.out
-#SBATCH --open-mode=append
-#SBATCH --requeue
-#SBATCH --chdir={repo}
-srun {python} -m c2jax.cli rl --config=configs/rl.py:test --workdir={workdir} {args}
-"""
 
 
 def _checkpoints(workdir) -> list[int]:
@@ -45,9 +32,9 @@ def test_rl_job_preempted_by_slurm_checkpoints_and_the_requeued_job_finishes(
   args = [f"--config.data.cache_dir={data_cache}", "--config.data.vocab_size=1024",
           "--config.data.max_total_bytes=4000000", "--config.data.tokenizer_train_bytes=300000",
           f"--config.learner.steps={STEPS}", "--config.learner.checkpoint_every=1"]
-  script = tmp_path / "rl.sbatch"
-  script.write_text(SCRIPT.format(out=tmp_path, repo=REPO, python=sys.executable,
-                                  workdir=workdir, args=" ".join(args)))
+  script = slurm_lib.batch_script(
+      tmp_path / "rl.sbatch", "c2jax-test-rl", 1, 2,
+      ["-m", "c2jax.cli", "rl", "--config=configs/rl.py:test", f"--workdir={workdir}", *args])
   job_id = slurm_lib.submit(script, child_env())
   log = tmp_path / f"slurm-{job_id}.out"
   try:

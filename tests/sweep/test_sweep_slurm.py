@@ -6,9 +6,7 @@ resuming the stopped one without redoing an episode. The points are oracle evalu
 of procgen tasks (test_sweep_preemption.py's sweep)."""
 
 import json
-import pathlib
 import subprocess
-import sys
 
 import pytest
 
@@ -18,18 +16,6 @@ from tests.subprocess_checks import child_env
 from tests.sweep.test_sweep_preemption import SWEEP_FILE, TASKS, _records
 
 pytestmark = pytest.mark.slow
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-SCRIPT = """#!/bin/bash
-#SBATCH --job-name=c2jax-test-sweep
-#SBATCH --ntasks=1
-#SBATCH --cpus-per-task=2
-#SBATCH --output={out}/slurm-%j.out
-#SBATCH --open-mode=append
-#SBATCH --requeue
-#SBATCH --chdir={repo}
-srun {python} -m c2jax.cli sweep {sweep} --workdir={workdir} --parallel=1
-"""
 
 
 def test_sweep_job_preempted_by_slurm_stops_cleanly_and_the_requeued_job_finishes(
@@ -37,9 +23,9 @@ def test_sweep_job_preempted_by_slurm_stops_cleanly_and_the_requeued_job_finishe
   del slurm
   sweep_file, workdir = tmp_path / "eval_sweep.py", tmp_path / "sweep"
   sweep_file.write_text(SWEEP_FILE)
-  script = tmp_path / "sweep.sbatch"
-  script.write_text(SCRIPT.format(out=tmp_path, repo=REPO, python=sys.executable,
-                                  sweep=sweep_file, workdir=workdir))
+  script = slurm_lib.batch_script(
+      tmp_path / "sweep.sbatch", "c2jax-test-sweep", 1, 2,
+      ["-m", "c2jax.cli", "sweep", sweep_file, f"--workdir={workdir}", "--parallel=1"])
   job_id = slurm_lib.submit(script, child_env(C2JAX_XLA_CACHE="off"))
   log = tmp_path / f"slurm-{job_id}.out"
   started = lambda: [d for d in (workdir / "runs").iterdir() if _records(d)] \

@@ -6,11 +6,9 @@ root). The sbatch script of docs/cluster.md, cut to `tiny`, runs a 2-process
 end with exit code 0; `scontrol requeue` runs it again, and it resumes to the losses of
 the uninterrupted 2-process run."""
 
-import pathlib
 import random
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -19,29 +17,16 @@ from tests import slurm_testlib as slurm_lib
 from train_testlib import TINY, losses
 
 pytestmark = pytest.mark.slow  # each job runs two JAX processes
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-SCRIPT = """#!/bin/bash
-#SBATCH --job-name=c2jax-test-pretrain
-#SBATCH --ntasks=2
-#SBATCH --cpus-per-task=1
-#SBATCH --output={out}/slurm-%j.out
-#SBATCH --open-mode=append
-#SBATCH --requeue
-#SBATCH --chdir={repo}
-# srun sets SLURM_*; JAX picks the coordinator (the first node) from them.
-srun {python} -m c2jax.cli pretrain --config={config} --workdir={workdir} {args}
-"""
 
 
 def test_scancel_term_checkpoints_exit_0_and_requeue_resumes_exactly(
     slurm, tmp_path, data_cache, two_process_reference):
   del slurm
   workdir = tmp_path / "run"
-  script = tmp_path / "pretrain.sbatch"
-  args = [f"--config.data.cache_dir={data_cache}", *TINY, *ARGS]
-  script.write_text(SCRIPT.format(out=tmp_path, repo=REPO, python=sys.executable,
-                                  config=PRETRAIN, workdir=workdir, args=" ".join(args)))
+  script = slurm_lib.batch_script(
+      tmp_path / "pretrain.sbatch", "c2jax-test-pretrain", 2, 1,
+      ["-m", "c2jax.cli", "pretrain", f"--config={PRETRAIN}", f"--workdir={workdir}",
+       f"--config.data.cache_dir={data_cache}", *TINY, *ARGS])
   job_id = slurm_lib.submit(script, pair_env())
   log = tmp_path / f"slurm-{job_id}.out"
   try:
