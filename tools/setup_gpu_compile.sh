@@ -15,5 +15,5 @@ if [ ! -x .venv-gpu/bin/python ]; then
 fi
 .venv-gpu/bin/python -m pip install -q --upgrade pip
 jax_version=$(.venv/bin/python -c 'import jax; print(jax.__version__)')
-.venv-gpu/bin/python -m pip install -q -e ".[gpu-compile]" "jax==$jax_version" "jaxlib==$jax_version"
+.venv-gpu/bin/python -m pip install -q -e ".[gpu-compile,kernels]" "jax==$jax_version" "jaxlib==$jax_version"
 echo "setup_gpu_compile.sh: ready (.venv-gpu/bin/c2jax; tests: export C2JAX_GPU_COMPILE_PYTHON=\$PWD/.venv-gpu/bin/python)"

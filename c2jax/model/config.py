@@ -9,6 +9,9 @@ Behaviour follows explicit fields, never a model's name:
   moe_impl    'dense' (reference) | 'ragged' (sort by expert + grouped matmul) | 'pallas'
               | 'gathered' (per-copy weight gather; chosen anyway for calls with T*K <= E);
               calls against a KV cache (decoding, prefill) run 'ragged' in place of 'dense'
+  grouped_matmul_impl  the expert kernel behind moe_impl 'pallas': 'auto' (the target's
+              default, kernels.default_grouped_matmul_impl; docs/kernels.md) or one of
+              kernels.grouped_matmul_impls() ('tokamax': the OpenXLA kernel library's)
   quant       'none' | 'mxfp8' | 'nvfp4_fwd_mxfp8_bwd'
   attention_impl  'dense' (float32 [B, H, L, T] scores, the reference) | 'blockwise'
               (flash-style tiles of attention_block queries x keys, O(L) memory; training,
@@ -114,6 +117,7 @@ def defaults() -> ml_collections.ConfigDict:
   c.moe.ep_exchange = "auto"
 
   c.moe_impl = "dense"
+  c.grouped_matmul_impl = "auto"
   c.quant = "none"
   c.num_mtp_layers = 0
   c.remat = "none"
@@ -124,6 +128,7 @@ def defaults() -> ml_collections.ConfigDict:
 def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Raises ConfigError naming the key for anything unknown, mistyped or inconsistent."""
   # Registries live beside the code they select; import here to avoid import cycles.
+  import c2jax_kernels as kernels
   from c2jax.model import attention, moe, transformer
   from c2jax.parallel import expert as expert_parallel
 
@@ -148,6 +153,8 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   configlib.check_choice(cfg, "remat", transformer.REMAT_POLICIES)
   configlib.check_choice(cfg, "moe.router", moe.ROUTERS)
   configlib.check_choice(cfg, "moe_impl", moe.DISPATCH)
+  configlib.check_choice(cfg, "grouped_matmul_impl",
+                         ("auto",) + tuple(kernels.grouped_matmul_impls()))
   configlib.check_choice(cfg, "moe.expert_parallel", expert_parallel.MODES)
   configlib.check_choice(cfg, "moe.ep_dispatch_quant", expert_parallel.DISPATCH_FORMATS)
   configlib.check_choice(cfg, "moe.ep_exchange", expert_parallel.EXCHANGES)

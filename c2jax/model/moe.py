@@ -136,9 +136,12 @@ class Experts(nn.Module):
     if plan is None:
       dispatch = moe_dispatch.select(cfg.moe_impl, cfg.quant, x_TxD.shape[0],
                                      indices_TxK.shape[1], e, decoding=decoding, split=split)
+      kernel_dispatch = dispatch is moe_dispatch.pallas
+      if kernel_dispatch:
+        dispatch = functools.partial(dispatch, impl=moe_dispatch.pallas_impl(
+            choice=cfg.grouped_matmul_impl))
       token_axes = expert_parallel.token_axes_from_context()
-      if (dispatch is moe_dispatch.pallas and token_axes
-          and kernels.target_platform() != "cpu"):
+      if kernel_dispatch and token_axes and kernels.target_platform() != "cpu":
         # Mosaic kernels (TPU, GPU) are custom calls XLA cannot partition over the tokens'
         # shards; on the CPU they are interpreted as plain, partitionable XLA.
         y_TxD = expert_parallel.token_local_forward(
@@ -147,12 +150,17 @@ class Experts(nn.Module):
       else:
         y_TxD = dispatch(x_TxD, weights_TxK, indices_TxK, experts, quant=cfg.quant)
       return y_TxD, jnp.zeros((), jnp.int32)
+    local_dispatch = DISPATCH[cfg.moe_impl]
+    if local_dispatch is moe_dispatch.pallas:
+      local_dispatch = functools.partial(local_dispatch, impl=moe_dispatch.pallas_impl(
+          choice=cfg.grouped_matmul_impl))
     return expert_parallel.moe_forward(
-        x_TxD, weights_TxK, indices_TxK, experts, plan, local_dispatch=DISPATCH[cfg.moe_impl],
+        x_TxD, weights_TxK, indices_TxK, experts, plan, local_dispatch=local_dispatch,
         quant=cfg.quant, capacity_factor=cfg.moe.ep_capacity_factor,
         dispatch_quant=cfg.moe.ep_dispatch_quant, logical_axes=axes,
         exchange=cfg.moe.ep_exchange, local_grouped=functools.partial(
-            moe_dispatch.grouped_experts, impl=moe_dispatch.grouped_impl(cfg.moe_impl)))
+            moe_dispatch.grouped_experts,
+            impl=moe_dispatch.grouped_impl(cfg.moe_impl, cfg.grouped_matmul_impl)))
 
 
 class MoE(nn.Module):

@@ -145,11 +145,12 @@ def grouped_experts(x, group_sizes_E, experts: ExpertWeights, *, quant: str = "n
                  preferred_element_type=combine_dtype(quant, x.dtype))
 
 
-def grouped_impl(moe_impl: str) -> str:
+def grouped_impl(moe_impl: str, choice: str = "auto") -> str:
   """The grouped-matmul impl (kernels.grouped_matmul) for rows already grouped by expert
-  under cfg.moe_impl: 'pallas' its platform's kernel; the others `lax.ragged_dot`, as
-  'ragged' (every expert on every row, as 'dense' does, would be E times the work)."""
-  return pallas_impl() if moe_impl == "pallas" else "ragged_dot"
+  under cfg.moe_impl: 'pallas' pallas_impl(choice=cfg.grouped_matmul_impl); the others
+  `lax.ragged_dot`, as 'ragged' (every expert on every row, as 'dense' does, would be E
+  times the work)."""
+  return pallas_impl(choice=choice) if moe_impl == "pallas" else "ragged_dot"
 
 
 def _sort_copies(indices_TxK, num_experts):
@@ -323,9 +324,12 @@ def select(moe_impl: str, quant: str, num_tokens: int, top_k: int, num_experts: 
   return DISPATCH[moe_impl]
 
 
-def pallas_impl(platform: str | None = None) -> str:
+def pallas_impl(platform: str | None = None, choice: str = "auto") -> str:
   """The grouped-matmul impl behind moe_impl='pallas' on `platform` (default: the
-  platform the step compiles for, kernels.target_platform())."""
+  platform the step compiles for, kernels.target_platform()): `choice`
+  (cfg.grouped_matmul_impl) where it names one, else the platform's default."""
+  if choice != "auto":
+    return choice
   platform = platform or kernels.target_platform()
   impl = kernels.default_grouped_matmul_impl(platform)
   if GROUPED_MATMUL_IMPLS[impl].is_pallas or platform != "cpu":
@@ -334,10 +338,11 @@ def pallas_impl(platform: str | None = None) -> str:
 
 
 def pallas(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
-           quant: str = "none") -> jax.Array:
-  """Sort by expert; grouped matmuls through the platform's Pallas kernel (pallas_impl)."""
+           quant: str = "none", impl: str | None = None) -> jax.Array:
+  """Sort by expert; grouped matmuls through `impl`, default the platform's Pallas kernel
+  (pallas_impl)."""
   return sorted_by_expert(x_TxD, weights_TxK, indices_TxK, experts, quant=quant,
-                          impl=pallas_impl())
+                          impl=impl or pallas_impl())
 
 
 DISPATCH: dict[str, Callable[..., jax.Array]] = {

@@ -17,7 +17,7 @@ CPU machine: `pip install -e ".[tpu-compile]"`. The process's own backend stays 
 the steps trace under a mesh of these devices, which makes the kernels pick their TPU
 implementations (c2jax_kernels.target_platform).
 
-GPU targets are `<chip>-<N>` with N the GPUs (h100, h200, b200; 1, 2 or 4 on one node, else
+GPU targets are `<chip>-<N>` with N the GPUs (h100, h200, b200, b300; 1, 2 or 4 on one node, else
 whole nodes of 8 joined by the scale-out network). XLA's GPU compiler compiles for them
 without a GPU when its CUDA plugin is installed (`pip install -e ".[gpu-compile]"`, best in
 a virtualenv of its own: with the plugin present every JAX process looks for a GPU at
@@ -163,8 +163,13 @@ GPUS = {
                     1.98),
     "b200": GpuChip("b200", "NVIDIA B200", (10, 0), 148, 180 * 10**9, 8.0e12, 126 * 2**20,
                     1.965),
+    # Blackwell Ultra (sm_103). NVIDIA describes the full die's 160 SMs; the enabled count,
+    # L2 and clock are taken as the B200's (not published per HGX part when this was
+    # written): they size grids and XLA's heuristics, not what compiles.
+    "b300": GpuChip("b300", "NVIDIA B300", (10, 3), 148, 288 * 10**9, 8.0e12, 126 * 2**20,
+                    1.965),
 }
-_GPU_NAME = re.compile(r"^(h100|h200|b200)-(\d+)$")
+_GPU_NAME = re.compile(r"^(h100|h200|b200|b300)-(\d+)$")
 
 
 def _cudnn_version() -> tuple[int, int, int]:

@@ -1,4 +1,4 @@
-"""MoE grouped matmul: one function, five implementations, one reference (see api.py)."""
+"""MoE grouped matmul: one function, six implementations, one reference (see api.py)."""
 
 from c2jax_kernels.grouped_matmul.api import DEFAULT_IMPL_BY_PLATFORM
 from c2jax_kernels.grouped_matmul.api import IMPLS

@@ -15,6 +15,7 @@ the transposed weights. Weight gradient: tgmm(lhs, dout).
 
 import dataclasses
 import functools
+import importlib.util
 from typing import Callable
 
 import jax
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax_kernels import platform as platform_lib
+from c2jax_kernels.grouped_matmul import library
 from c2jax_kernels.grouped_matmul import megablox
 from c2jax_kernels.grouped_matmul import mosaic_gpu
 from c2jax_kernels.grouped_matmul import ragged
@@ -45,16 +47,21 @@ IMPLS = {
     # A fori_loop of row-tile matmuls in plain XLA, any platform (tiled.py).
     'tiled': GroupedMatmulImpl(tiled.gmm, tiled.tgmm, is_pallas=False),
     'reference': GroupedMatmulImpl(reference.gmm, reference.tgmm, is_pallas=False),
+    # tokamax's kernels (library.py): Mosaic GPU on sm_90 / sm_100, gmm_v2 on TPU, XLA on
+    # CPU; `pip install -e .[kernels]`.
+    'tokamax': GroupedMatmulImpl(library.gmm, library.tgmm, is_pallas=False),
 }
 
 DEFAULT_IMPL_BY_PLATFORM = {'gpu': 'mosaic_gpu', 'cuda': 'mosaic_gpu',
                             'tpu': 'megablox', 'cpu': 'ragged_dot'}
 # The Mosaic GPU kernel issues Hopper's warpgroup MMA (wgmma), which neither earlier nor
-# later generations have (ptxas rejects it for sm_100). Other GPUs (NVIDIA or ROCm) get
-# 'tiled': XLA's GPU compiler expands ragged_dot into one dense product per group (the
-# GPU compiler's buffers for DeepSeek-V3's expert layer on a B200, forward and both
-# gradients: ragged_dot 30.1 GB of temporaries, tiled 2.0 GB; docs/scaling.md).
+# later generations have (ptxas rejects it for sm_100). Blackwell (sm_100) gets tokamax's
+# tcgen05 kernels where the package is installed (library.py; docs/kernels.md). Other
+# GPUs (NVIDIA or ROCm) get 'tiled': XLA's GPU compiler expands ragged_dot into one dense
+# product per group (the GPU compiler's buffers for DeepSeek-V3's expert layer on a B200,
+# forward and both gradients: ragged_dot 30.1 GB of temporaries, tiled 2.0 GB).
 _MOSAIC_GPU_MAJORS = (9,)
+_LIBRARY_GPU_MAJORS = (10,)
 _OTHER_GPUS = 'tiled'
 
 
@@ -68,7 +75,10 @@ def default_impl(platform=None):
   impl = DEFAULT_IMPL_BY_PLATFORM[platform]
   device = platform_lib.target_device()
   if impl == 'mosaic_gpu' and device.platform == 'gpu':  # else: no device to ask
-    if platform_lib.gpu_major(device) not in _MOSAIC_GPU_MAJORS:
+    major = platform_lib.gpu_major(device)
+    if major in _LIBRARY_GPU_MAJORS and importlib.util.find_spec('tokamax'):
+      return 'tokamax'
+    if major not in _MOSAIC_GPU_MAJORS:
       return _OTHER_GPUS
   return impl
 
@@ -134,9 +144,9 @@ def grouped_matmul(lhs_MxK, rhs_GxKxN, group_sizes_G, *, impl=None,
     lhs_MxK: [M, K] rows sorted by group.
     rhs_GxKxN: [G, K, N] one weight matrix per group.
     group_sizes_G: [G] integer rows per group (may be 0), summing to at most M.
-    impl: one of IMPLS, or None for the platform default (Hopper: 'mosaic_gpu', other
-      GPUs: 'tiled', tpu: 'megablox', cpu: 'ragged_dot'). Pallas impls run
-      interpreted on CPU.
+    impl: one of IMPLS, or None for the platform default (Hopper: 'mosaic_gpu',
+      Blackwell: 'tokamax' where installed, other GPUs: 'tiled', tpu: 'megablox', cpu:
+      'ragged_dot'). Pallas impls run interpreted on CPU.
     preferred_element_type: output dtype (accumulation is float32); default lhs dtype.
 
   Returns:

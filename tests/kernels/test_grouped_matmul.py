@@ -86,13 +86,14 @@ def test_default_impl_per_platform():
     kernels.default_grouped_matmul_impl('quantum')
 
 
-@pytest.mark.parametrize('capability, impl', [('9.0', 'mosaic_gpu'), ('10.0', 'tiled'),
+@pytest.mark.parametrize('capability, impl', [('9.0', 'mosaic_gpu'), ('10.0', 'tokamax'),
                                               ('8.0', 'tiled'), ('gfx942', 'tiled')])
 def test_gpu_default_follows_the_target_devices_generation(monkeypatch, capability, impl):
   """The Mosaic GPU kernel issues Hopper's wgmma, which ptxas rejects for sm_100 (seen
-  compiling for compile-only B200s): other GPUs get 'tiled' (XLA's GPU ragged_dot expands
-  into a dense product per group). The device is the one the program compiles for (the
-  mesh in force), not this process's."""
+  compiling for compile-only B200s): Blackwell gets tokamax's tcgen05 kernels (installed
+  with the suite), other GPUs 'tiled' (XLA's GPU ragged_dot expands into a dense product
+  per group). The device is the one the program compiles for (the mesh in force), not
+  this process's."""
   from c2jax_kernels import platform as platform_lib
   device = types.SimpleNamespace(platform='gpu', compute_capability=capability)
   monkeypatch.setattr(platform_lib, 'target_device', lambda: device)

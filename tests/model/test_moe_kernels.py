@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from c2jax import config as configlib
+from c2jax.model import config as model_config
 from c2jax.model import moe, moe_dispatch, variants
 from c2jax.model.moe_dispatch import ExpertWeights
 
@@ -91,15 +93,37 @@ def test_pallas_default_kernel_per_platform():
   assert moe_dispatch.pallas_impl("cpu") == "megablox"
 
 
-def test_pallas_on_a_gpu_without_a_kernel_of_its_generation(monkeypatch):
-  """A B200 (sm_100) has no Mosaic GPU kernel here: moe_impl='pallas' runs the GPU
-  default ('tiled'), never the TPU's megablox."""
+@pytest.mark.parametrize("capability, library_installed, impl", [
+    ("10.0", True, "tokamax"), ("10.0", False, "tiled"), ("12.0", True, "tiled")])
+def test_pallas_on_a_gpu_without_a_kernel_of_its_own(monkeypatch, capability,
+                                                     library_installed, impl):
+  """A B200 (sm_100) has no c2jax Mosaic GPU kernel: moe_impl='pallas' runs tokamax's
+  Blackwell kernels where the package is installed, else the GPU default ('tiled'), and
+  never the TPU's megablox."""
+  import importlib.util
   import types
 
   from c2jax_kernels import platform as platform_lib
-  blackwell = types.SimpleNamespace(platform="gpu", compute_capability="10.0")
+  from c2jax_kernels.grouped_matmul import api
+  blackwell = types.SimpleNamespace(platform="gpu", compute_capability=capability)
   monkeypatch.setattr(platform_lib, "target_device", lambda: blackwell)
-  assert moe_dispatch.pallas_impl("gpu") == "tiled"
+  find_spec = importlib.util.find_spec
+  monkeypatch.setattr(api.importlib.util, "find_spec", lambda name: (
+      find_spec(name) if name != "tokamax" or library_installed else None))
+  assert moe_dispatch.pallas_impl("gpu") == impl
+
+
+def test_config_names_the_kernel_behind_pallas():
+  """model.grouped_matmul_impl replaces the platform's default (here tokamax, whose XLA
+  implementation runs on a CPU) and keeps the dense reference's numbers; an unknown name
+  is a ConfigError that lists the choices."""
+  cfg = variants.get("tiny", moe_impl="pallas", grouped_matmul_impl="tokamax")
+  assert moe_dispatch.grouped_impl(cfg.moe_impl, cfg.grouped_matmul_impl) == "tokamax"
+  np.testing.assert_allclose(_module_forward("pallas", "none", "tokamax"),
+                             _module_forward("dense", "none"), rtol=0, atol=1e-5)
+  with pytest.raises(configlib.ConfigError, match="grouped_matmul_impl.*megablox"):
+    model_config.validate(variants.get("tiny", moe_impl="pallas",
+                                       grouped_matmul_impl="cutlass"))
 
 
 @pytest.mark.parametrize("dispatch", ["ragged", "pallas"])
@@ -144,8 +168,9 @@ def test_quantised_dense_reference_matches_sorted_dispatch():
 B, L = 2, 16
 
 
-def _module_forward(moe_impl, quant):
-  cfg = variants.get("tiny", init_std=0.2, moe_impl=moe_impl, quant=quant)
+def _module_forward(moe_impl, quant, grouped_matmul_impl="auto"):
+  cfg = variants.get("tiny", init_std=0.2, moe_impl=moe_impl, quant=quant,
+                     grouped_matmul_impl=grouped_matmul_impl)
   x_BxLxD = jax.random.normal(jax.random.key(1), (B, L, cfg.hidden_size))
   layer = moe.MoE(cfg)
   params = nn.unbox(jax.eval_shape(layer.init, jax.random.key(0), x_BxLxD))["params"]

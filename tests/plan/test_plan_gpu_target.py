@@ -121,8 +121,10 @@ def test_plan_memory_target_h100_tiny():
 
 def test_mosaic_gpu_kernels_compile_to_device_code_for_h100_and_b200():
   """The grouped matmul and the MXFP8 block-scaled one (FP8 WGMMA), forward and both
-  gradients, through Mosaic GPU for sm_90a (ptxas runs during the compile); a B200 takes
-  the 'tiled' loop, not the Hopper kernel that ptxas rejects for sm_100a."""
+  gradients, through Mosaic GPU for sm_90a (ptxas runs during the compile); a B200 never
+  takes the Hopper kernel that ptxas rejects for sm_100a: tokamax's tcgen05 kernel runs
+  its input gradient (bf16 out), while the float32-output forward (tokamax's Blackwell
+  kernel writes 16-bit outputs only) and the weight gradient run the 'tiled' loop."""
   python = _gpu_python()
   result = subprocess.run(
       [python, "-m", "tools.compile.kernels", "--targets", "h100-8,b200-8", "--shapes",
@@ -134,7 +136,46 @@ def test_mosaic_gpu_kernels_compile_to_device_code_for_h100_and_b200():
           if line.startswith(("OK ", "FAIL"))]
   calls = {(row["target"], row["kind"]): row["mosaic_calls"] for row in rows}
   assert calls == {("h100-8", "grouped"): 3, ("h100-8", "block_scaled"): 3,
-                   ("b200-8", "grouped"): 0, ("b200-8", "block_scaled"): 0}
+                   ("b200-8", "grouped"): 1, ("b200-8", "block_scaled"): 1}
+
+
+def test_tokamax_gpu_kernels_compile_for_h100_and_b200():
+  """impl='tokamax': on sm_90a all three products are tokamax's Mosaic kernels; on sm_100a
+  the forward and input gradient (tokamax has no Blackwell weight-gradient kernel: c2jax's
+  'tiled' loop), with the shared-memory-fitting config library.py gives."""
+  python = _gpu_python()
+  result = subprocess.run(
+      [python, "-m", "tools.compile.kernels", "--targets", "h100-8,b200-8", "--shapes",
+       "tiny", "--kinds", "grouped:tokamax", "--out_dtype", "bfloat16"], cwd=REPO,
+      env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+      timeout=900, check=False)
+  assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
+  rows = [json.loads(line[5:]) for line in result.stdout.splitlines()
+          if line.startswith(("OK ", "FAIL"))]
+  assert {row["target"]: row["mosaic_calls"] for row in rows} == {"h100-8": 3, "b200-8": 2}
+
+
+def test_tokamax_hopper_kernels_are_right_in_interpret_mode():
+  """tokamax's sm_90 kernels in Mosaic GPU interpret mode (tools/compile/library_interpret):
+  forward and input gradient match float64 on the rounded operands; the rows past the
+  routed sum come back unwritten and c2jax zeroes them. Pallas' GPU interpreter cannot
+  simulate the weight-gradient kernel (a shape error inside its WGMMA); where it can, that
+  product must match too."""
+  python = _gpu_python()
+  result = subprocess.run([python, "-m", "tools.compile.library_interpret"], cwd=REPO,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"), capture_output=True,
+                          text=True, timeout=900, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  report = json.loads(result.stdout.strip().splitlines()[-1])
+  for product in ("forward", "input_gradient"):
+    assert report[product]["error"] < 1e-5, report
+    assert report[product]["past_sum_unwritten"], report
+    assert report[product]["past_sum_after_mask"] == 0, report
+  weight = report["weight_gradient"]
+  if "failed" in weight:
+    assert "Expected shape" in weight["failed"], weight
+  else:
+    assert weight["error"] < 1e-5 and weight["empty_group_max"] == 0, weight
 
 
 # Quantise then dequantise in one jitted function, compiled for one compile-only device of

@@ -85,6 +85,22 @@ def test_grouped_matmul_kernels_compile_through_mosaic(v5p_devices):
 
 
 @pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
+def test_tokamax_gmm_v2_compiles_through_mosaic(v5p_devices):
+  """impl='tokamax' on TPU: tokamax's gmm_v2 for the forward, input gradient and weight
+  gradient (which needs the local group count passed in), each a Mosaic call."""
+  result = compile_kernels.compile_one(v5p_devices, "grouped:tokamax",
+                                       compile_kernels.SHAPES["small"], jnp.bfloat16)
+  assert result["mosaic_calls"] == 3, result
+  assert result["cost_model_s"] > 0 and result["temp_bytes"] > 0
+
+
+def test_tokamax_on_tpu_refuses_rows_narrower_than_a_dma(v5p_devices):
+  with pytest.raises(ValueError, match="at least 512 bytes.*impl='megablox'"):
+    compile_kernels.compile_one(v5p_devices, "grouped:tokamax",
+                                compile_kernels.SHAPES["tiny"], jnp.bfloat16)
+
+
+@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
 def test_ragged_ep_exchange_compiles_for_tpu_and_moves_less_than_fixed_buckets(capsys):
   """A dropless expert-parallel MoE layer (forward and backward) on v5p-8, expert 4: the
   ragged exchange compiles to ragged all-to-alls that send less than the fixed

@@ -12,13 +12,15 @@ forward's max relative difference to the dense float32 reference. Also prints wh
   python -m tools.bench.attention --smoke      # tiny, CPU, seconds
 
 'fused' is jax.nn.dot_product_attention: cuDNN flash attention on a GPU, XLA's attention
-elsewhere. A case the implementation cannot run (cuDNN refusing a shape) prints its error
+elsewhere. 'tokamax' (where installed) is tokamax.dot_product_attention, the OpenXLA kernel
+library's Mosaic flash attention on a GPU or TPU, its XLA attention on a CPU. A case the implementation cannot run (cuDNN refusing a shape) prints its error
 in place of a time.
 """
 
 import argparse
 import datetime
 import functools
+import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +35,8 @@ from tools.bench.grouped_matmul import time_fn
 # name -> (heads, kv heads, q/k head dim, v head dim)
 HEADS = {"mla": (64, 64, 192, 128), "gqa": (64, 8, 128, 128)}
 SMOKE_HEADS = {"mla": (2, 2, 24, 16), "gqa": (4, 2, 16, 16)}
-IMPLS = ("dense", "blockwise", "fused")
+IMPLS = ("dense", "blockwise", "fused") + (
+    ("tokamax",) if importlib.util.find_spec("tokamax") else ())
 
 
 def dense(q, k, v, segments, scale):
@@ -57,6 +60,16 @@ def blockwise(q, k, v, segments, scale, block):
 def fused_call(q, k, v, segments, scale):
   mask = None if segments is None else fused.document_mask(segments, segments)
   return fused.fused_attention(q, k, v, mask, causal=True, scale=scale)
+
+
+def tokamax_call(q, k, v, segments, scale):
+  """tokamax.dot_product_attention with its Pallas kernel for this backend ('mosaic':
+  Mosaic GPU flash attention on sm_90 / sm_100, Mosaic TPU), its XLA one on a CPU."""
+  import tokamax  # pylint: disable=g-import-not-at-top
+  impl = "xla" if jax.default_backend() == "cpu" else "mosaic"
+  mask = None if segments is None else fused.document_mask(segments, segments)
+  return tokamax.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=True,
+                                       implementation=impl)
 
 
 def packed_segments(batch, length, documents, seed=0):
@@ -105,7 +118,8 @@ def main(argv=None):
       segments = None if mask == "causal" else packed_segments(batch, length, args.documents)
       fns = {"dense": functools.partial(dense, scale=scale),
              "blockwise": functools.partial(blockwise, scale=scale, block=block),
-             "fused": functools.partial(fused_call, scale=scale)}
+             "fused": functools.partial(fused_call, scale=scale),
+             "tokamax": functools.partial(tokamax_call, scale=scale)}
       call = fused.AttentionCall(
           platform=device.platform, dtype="bfloat16", heads=heads, kv_heads=kv_heads,
           qk_head_dim=e, v_head_dim=v_dim, queries=length, keys=length, mask=mask,

@@ -19,6 +19,7 @@ quantisation error of each recipe's forward. `--smoke` = `--tiny --repeats 1` (t
 
 import argparse
 import datetime
+import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -100,6 +101,23 @@ def main(argv=None):
     grouped_table(shape, recipes, repeats)
 
 
+def library_quantised_cases(w):
+  """tokamax's quantised ragged dots (forward; the weights quantised once, outside the
+  timed call, with qwix): FP8 E4M3 weights in blocks of 32 along K (MXFP8's block, scales
+  in float32 rather than E8M0) times bf16 activations, tokamax's kernel for this backend
+  (Mosaic GPU: sm_90 upcasts the weights inside the kernel; sm_100 also takes FP8
+  activations). Empty where tokamax is not installed."""
+  if not importlib.util.find_spec('tokamax'):
+    return []
+  import qwix  # pylint: disable=g-import-not-at-top
+  import tokamax  # pylint: disable=g-import-not-at-top
+  impl = {'gpu': 'mosaic_gpu', 'tpu': 'mosaic_tpu'}.get(jax.default_backend(), 'xla')
+  weights = qwix.quantize(w, jnp.float8_e4m3fn, tiled_axes={1: 32})
+  fwd = jax.jit(lambda a, q, s: tokamax.ragged_dot(
+      a, q, s, preferred_element_type=jnp.bfloat16, implementation=impl))
+  return [(f'tokamax {impl} fp8-weights grouped', fwd, weights)]
+
+
 def grouped_table(shape, recipes, repeats):
   """FP8/FP4 grouped GEMMs vs the bf16 grouped GEMM at skewed expert loads."""
   m, k, n, g = shape['rows'], shape['hidden'], shape['width'], shape['experts']
@@ -113,6 +131,9 @@ def grouped_table(shape, recipes, repeats):
   for recipe in recipes:
     cases.append((f'{recipe} grouped', lambda a, b, s, recipe=recipe:
                   kernels.block_scaled_grouped_matmul(a, b, s, recipe=recipe)))
+  if importlib.util.find_spec('tokamax'):
+    cases.append(('tokamax bf16 grouped',
+                  lambda a, b, s: kernels.grouped_matmul(a, b, s, impl='tokamax')))
   rows, outputs, base = [], {}, None
   for name, fn in cases:
     fwd = jax.jit(fn)
@@ -123,6 +144,13 @@ def grouped_table(shape, recipes, repeats):
     rows.append((f'{name} fwd', fwd_s, flops, base[0]))
     rows.append((f'{name} bwd (2 GEMMs)', bwd_s, 2 * flops, base[1]))
     outputs[name] = fwd(x, w, sizes).astype(jnp.float32)
+  for name, fwd, weights in library_quantised_cases(w):
+    try:
+      rows.append((f'{name} fwd', time_fn(fwd, x, weights, sizes, repeats=repeats), flops,
+                   base[0]))
+      outputs[name] = fwd(x, weights, sizes).astype(jnp.float32)
+    except Exception as error:  # noqa: BLE001 -- a kernel refusing the case is a result
+      print(f'{name}: {type(error).__name__}: {str(error).splitlines()[0][:200]}')
   loads = jax.device_get(sizes)
   print_table(f'\ngrouped (MoE) GEMMs, M={m} K={k} N={n} G={g}, skewed routing: rows per '
               f'expert {loads.min()}..{loads.max()}, {int((loads == 0).sum())} empty; '

@@ -5,7 +5,9 @@ forward rate and the speed relative to `lax.ragged_dot`, forward and forward+bac
 Kimi-K2.5 expert shapes (hidden K=7168, expert width N=2048, 48 local experts = 384 / EP 8,
 32768 routed rows). Routing: 'balanced' (jitter around M/G, as after aux-loss-free
 balancing) and 'skewed' (Zipf-like loads with a few empty experts, as early in training or
-under a bad router). Each impl's forward is checked against lax.ragged_dot. `--small`
+under a bad router). Impls: c2jax's own Pallas kernel for the backend, tokamax's (the
+OpenXLA kernel library, where installed) and lax.ragged_dot; each impl's forward is checked
+against lax.ragged_dot. `--small`
 runs CPU-sized shapes; `--smoke` tiny ones with one repeat (the suite runs it).
 
   python -m tools.bench.grouped_matmul [--small | --smoke]
@@ -14,6 +16,7 @@ runs CPU-sized shapes; `--smoke` tiny ones with one repeat (the suite runs it).
 
 import argparse
 import datetime
+import importlib.util
 import statistics
 import time
 
@@ -76,9 +79,11 @@ GROUPINGS = {'balanced': balanced_group_sizes, 'skewed': skewed_group_sizes}
 
 
 def impls_for_backend():
-  """Pallas kernels only where they compile natively; interpret mode is not a benchmark."""
+  """c2jax's Pallas kernel where it compiles natively (interpret mode is not a benchmark),
+  tokamax's kernel for this platform where the package is installed, and ragged_dot."""
   native = {'gpu': 'mosaic_gpu', 'tpu': 'megablox'}.get(jax.default_backend())
-  return ([native] if native else []) + ['ragged_dot']
+  library = ['tokamax'] if importlib.util.find_spec('tokamax') else []
+  return ([native] if native else []) + library + ['ragged_dot']
 
 
 def ragged_dot(a, b, sizes):

@@ -49,22 +49,23 @@ SHAPES = {
 }
 
 
-def _loss(kind, dtype):
+def _loss(kind, dtype, out_dtype=jnp.float32):
   kind, _, impl = kind.partition(":")  # 'grouped:tiled' names an impl; else the default
   def grouped(lhs, rhs, sizes):
     if kind == "block_scaled":
       out = kernels.block_scaled_grouped_matmul(lhs, rhs, sizes, recipe="mxfp8",
                                                 impl=impl or None,
-                                                preferred_element_type=jnp.float32)
+                                                preferred_element_type=out_dtype)
     else:
       out = kernels.grouped_matmul(lhs, rhs, sizes, impl=impl or None,
-                                   preferred_element_type=jnp.float32)
-    return jnp.sum(out)
+                                   preferred_element_type=out_dtype)
+    return jnp.sum(out.astype(jnp.float32))
   # The loss value keeps the forward kernel alive beside both gradient kernels.
   return jax.value_and_grad(grouped, argnums=(0, 1))
 
 
-def compile_one(devices, kind: str, shape: tuple[int, int, int, int], dtype) -> dict:
+def compile_one(devices, kind: str, shape: tuple[int, int, int, int], dtype,
+                out_dtype=jnp.float32) -> dict:
   """Compiles the forward and both backward matmuls on one device of `devices` under their
   mesh; returns the compiler's figures or raises."""
   m, k, n, g = shape
@@ -77,7 +78,7 @@ def compile_one(devices, kind: str, shape: tuple[int, int, int, int], dtype) -> 
   with jax.set_mesh(mesh):
     if kernels.target_platform() not in ("tpu", "gpu", "cuda"):
       raise RuntimeError("the mesh's devices are not TPU or GPU devices")
-    compiled = jax.jit(_loss(kind, dtype)).lower(*args).compile()
+    compiled = jax.jit(_loss(kind, dtype, out_dtype)).lower(*args).compile()
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, list) and cost else cost) or {}
   mem = compiled.memory_analysis()
@@ -87,11 +88,12 @@ def compile_one(devices, kind: str, shape: tuple[int, int, int, int], dtype) -> 
           "cost_model_s": cost.get("optimal_seconds")}
 
 
-def _compile_in_child(target_name: str, shape_name: str, dtype_name: str, kind: str) -> dict:
+def _compile_in_child(target_name: str, shape_name: str, dtype_name: str, kind: str,
+                      out_dtype: str) -> dict:
   """One compile in its own process: a compiler that aborts (a failed CHECK in libtpu)
   takes only that row down; its last fatal line is the row's error."""
   command = [sys.executable, "-m", "tools.compile.kernels", "--one", target_name, shape_name,
-             dtype_name, kind]
+             dtype_name, kind, "--out_dtype", out_dtype]
   result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
   for line in reversed(result.stdout.splitlines()):
     if line.startswith("{"):
@@ -101,11 +103,11 @@ def _compile_in_child(target_name: str, shape_name: str, dtype_name: str, kind: 
           + (fatal[-1] if fatal else result.stderr[-400:])}
 
 
-def _one(target_name: str, shape_name: str, dtype_name: str, kind: str) -> None:
+def _one(target_name: str, shape_name: str, dtype_name: str, kind: str, out_dtype: str) -> None:
   devices = topologies.parse_target(target_name).devices()
   try:
     row = {"ok": True, **compile_one(devices, kind, SHAPES[shape_name],
-                                     jnp.dtype(dtype_name))}
+                                     jnp.dtype(dtype_name), jnp.dtype(out_dtype))}
   except Exception as err:  # Mosaic's or the compiler's message, reported as the row
     row = {"ok": False, "error": f"{type(err).__name__}: {str(err)[:400]}"}
   print(json.dumps(row), flush=True)
@@ -121,12 +123,15 @@ def main(argv=None) -> int:
   # grouped | block_scaled, each with the platform's default impl, or e.g. grouped:tiled
   # for one of c2jax_kernels.grouped_matmul_impls().
   parser.add_argument("--kinds", default="grouped,block_scaled")
+  # The matmuls' output dtype (accumulation is float32 either way); the MoE layer writes
+  # the model dtype, bfloat16.
+  parser.add_argument("--out_dtype", default="float32")
   parser.add_argument("--one", nargs=4, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # see commands/plan_target.py
   jax.config.update("jax_platforms", "cpu")
   if args.one:
-    _one(*args.one)
+    _one(*args.one, args.out_dtype)
     return 0
   results = []
   for target_name in args.targets.split(","):
@@ -135,7 +140,9 @@ def main(argv=None) -> int:
         for kind in args.kinds.split(","):
           row = {"target": target_name, "shape": shape_name, "dtype": dtype_name,
                  "kind": kind, "mkng": SHAPES[shape_name],
-                 **_compile_in_child(target_name, shape_name, dtype_name, kind)}
+                 "out_dtype": args.out_dtype,
+                 **_compile_in_child(target_name, shape_name, dtype_name, kind,
+                                     args.out_dtype)}
           results.append(row)
           print(("OK  " if row["ok"] else "FAIL") + " " + json.dumps(row), flush=True)
   failed = sum(not row["ok"] for row in results)

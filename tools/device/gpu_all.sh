@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check and measurement in one go, on one GPU machine, most important first:
-# the kernel numerics (gpu_check_kernels.py), then the kernel, attention, train and
-# decode benchmarks. Everything goes to one log, $OUT/all.txt (a header per step), and
+# the kernel numerics (gpu_check_kernels.py), then the kernel, LM-head loss, attention,
+# train and decode benchmarks, c2jax's kernels beside tokamax's (the OpenXLA library).
+# Packages the machine's image lacks travel as wheels in .whl/ (tools/device/wheels.sh;
+# the device tool's carry: [".whl"]) and are installed from there first. Everything goes to one log, $OUT/all.txt (a header per step), and
 # $OUT/summary.txt lists each step's exit status and seconds.
 #   OUT=runs/gpu_out bash tools/device/gpu_all.sh                  # from the repo root
 #   STEPS=check,grouped BUDGET=300 OUT=runs/gpu_out bash tools/device/gpu_all.sh
@@ -21,11 +23,18 @@ STEPS="${STEPS:-all}"
 BUDGET="${BUDGET:-0}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# The packages the GPU image lacks (tools/device/wheels.sh fills .whl/ here; carry it).
+if [ -d .whl ] && ls .whl/*.whl > /dev/null 2>&1; then
+  site="$(mktemp -d)"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$site" .whl/*.whl > "$OUT/wheels.txt" 2>&1 || cat "$OUT/wheels.txt"
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 RUNS="${RUNS:-$OUT/runs}"  # the MTP steps' checkpoints
 summary="$OUT/summary.txt"
 log="$OUT/all.txt"
 : > "$log"
-{ date -u; "$PY" -c 'import jax; d = jax.devices()[0]; print("jax", jax.__version__, d.platform, d.device_kind, jax.device_count())'; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null; } > "$summary" 2>&1
+{ date -u; "$PY" -c 'import jax; d = jax.devices()[0]; print("jax", jax.__version__, d.platform, d.device_kind, jax.device_count())'; "$PY" -c 'import tokamax; print("tokamax", tokamax.__version__)' 2>&1 | tail -1; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>/dev/null; } > "$summary" 2>&1
 
 wanted() { [ "$STEPS" = all ] || [[ ",$STEPS," == *",$1,"* ]]; }
 
@@ -51,6 +60,7 @@ if [ "$SMOKE" = 1 ]; then
   run check 300 -m tools.device.gpu_check_kernels --smoke
   run attention 300 -m tools.bench.attention --smoke
   run grouped 300 -m tools.bench.grouped_matmul --smoke
+  run lm_head 300 -m tools.bench.lm_head --smoke
   run block_scaled 300 -m tools.bench.block_scaled --smoke
   run train 300 -m tools.bench.train --smoke
   run decode 300 -m tools.bench.decode --smoke
@@ -60,10 +70,15 @@ fi
 
 # Numerics first: every GPU kernel path, compiled, forward and gradients vs float64.
 run check 240 -m tools.device.gpu_check_kernels
-# Grouped GEMM vs dense vs lax.ragged_dot at Kimi-K2.5 expert shapes.
+# Grouped GEMM vs dense vs lax.ragged_dot at Kimi-K2.5 expert shapes: c2jax's and
+# tokamax's kernels side by side.
 run grouped 180 -m tools.bench.grouped_matmul
+# The LM-head loss, unfused vs c2jax's and tokamax's chunked ones: Kimi-K2.5's vocabulary,
+# then DeepSeek-V3's (129,280: no multiple of tokamax's 2,048-column block).
+run lm_head 150 -m tools.bench.lm_head
+run lm_head_dsv3 120 -m tools.bench.lm_head --vocab 129280 --tokens 4096
 # FP8/FP4 vs bf16, flat and grouped (skewed, empty experts).
-run block_scaled 180 -m tools.bench.block_scaled
+run block_scaled 180 -m tools.bench.block_scaled --recipes mxfp8
 # Fused (cuDNN) vs blockwise vs dense attention, MLA and GQA heads, 4k and 8k.
 run attention_4k 180 -m tools.bench.attention --length 4096
 run attention_8k 180 -m tools.bench.attention --length 8192 --heads mla

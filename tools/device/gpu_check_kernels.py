@@ -5,12 +5,14 @@ still race or index wrongly on the device. This runs each path's forward and bot
 gradients on fresh random inputs (skewed routing with empty groups, row counts that are
 no multiple of a tile, rows past the routed sum) and compares them with a float64 NumPy
 reference on the same (bf16- or FP8-rounded) operands, by ||got - ref|| / ||ref||:
-- grouped_matmul, impls 'mosaic_gpu' (Hopper WGMMA), 'tiled' and 'ragged_dot';
+- grouped_matmul, impls 'mosaic_gpu' (Hopper WGMMA), 'tiled', 'ragged_dot' and, where
+  tokamax is installed, 'tokamax' (its Mosaic GPU kernels);
 - block_scaled_grouped_matmul (MXFP8), paths 'hopper_fused' (FP8 WGMMA, scales inside
   the kernel) and 'dequantize', against each other and against the unquantised product;
 - block_scaled_matmul, paths 'hopper_fp8' and 'dequantize';
 - fused attention (cuDNN through jax.nn.dot_product_attention), causal and packed
-  documents, MLA and GQA heads, forward and gradients against the dense float32 one.
+  documents, MLA and GQA heads, forward and gradients against the dense float32 one, and
+  tokamax's flash attention (where installed) the same way.
 Outputs are also checked for NaN and, for the grouped matmuls, for zeros past the routed
 rows. One line a check (PASS/FAIL, the error, the bound); exit status 1 if any failed.
 
@@ -21,6 +23,7 @@ rows. One line a check (PASS/FAIL, the error, the bound); exit status 1 if any f
 import argparse
 import contextlib
 import datetime
+import importlib.util
 import sys
 import traceback
 
@@ -33,6 +36,7 @@ from c2jax_kernels.block_scaled import formats
 from tools.bench.attention import dense as dense_attention
 from tools.bench.attention import fused_call
 from tools.bench.attention import packed_segments
+from tools.bench.attention import tokamax_call
 from tools.bench.grouped_matmul import skewed_group_sizes
 
 # (rows M, hidden K, width N, groups G): a small ragged case and an expert-layer-like one.
@@ -46,6 +50,7 @@ QUANT_BOUND = 8e-2  # MXFP8 E4M3 vs the unquantised product (3 mantissa bits, ~3
 SAME_MATH_BOUND = 4e-3  # same quantised operands; bf16 output rounding alone is ~1.7e-3
 
 failures = []
+LIBRARY = importlib.util.find_spec('tokamax') is not None  # tokamax's kernels are checked too
 
 
 def report(name, err, bound):
@@ -185,6 +190,9 @@ def check_attention(smoke, seed):
     heads = {'mla': (2, 2, 24, 16), 'gqa': (4, 2, 16, 16)}
   batch, length = (1, 64) if smoke else (2, 1024)
   rng = np.random.default_rng(seed + 3)
+  calls = {'fused': fused_call}
+  if LIBRARY:
+    calls['tokamax'] = tokamax_call
   for head_name, (h, kv, e, v_dim) in heads.items():
     for case in ('causal', 'documents'):
       q = jnp.asarray(rng.standard_normal((batch, length, h, e)), jnp.bfloat16)
@@ -194,14 +202,15 @@ def check_attention(smoke, seed):
       segments = (packed_segments(batch, length, 4, seed=int(rng.integers(1 << 30)))
                   if case == 'documents' else None)
       scale = e ** -0.5
-      name = f"attention fused {head_name} {case}"
-      with recorded(name):
-        # The reference: tools/bench/attention.py's dense attention on float32 operands.
-        want = with_pullback(lambda *x: dense_attention(*x, segments, scale), dout,
-                             *(t.astype(jnp.float32) for t in (q, k, v)))
-        got = with_pullback(lambda *x: fused_call(*x, segments, scale), dout, q, k, v)
-        for part, gv, wv in zip(('out', 'dq', 'dk', 'dv'), got, want):
-          report(f"{name} {part}", rel_err(gv, wv), 2e-2)
+      # The reference: tools/bench/attention.py's dense attention on float32 operands.
+      want = with_pullback(lambda *x: dense_attention(*x, segments, scale), dout,
+                           *(t.astype(jnp.float32) for t in (q, k, v)))
+      for impl, call in calls.items():
+        name = f"attention {impl} {head_name} {case}"
+        with recorded(name):
+          got = with_pullback(lambda *x, call=call: call(*x, segments, scale), dout, q, k, v)
+          for part, gv, wv in zip(('out', 'dq', 'dk', 'dv'), got, want):
+            report(f"{name} {part}", rel_err(gv, wv), 2e-2)
 
 
 def main():
@@ -218,7 +227,8 @@ def main():
   if not on_gpu and not args.smoke:
     sys.exit("No GPU here: this check is for a GPU (use --smoke for a CPU run).")
   shapes = SMOKE_SHAPES if args.smoke else GROUPED_SHAPES
-  impls = ['tiled', 'ragged_dot'] + (['mosaic_gpu'] if hopper or args.smoke else [])
+  impls = (['tiled', 'ragged_dot'] + (['mosaic_gpu'] if hopper or args.smoke else [])
+           + (['tokamax'] if LIBRARY else []))
   check_grouped(impls, shapes, args.seed, interpret=not on_gpu)
   grouped_paths = ['hopper_fused', 'dequantize'] if hopper or args.smoke else ['dequantize']
   check_block_scaled_grouped(grouped_paths, shapes, args.seed)
