@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates ./.venv with Python >= 3.12 and installs c2jax with its test and tpu-compile
-# extras (tpu-compile: libtpu, the TPU compiler `c2jax plan --target=v5p-8` uses).
+# Creates ./.venv with Python >= 3.12 and installs c2jax with its test, tpu-compile and
+# kernels extras (tpu-compile: libtpu, the TPU compiler `c2jax plan --target=v5p-8` uses;
+# kernels: tokamax), and ./.venv-gpu with the gpu-compile extra (tools/setup_gpu_compile.sh).
 # Idempotent: re-running only installs what changed. Used by the README and .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,11 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "setup.sh: bubblewrap (bwrap) is missing; install it (Debian: apt-get install bubblewrap) for sandboxes" >&2
   fi
 fi
+# XLA's GPU compiler (the CUDA plugin, ptxas) in a venv of its own, so that the suite
+# compiles the Hopper and Blackwell kernels for compile-only GPUs on every run
+# (tests/plan/test_plan_gpu_target.py); never fails the set-up: without it those tests
+# are skipped with the reason.
+bash tools/setup_gpu_compile.sh || echo "setup.sh: .venv-gpu was not built; the GPU compile tests will be skipped" >&2
 # The docker sandbox backend's engine and image (root: installs and starts Docker where it
 # is missing, builds the image once); never fails the set-up.
 bash tools/setup_docker.sh
