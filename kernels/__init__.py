@@ -13,6 +13,8 @@
   path=None, rows=None, preferred_element_type=None); recipes in BLOCK_SCALED_RECIPES.
   The grouped path 'hopper_fused' (default on sm_90 for 'mxfp8') runs FP8 WGMMA kernels
   with the block scales applied inside (kernels/block_scaled/fused_grouped.py).
+- lm_head_loss (a module): linear_cross_entropy(x_TxD, kernel_DxV, labels_T) -> [T], the
+  LM head's matmul and cross entropy fused, through tokamax (kernels/lm_head_loss.py).
 - cpu_matmul (imported as a module): panel_matmul(x, pack(kernel)), a few-row float32
   matmul for XLA:CPU decode steps, C++ through XLA's FFI, built on first use
   (kernels/cpu_matmul).
@@ -25,6 +27,7 @@ from c2jax_kernels.block_scaled import block_scaled_grouped_matmul
 from c2jax_kernels.block_scaled import block_scaled_matmul
 from c2jax_kernels.block_scaled import dequantize
 from c2jax_kernels.block_scaled import quantize
+from c2jax_kernels import lm_head_loss
 from c2jax_kernels.grouped_matmul import IMPLS as _GROUPED_MATMUL_IMPLS
 from c2jax_kernels.grouped_matmul import default_impl as default_grouped_matmul_impl
 from c2jax_kernels.grouped_matmul import grouped_matmul

@@ -221,3 +221,32 @@ def vocab_chunked_nll(hidden_BxLxD, kernel_DxV, labels_BxL, vocab_chunk: int) ->
           jnp.zeros(shape, jnp.float32))
   (run_max, run_sum, label_logit), _ = jax.lax.scan(step, init, (kernel_NxDxW, jnp.arange(num)))
   return run_max + jnp.log(run_sum) - label_logit
+
+
+def library_nll(hidden_BxLxD, kernel_DxV, labels_BxL) -> jax.Array:
+  """float32 [B, L]: -log softmax(hidden @ kernel)[label] through tokamax's fused linear
+  cross entropy (c2jax_kernels.lm_head_loss: its Pallas kernel on a TPU; config
+  train.loss_impl='tokamax'). A Mosaic kernel is a custom call XLA cannot partition, so
+  where the tokens are split over devices (the 'batch' and 'length' rules) each shard runs
+  it on its own rows inside shard_map, the kernel gathered whole (as FSDP gathers it for
+  the matmul anyway) and its gradient summed over the shards."""
+  import c2jax_kernels as kernels  # pylint: disable=g-import-not-at-top
+  from c2jax.parallel import expert as expert_parallel  # pylint: disable=g-import-not-at-top
+  b, l, d = hidden_BxLxD.shape
+  x_TxD, labels_T = hidden_BxLxD.reshape(b * l, d), labels_BxL.reshape(b * l)
+  token_axes = expert_parallel.token_axes_from_context()
+  if not token_axes or kernels.target_platform() == "cpu":  # plain XLA partitions itself
+    return kernels.lm_head_loss.linear_cross_entropy(x_TxD, kernel_DxV, labels_T).reshape(b, l)
+  mesh = jax.sharding.get_abstract_mesh()
+  ways = 1
+  for axis in token_axes:
+    ways *= dict(mesh.shape)[axis]
+  pad = -(b * l) % ways
+  if pad:
+    x_TxD, labels_T = jnp.pad(x_TxD, ((0, pad), (0, 0))), jnp.pad(labels_T, (0, pad))
+  tokens = jax.sharding.PartitionSpec(token_axes)
+  nll_T = jax.shard_map(
+      kernels.lm_head_loss.linear_cross_entropy, mesh=mesh,
+      in_specs=(tokens, jax.sharding.PartitionSpec(), tokens), out_specs=tokens,
+      check_vma=False)(x_TxD, kernel_DxV, labels_T)
+  return nll_T[:b * l].reshape(b, l)

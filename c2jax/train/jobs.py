@@ -26,6 +26,7 @@ from c2jax.train.optimizer import SCHEDULES
 
 BATCH_KEYS = ("inputs", "targets", "positions", "segment_ids", "loss_mask")
 TASKS = ("pretrain", "sft")
+LOSS_IMPLS = ("c2jax", "tokamax")  # train.loss_impl
 
 
 def train_defaults() -> ml_collections.ConfigDict:
@@ -46,6 +47,11 @@ def train_defaults() -> ml_collections.ConfigDict:
   # The cross entropy over chunks of this many vocabulary columns, straight from the final
   # hidden state: no float32 [batch, length, vocab] logits (0: from the full logits).
   t.loss_vocab_chunk = 4096
+  # Whose cross entropy: 'c2jax' (the above) | 'tokamax' (tokamax's fused linear cross
+  # entropy: its Pallas kernel on a TPU, 0.47 GB of temporaries where full logits take
+  # 5.4 GB at Kimi-K2.5's vocabulary; the vocabulary must be a multiple of 128 there,
+  # of 2,048 on a GPU; docs/kernels.md).
+  t.loss_impl = "c2jax"
   t.learning_rate = 3e-3
   t.warmup_steps = 20
   t.schedule = "cosine"
@@ -114,6 +120,12 @@ def validate(cfg, num_devices: int | None = None) -> None:
               "train.mtp_ce_weight", "train.mtp_vocab_chunk", "train.loss_vocab_chunk"):
     configlib.check_positive(cfg, key, allow_zero=True)
   configlib.check_at_most(cfg, "data.vocab_size", "model.vocab_size")
+  configlib.check_choice(cfg, "train.loss_impl", LOSS_IMPLS)
+  if cfg.train.loss_impl == "tokamax" and cfg.model.vocab_size % 128:
+    raise configlib.ConfigError(
+        "train.loss_impl", f"= 'tokamax' needs model.vocab_size to be a multiple of 128 "
+        f"(its TPU kernel reads past a vocabulary that is not); it is "
+        f"{cfg.model.vocab_size}. Pad the vocabulary or use 'c2jax'.")
   if cfg.data.tokenizer_dir is not None:  # a released model's tokenizer sets the vocabulary
     vocab = data.load_model_tokenizer(cfg.data.tokenizer_dir).vocab_size
     if vocab > cfg.model.vocab_size:

@@ -69,14 +69,16 @@ def make_train_step(rt: Runtime):
   return rt.jit_step(functools.partial(train_step, rt.cfg.model, rt.optimizer,
                                        mtp=MTPWeights.from_train_config(rt.cfg.train),
                                        microbatches=rt.cfg.train.microbatches,
-                                       vocab_chunk=rt.cfg.train.loss_vocab_chunk))
+                                       vocab_chunk=rt.cfg.train.loss_vocab_chunk,
+                                       loss_impl=rt.cfg.train.loss_impl))
 
 
 def make_eval_step(rt: Runtime):
   def eval_step(params, batch):
     _, stats = loss_fn(rt.cfg.model, params, batch,
                        MTPWeights.from_train_config(rt.cfg.train),
-                       vocab_chunk=rt.cfg.train.loss_vocab_chunk)
+                       vocab_chunk=rt.cfg.train.loss_vocab_chunk,
+                       loss_impl=rt.cfg.train.loss_impl)
     return stats["ce_loss"] * stats["tokens"], stats["tokens"]
   return jax.jit(eval_step, in_shardings=(rt.state_shardings.params, rt.batch_sharding))
 

@@ -91,7 +91,7 @@ def _valid_rows(segment_ids_BxL) -> jax.Array:
 
 
 def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None,
-            totals: dict | None = None, vocab_chunk: int = 0):
+            totals: dict | None = None, vocab_chunk: int = 0, loss_impl: str = "c2jax"):
   """Mean next-token cross entropy over loss_mask tokens, plus the MoE auxiliary loss,
   plus (cfg.num_mtp_layers > 0) the weighted MTP loss, reported as `mtp_loss`.
 
@@ -100,15 +100,22 @@ def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None,
   vocab_chunk: > 0 computes the cross entropy over chunks of that many vocabulary columns
   (token_logprobs.vocab_chunked_nll; config train.loss_vocab_chunk), so no float32
   [B, L, V] logits exist; 0 takes it from the full logits (the reference).
+  loss_impl: 'tokamax' computes the cross entropy with tokamax's fused linear cross
+  entropy instead (token_logprobs.library_nll; config train.loss_impl); vocab_chunk
+  then plays no part.
   """
   totals = batch_totals(cfg, batch) if totals is None else totals
   kwargs = dict(positions_BxL=batch["positions"], segment_ids_BxL=batch["segment_ids"])
   mtp = mtp or MTPWeights()
   hidden_BxLxD = logits_BxLxV = None
-  if vocab_chunk:
+  if vocab_chunk or loss_impl == "tokamax":
     hidden_BxLxD, aux, _ = model.apply(cfg, params, batch["inputs"], head=False, **kwargs)
-    nll_BxL = token_logprobs.vocab_chunked_nll(hidden_BxLxD, params["lm_head"]["kernel"],
-                                               batch["targets"], vocab_chunk)
+    if loss_impl == "tokamax":
+      nll_BxL = token_logprobs.library_nll(hidden_BxLxD, params["lm_head"]["kernel"],
+                                           batch["targets"])
+    else:
+      nll_BxL = token_logprobs.vocab_chunked_nll(hidden_BxLxD, params["lm_head"]["kernel"],
+                                                 batch["targets"], vocab_chunk)
     if cfg.num_mtp_layers and not mtp.vocab_chunk:  # the MTP loss's full-logits reference
       logits_BxLxV = model.head(cfg, params, hidden_BxLxD)
   else:
@@ -142,33 +149,35 @@ def loss_fn(cfg, params, batch: Batch, mtp: MTPWeights | None = None,
   return loss, stats
 
 
-def _grads(cfg, params, batch: Batch, mtp: MTPWeights, totals: dict, vocab_chunk: int):
+def _grads(cfg, params, batch: Batch, mtp: MTPWeights, totals: dict, vocab_chunk: int,
+           loss_impl: str):
   """(loss, stats), grads of loss_fn; a frozen trunk is differentiated only through the
   MTP subtree (so no backward pass runs through the trunk) and gets zero gradients."""
   if not (cfg.num_mtp_layers and mtp.frozen_trunk):
-    return jax.value_and_grad(lambda p: loss_fn(cfg, p, batch, mtp, totals, vocab_chunk),
-                              has_aux=True)(params)
+    return jax.value_and_grad(
+        lambda p: loss_fn(cfg, p, batch, mtp, totals, vocab_chunk, loss_impl),
+        has_aux=True)(params)
   def of_mtp(mtp_params):
     return loss_fn(cfg, {**params, mtp_lib.PARAMS_KEY: mtp_params}, batch, mtp, totals,
-                   vocab_chunk)
+                   vocab_chunk, loss_impl)
   value, mtp_grads = jax.value_and_grad(of_mtp, has_aux=True)(params[mtp_lib.PARAMS_KEY])
   grads = {**jax.tree.map(jnp.zeros_like, params), mtp_lib.PARAMS_KEY: mtp_grads}
   return value, grads
 
 
 def train_step(cfg, optimizer, state: TrainState, batch: Batch, mtp: MTPWeights | None = None,
-               microbatches: int = 1, vocab_chunk: int = 0):
+               microbatches: int = 1, vocab_chunk: int = 0, loss_impl: str = "c2jax"):
   """One optimizer step, then the aux-loss-free correction-bias update (outside Adam).
 
   `mtp` (default MTPWeights()) matters only when cfg.num_mtp_layers > 0. `microbatches`:
   gradients accumulated over that many slices of the batch (its rows must divide by it).
-  `vocab_chunk`: the cross entropy over vocabulary chunks (loss_fn).
+  `vocab_chunk`, `loss_impl`: how the cross entropy is computed (loss_fn).
   """
   mtp = mtp or MTPWeights()
   totals = batch_totals(cfg, batch)
   (loss, stats), grads = accumulate.value_and_grad(
-      lambda micro: _grads(cfg, state.params, micro, mtp, totals, vocab_chunk), state.params,
-      batch, microbatches)
+      lambda micro: _grads(cfg, state.params, micro, mtp, totals, vocab_chunk, loss_impl),
+      state.params, batch, microbatches)
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   frozen = bool(cfg.num_mtp_layers) and mtp.frozen_trunk
   if frozen:  # zero gradients alone would still let weight decay move the trunk

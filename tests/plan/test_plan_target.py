@@ -8,7 +8,9 @@ import pathlib
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from c2jax.plan import shardings as plan
@@ -98,6 +100,62 @@ def test_tokamax_on_tpu_refuses_rows_narrower_than_a_dma(v5p_devices):
   with pytest.raises(ValueError, match="at least 512 bytes.*impl='megablox'"):
     compile_kernels.compile_one(v5p_devices, "grouped:tokamax",
                                 compile_kernels.SHAPES["tiny"], jnp.bfloat16)
+
+
+@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
+def test_tokamax_lm_head_loss_runs_per_token_shard_through_mosaic(v5p_devices):
+  """train.loss_impl='tokamax' on four v5p chips with the batch over 'fsdp': the loss and
+  its backward are tokamax's Mosaic kernels, one call each, run per token shard inside
+  shard_map (XLA cannot partition a Mosaic call)."""
+  import flax.linen as nn
+
+  from c2jax.model import token_logprobs
+  from c2jax.plan import target as target_lib
+  mesh = jax.sharding.Mesh(np.asarray(v5p_devices[:4]), ("fsdp",))
+  spec = lambda *axes: jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))
+  args = (jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16, sharding=spec("fsdp")),
+          jax.ShapeDtypeStruct((256, 1024), jnp.float32, sharding=spec()),
+          jax.ShapeDtypeStruct((4, 256), jnp.int32, sharding=spec("fsdp")))
+  loss = lambda h, w, y: token_logprobs.library_nll(h, w, y).sum()
+  with jax.set_mesh(mesh), nn.logical_axis_rules([("batch", "fsdp"), ("length", None)]):
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(*args).compile()
+  assert target_lib.mosaic_calls(compiled.as_text()) == 2
+
+
+def test_tokamax_lm_head_loss_is_right_in_tpu_interpret_mode(v5p_devices):
+  """Its TPU kernel in Pallas' TPU interpreter, rows padded to its 1,024-row block (1,000
+  here): loss and both gradients against the full-logits loss; the hidden state's
+  gradient comes back in bfloat16, as the hidden state."""
+  from jax.experimental.pallas import tpu as pltpu
+  import optax
+
+  from c2jax_kernels import lm_head_loss
+  keys = jax.random.split(jax.random.key(0), 3)
+  h = jax.random.normal(keys[0], (1000, 256), jnp.bfloat16)
+  w = jax.random.normal(keys[1], (256, 1024), jnp.float32) / 4
+  y = jax.random.randint(keys[2], (1000,), 0, 1024)
+  weights = jnp.arange(1000) / 1000
+
+  def value_and_grads(fn):
+    return jax.value_and_grad(lambda h, w: jnp.sum(fn(h, w) * weights), argnums=(0, 1))(h, w)
+
+  want = value_and_grads(lambda h, w: optax.softmax_cross_entropy_with_integer_labels(
+      jnp.dot(h, w.astype(h.dtype), preferred_element_type=jnp.float32), y))
+  abstract = jax.sharding.Mesh(np.asarray(v5p_devices[:1]), ("x",)).abstract_mesh
+  with jax.sharding.use_abstract_mesh(abstract), pltpu.force_tpu_interpret_mode():
+    got = value_and_grads(lambda h, w: lm_head_loss.linear_cross_entropy(h, w, y))
+  rel = lambda a, b: float(jnp.linalg.norm(jnp.float32(a) - jnp.float32(b))
+                           / jnp.linalg.norm(jnp.float32(b)))
+  assert rel(got[0], want[0]) < 1e-6
+  assert got[1][0].dtype == jnp.bfloat16 and rel(got[1][0], want[1][0]) < 1e-2
+  assert got[1][1].dtype == jnp.float32 and rel(got[1][1], want[1][1]) < 1e-3
+  with pytest.raises(ValueError, match="multiple of 128; model.vocab_size is 1000"):
+    with jax.sharding.use_abstract_mesh(abstract):
+      lm_head_loss.linear_cross_entropy(h, w[:, :1000], y)
+  # On a GPU its chunked XLA loss would count DeepSeek-V3's padded columns.
+  with pytest.raises(ValueError, match="multiple of 2048; model.vocab_size is 129280"):
+    lm_head_loss.check_vocab(129280, "gpu")
+  lm_head_loss.check_vocab(163840, "gpu")
 
 
 @pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")

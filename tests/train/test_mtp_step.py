@@ -124,3 +124,25 @@ def test_vocab_chunked_cross_entropy_matches_the_full_logits(tiny, mtp_chunk):
   cfg_bad.train.loss_vocab_chunk = -1
   with pytest.raises(configlib.ConfigError, match="train.loss_vocab_chunk"):
     jobs.validate(cfg_bad)
+
+
+def test_tokamax_cross_entropy_matches_c2jax(tiny):
+  """train.loss_impl='tokamax' (its XLA implementation on a CPU, float32 here) gives the
+  loss, statistics and gradients of the full-logits loss, MTP terms included; a
+  vocabulary its TPU kernel would read past is a ConfigError."""
+  cfg, params, batch = tiny
+  weights = MTPWeights(kl_weight=1.0, ce_weight=0.5, vocab_chunk=8)
+  run = lambda impl: jax.jit(jax.value_and_grad(
+      lambda p: train.loss_fn(cfg, p, batch, weights, loss_impl=impl), has_aux=True))(params)
+  (loss, stats), grads = run("tokamax")
+  (ref_loss, ref_stats), ref_grads = run("c2jax")
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  for key in ("ce_loss", "mtp_loss"):
+    np.testing.assert_allclose(stats[key], ref_stats[key], rtol=1e-5, err_msg=key)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-5), grads, ref_grads)
+  cfg_bad = jobs.job_defaults()
+  cfg_bad.train.loss_impl = "tokamax"
+  cfg_bad.model.vocab_size = cfg_bad.data.vocab_size + 1000
+  with pytest.raises(configlib.ConfigError,
+                     match=f"loss_impl.*multiple of 128.*{cfg_bad.model.vocab_size}"):
+    jobs.validate(cfg_bad)
