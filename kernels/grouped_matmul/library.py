@@ -3,14 +3,15 @@
 tokamax's ragged dot has the three products c2jax's VJP needs as dimension numbers: the
 forward (rows ragged, rhs [G, K, N]), the input gradient (the same with rhs contracted on
 its last axis) and the weight gradient (the ragged row axis contracted: one [K, N] block
-per group). Which of tokamax's kernels runs is chosen here per target platform, explicitly,
-so a kernel that cannot take the call raises instead of falling back silently:
+per group). Which of tokamax's kernels runs is chosen here per target platform and
+product before tracing, never by catching a kernel's refusal:
   gpu: 'mosaic_gpu' (Pallas Mosaic GPU: WGMMA kernels on sm_90, tcgen05 on sm_100). On
        sm_100 tokamax 0.0.17 has no weight-gradient kernel and its forward kernel writes
        16-bit outputs only: those products run as c2jax's 'tiled' loop (XLA's own
        ragged_dot expands into one dense product per group), and its heuristic tiles
        need more shared memory than an SM has, so a config that fits is given (gpu_kernel).
-       Rows past the routed sum, which the kernels leave unwritten, are zeroed here.
+       Rows past the routed sum, which the kernels leave unwritten, are zeroed here, and
+       so are the weight gradients of empty groups (used_groups_only).
   tpu: gmm_v2, tokamax's second-generation TPU grouped matmul, with megablox.py's tiles
        (512 rows, 1,024 of K and N): its own VMEM-aware tiling picks the whole K (7,168)
        at DeepSeek-V3's and Kimi-K2.5's expert shapes and runs out of VMEM compiling for
@@ -157,17 +158,27 @@ def gmm(lhs_MxK, rhs, group_sizes_G, *, transpose_rhs, out_dtype, interpret=Fals
                           group_sizes_G)
 
 
+def used_groups_only(out_GxKxN, group_sizes_G):
+  """Zeroes the weight gradient of groups that received no rows. Neither of tokamax's
+  weight-gradient kernels could be run here (docs/kernels.md), so whether they write an
+  empty group's block is unverified; c2jax's contract says it is zero."""
+  return jnp.where((group_sizes_G > 0)[:, None, None], out_GxKxN, 0).astype(out_GxKxN.dtype)
+
+
 def tgmm(lhs_MxK, rhs_MxN, group_sizes_G, *, out_dtype, interpret=False):
   impl = implementation()
   if impl == 'mosaic_tpu_v2':
     (m, k), n = lhs_MxK.shape, rhs_MxN.shape[1]
-    return call(lhs_MxK, rhs_MxN, group_sizes_G, RAGGED_CONTRACTING, out_dtype,
-                tpu_kernel(k, n, m, lhs_MxK.dtype,
-                           num_actual_groups=group_sizes_G.shape[0]))
+    return used_groups_only(
+        call(lhs_MxK, rhs_MxN, group_sizes_G, RAGGED_CONTRACTING, out_dtype,
+             tpu_kernel(k, n, m, lhs_MxK.dtype, num_actual_groups=group_sizes_G.shape[0])),
+        group_sizes_G)
   if impl != 'mosaic_gpu':
     return call(lhs_MxK, rhs_MxN, group_sizes_G, RAGGED_CONTRACTING, out_dtype, impl)
   if platform_lib.gpu_major() != 9:
     # tokamax 0.0.17 implements the ragged-contracting product on sm_90 only.
     return tiled.tgmm(lhs_MxK, rhs_MxN, group_sizes_G, out_dtype=out_dtype,
                       interpret=interpret)
-  return _gpu_call(lhs_MxK, rhs_MxN, group_sizes_G, RAGGED_CONTRACTING, out_dtype)
+  return used_groups_only(
+      _gpu_call(lhs_MxK, rhs_MxN, group_sizes_G, RAGGED_CONTRACTING, out_dtype),
+      group_sizes_G)
