@@ -115,12 +115,18 @@ class Actors(abc.ABC):
         continue
       if self.restarts[actor_id] >= self.cfg.actors.restarts:
         raise ActorFailure(
-            f"{actor_id} died (status {status}) after {self.restarts[actor_id]} restarts "
+            f"{actor_id} died (status {status}){self._where(actor_id)} after "
+            f"{self.restarts[actor_id]} restarts "
             f"(config.actors.restarts). Its last output:\n{self.log_tail(actor_id)}")
       self.restarts[actor_id] += 1
-      print(f"rl: {actor_id} died (status {status}); {returned} prompt(s) back in the pool; "
-            f"restart {self.restarts[actor_id]}/{self.cfg.actors.restarts}", flush=True)
+      print(f"rl: {actor_id} died (status {status}){self._where(actor_id)}; {returned} "
+            f"prompt(s) back in the pool; restart {self.restarts[actor_id]}/"
+            f"{self.cfg.actors.restarts}", flush=True)
       self._spawn(actor_id)
+
+  def _where(self, actor_id: str) -> str:  # pylint: disable=unused-argument
+    """' on <host>...' for a backend whose actors run on other machines, else ''."""
+    return ""
 
   @property
   def all_finished(self) -> bool:
@@ -227,24 +233,54 @@ class RayActors(Actors):
     self._remote = ray.remote(ray_link.run_actor).options(
         num_cpus=1, max_retries=0, runtime_env={"env_vars": env} if env else None)
     self.tasks: dict[str, object] = {}
+    self._lost: dict[str, str] = {}  # actor id -> where its last task ended, for the log
 
   def _spawn(self, actor_id: str) -> None:
     self.tasks[actor_id] = self._remote.remote(self._hub, self._config_json, self._tokenizer,
                                                actor_id, str(self.weights_dir))
 
+  def _placement(self, actor_id: str, ref) -> tuple[str, str] | None:
+    """(node id, address) the actor's current task reported, None before it did."""
+    placed = self._ray.get(self._hub.placement.remote(actor_id), timeout=30)
+    if placed is None or placed[0] != ref.task_id().hex():
+      return None  # an earlier task's, or none yet
+    return placed[1], placed[2]
+
   def _exited(self) -> dict[str, int]:
-    exited = {}
+    """Finished tasks' statuses, and status 1 for a task whose node Ray has declared dead:
+    a host that loses its network keeps running, unreachable, and its task never returns,
+    so its prompt would stay leased forever (its task is cancelled here)."""
+    exited, alive = {}, None
     for actor_id, ref in list(self.tasks.items()):
       ready, _ = self._ray.wait([ref], timeout=0)
-      if ready:
-        try:
-          exited[actor_id] = int(self._ray.get(ref) or 0)
-        except Exception as err:  # pylint: disable=broad-except
-          with (self.dirs.actors / f"{actor_id}.log").open("a") as log:
-            log.write(f"\n{err}\n")
-          exited[actor_id] = 1
+      placed = self._placement(actor_id, ref)
+      if not ready and placed is not None:
+        if alive is None:
+          alive = {n["NodeID"] for n in self._ray.nodes() if n.get("Alive")}
+        if placed[0] in alive:
+          continue
+        self._lost[actor_id] = f" on node {placed[1]} (lost: Ray declared the node dead)"
+        with (self.dirs.actors / f"{actor_id}.log").open("a") as log:
+          log.write(f"\nnode {placed[1]} declared dead by Ray; task cancelled\n")
+        self._ray.cancel(ref, force=True)
+        exited[actor_id] = 1
         del self.tasks[actor_id]
+        continue
+      if not ready:
+        continue
+      if placed is not None:
+        self._lost[actor_id] = f" on node {placed[1]}"
+      try:
+        exited[actor_id] = int(self._ray.get(ref) or 0)
+      except Exception as err:  # pylint: disable=broad-except
+        with (self.dirs.actors / f"{actor_id}.log").open("a") as log:
+          log.write(f"\n{err}\n")
+        exited[actor_id] = 1
+      del self.tasks[actor_id]
     return exited
+
+  def _where(self, actor_id: str) -> str:
+    return self._lost.pop(actor_id, "")
 
   def _stop(self) -> None:
     for ref in self.tasks.values():

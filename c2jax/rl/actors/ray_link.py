@@ -13,6 +13,8 @@ any node) see the run only through the hub and a storage URL:
   groups       hub.put: the group's bytes, persisted by the learner's queue before the
                call returns; back-pressure by retrying while the queue is full
   infra counts hub.record_infra                      (c2jax.rl.actors.infra)
+  placement    hub.placed: the node an actor's task started on, which the learner names
+               when the task dies (a host lost from the network, say)
   weights      a tensorstore URL (config.actors.weights_dir: gs://, s3://, file://)
   config and tokenizer: arguments of the Ray task.
 """
@@ -45,6 +47,16 @@ class RunHub:
     self.dirs = rollouts.RunDirs(pathlib.Path(workdir))
     cfg = ml_collections.ConfigDict(json.loads(config_json))
     self.pool, self.queue = self.dirs.pool(), self.dirs.queue(cfg)
+    # actor id -> (its current Ray task's id, the Ray node id, the node's address)
+    self.nodes: dict[str, tuple[str, str, str]] = {}
+
+  def placed(self, actor_id: str, task_id: str, node_id: str, address: str) -> None:
+    """Where an actor's task started (run_actor reports it first): the learner watches
+    that node, and names the host when the task dies."""
+    self.nodes[actor_id] = (task_id, node_id, address)
+
+  def placement(self, actor_id: str) -> tuple[str, str, str] | None:
+    return self.nodes.get(actor_id)
 
   def lease(self, actor_id: str):
     return self.pool.lease(actor_id)
@@ -166,6 +178,9 @@ def run_actor(hub, config_json: str, tokenizer, actor_id: str, weights_url: str)
 
   from c2jax.rl.actors import actor  # pylint: disable=g-import-not-at-top
 
+  context = ray.get_runtime_context()
+  ray.get(hub.placed.remote(actor_id, context.get_task_id(), context.get_node_id(),
+                           ray.util.get_node_ip_address()))
   compile_cache.enable()
   cfg = ml_collections.ConfigDict(json.loads(config_json))
   repos = RepoCache(ray, hub, actor_id)
