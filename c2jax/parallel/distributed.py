@@ -39,6 +39,10 @@ import io
 import ipaddress
 import os
 import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
 
 import jax
 import ml_collections
@@ -58,6 +62,14 @@ def distributed_defaults() -> ml_collections.ConfigDict:
   c.num_processes = 0  # 0 -> $JAX_NUM_PROCESSES
   c.process_id = -1  # -1 -> $JAX_PROCESS_ID
   c.initialization_timeout_s = 300
+  # JAX's coordination service ends every process this long after one stops answering
+  # its heartbeats (JAX's default), without saying which; the peer watch below speaks
+  # first.
+  c.heartbeat_timeout_s = 100
+  # Each process probes every other's address; one that does not answer for this long
+  # (a host that died or dropped off the network) is named, and this process stops with
+  # status PEER_LOST_EXIT so the job can be resumed from its last checkpoint. 0: off.
+  c.peer_timeout_s = 60
   return c
 
 
@@ -72,6 +84,12 @@ def validate(dist_cfg) -> None:
   if dist_cfg.initialization_timeout_s <= 0:
     raise configlib.ConfigError("parallel.distributed.initialization_timeout_s",
                                 "must be positive (seconds to wait for every process).")
+  if dist_cfg.heartbeat_timeout_s <= 0:
+    raise configlib.ConfigError("parallel.distributed.heartbeat_timeout_s",
+                                "must be positive (seconds without a heartbeat).")
+  if dist_cfg.peer_timeout_s < 0:
+    raise configlib.ConfigError("parallel.distributed.peer_timeout_s",
+                                "must be >= 0 (seconds a peer may not answer; 0: off).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +99,8 @@ class Settings:
   process_id: int
   initialization_timeout_s: int
   cluster: str = ""  # the cluster JAX detected ('slurm', 'gketpu', ...); '' = config / env
+  heartbeat_timeout_s: int = 100
+  peer_timeout_s: float = 60.0
 
 
 def detect_cluster(environ=None):
@@ -102,6 +122,7 @@ def _cluster_settings(timeout_s: int, environ) -> Settings | None:
       timeout_secs=timeout_s, override_coordinator_port=os.environ.get("JAX_COORDINATOR_PORT"))
   return Settings(address, env.get_process_count(), env.get_process_id(), timeout_s,
                   cluster=env.name or env.__name__)
+
 
 
 def resolve(dist_cfg, environ=None) -> Settings | None:
@@ -140,6 +161,13 @@ def resolve(dist_cfg, environ=None) -> Settings | None:
                   int(dist_cfg.initialization_timeout_s))
 
 
+def _with_timeouts(settings: Settings | None, dist_cfg) -> Settings | None:
+  if settings is None:
+    return None
+  return dataclasses.replace(settings, heartbeat_timeout_s=int(dist_cfg.heartbeat_timeout_s),
+                             peer_timeout_s=float(dist_cfg.peer_timeout_s))
+
+
 def initialize(dist_cfg, environ=None) -> bool:
   """Joins the job's processes; True if this is a multi-process run.
 
@@ -150,21 +178,105 @@ def initialize(dist_cfg, environ=None) -> bool:
   if dist_cfg.auto:
     jax.distributed.initialize(initialization_timeout=int(dist_cfg.initialization_timeout_s))
     return True
-  settings = resolve(dist_cfg, environ)
+  settings = _with_timeouts(resolve(dist_cfg, environ), dist_cfg)
   if settings is None:
     return False
   print(f"distributed: process {settings.process_id} of {settings.num_processes}, "
         f"coordinator {settings.coordinator_address}"
         + (f" ({settings.cluster} detected)" if settings.cluster else ""), flush=True)
+  timeouts = dict(initialization_timeout=settings.initialization_timeout_s,
+                  heartbeat_timeout_seconds=settings.heartbeat_timeout_s)
   if settings.cluster:  # JAX initialises from its own detection (local devices included)
-    jax.distributed.initialize(initialization_timeout=settings.initialization_timeout_s)
+    jax.distributed.initialize(**timeouts)
   else:
     jax.distributed.initialize(
         coordinator_address=settings.coordinator_address,
-        num_processes=settings.num_processes, process_id=settings.process_id,
-        initialization_timeout=settings.initialization_timeout_s)
+        num_processes=settings.num_processes, process_id=settings.process_id, **timeouts)
   _pin_gloo_address()
+  if settings.peer_timeout_s > 0:
+    PeerWatch.start(settings)
   return True
+
+
+# A process that lost a peer stops with this status (EX_TEMPFAIL): resume the job from its
+# last checkpoint (a scheduler's requeue-on-failure, or rerunning the command).
+PEER_LOST_EXIT = 75
+
+
+class PeerWatch:
+  """Each process of a multi-process job listens on the address that reaches the
+  coordinator and probes every other process's, every few seconds. A peer that has not
+  answered for `peer_timeout_s` (its host died, or lost its network: its process may still
+  be running, unreachable) is named, with its address, and this process stops with status
+  PEER_LOST_EXIT. A lost peer's collectives never complete, so no process can checkpoint
+  the step in flight: the job resumes from its last checkpoint (what `resume_hint` says,
+  registered by the run). Without this, JAX's coordination service ends every process
+  `heartbeat_timeout_s` after, naming no host."""
+
+  resume_hint: Callable[[], str] | None = None  # set by the train / RL loops
+
+  def __init__(self, settings: Settings, peers: dict[int, tuple[str, int]]):
+    self.settings, self.peers = settings, peers
+    self.period_s = max(0.5, min(5.0, settings.peer_timeout_s / 4))
+
+  @classmethod
+  def start(cls, settings: Settings) -> "PeerWatch":
+    from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+    client = jax_distributed.global_state.client
+    address = local_address_towards(settings.coordinator_address)
+    server = socket.create_server((address, 0))
+    threading.Thread(target=_answer, args=(server,), name="peer-watch-listener",
+                     daemon=True).start()
+    host = f"[{address}]" if ":" in address else address
+    client.key_value_set(f"c2jax/peer/{settings.process_id}",
+                         f"{host}:{server.getsockname()[1]}")
+    peers = {}
+    for rank in range(settings.num_processes):
+      if rank != settings.process_id:
+        value = client.blocking_key_value_get(f"c2jax/peer/{rank}",
+                                              settings.initialization_timeout_s * 1000)
+        peer_host, _, port = value.rpartition(":")
+        peers[rank] = (peer_host.strip("[]"), int(port))
+    watch = cls(settings, peers)
+    threading.Thread(target=watch.run, name="peer-watch", daemon=True).start()
+    return watch
+
+  def answering(self, rank: int) -> bool:
+    try:
+      socket.create_connection(self.peers[rank], timeout=min(2.0, self.period_s)).close()
+      return True
+    except OSError:
+      return False
+
+  def run(self, clock=time.monotonic, exit_fn=os._exit) -> None:  # pylint: disable=protected-access
+    last_answer = {rank: clock() for rank in self.peers}
+    while True:
+      now = clock()
+      for rank in self.peers:
+        if self.answering(rank):
+          last_answer[rank] = now
+      lost = [rank for rank, when in last_answer.items()
+              if now - when > self.settings.peer_timeout_s]
+      if lost:
+        names = ", ".join(f"process {rank} at {self.peers[rank][0]}" for rank in lost)
+        hint = PeerWatch.resume_hint() if PeerWatch.resume_hint else ""
+        print(f"distributed: lost {names}: no answer for {self.settings.peer_timeout_s:.0f} s"
+              f" (parallel.distributed.peer_timeout_s); process {self.settings.process_id} "
+              f"stops with status {PEER_LOST_EXIT}. {hint}".rstrip(), flush=True)
+        sys.stderr.flush()
+        exit_fn(PEER_LOST_EXIT)
+        return
+      time.sleep(self.period_s)
+
+
+def _answer(server: socket.socket) -> None:
+  """Accepts the peers' probes (and closes them: the connection is the answer)."""
+  while True:
+    try:
+      connection, _ = server.accept()
+    except OSError:
+      return
+    connection.close()
 
 
 def local_address_towards(coordinator_address: str) -> str:

@@ -112,6 +112,9 @@ def train(cfg, workdir) -> dict:
   checkpointer = checkpoint_lib.Checkpointer(rollouts.checkpoint_location(cfg, dirs),
                                              keep=cfg.learner.keep_checkpoints,
                                              every=cfg.learner.checkpoint_every)
+  distributed.PeerWatch.resume_hint = lambda: (
+      f"The last checkpoint is step {max(checkpointer.steps(), default=0)} in "
+      f"{checkpointer.directory}: rerun the same command to resume from it.")
   step, state, ref_params, restored = learner_runtime.start(rt, checkpointer)
   if run is not None:
     if restored is not None:

@@ -148,6 +148,9 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
   writer = MetricsWriter(workdir if distributed.is_leader()
                          else workdir / f"process_{jax.process_index()}", resume_step=start,
                          metrics_cfg=cfg.metrics, config=cfg.to_dict())
+  distributed.PeerWatch.resume_hint = lambda: (
+      f"The last checkpoint is step {max(ckpt.steps(), default=0)} in {ckpt.directory}: "
+      "rerun the same command, on these or other hosts, to resume from it.")
   step_fn, eval_step = make_train_step(rt), make_eval_step(rt)
   tokens_per_step = t.batch_size * t.seq_len
   begun, eval_rows = time.time(), []

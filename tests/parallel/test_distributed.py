@@ -230,3 +230,32 @@ def test_gloo_listens_on_the_address_that_reaches_the_coordinator():
   hosts with their own addresses."""
   assert distributed.local_address_towards("127.0.0.1:8476") == "127.0.0.1"
   assert distributed.local_address_towards("localhost:8476") in ("127.0.0.1", "::1")
+
+
+def test_the_peer_watch_names_a_peer_that_stops_answering_and_exits_for_a_resume(capsys):
+  """Two peers: one listening (it answers every probe), one whose port closed (a host
+  gone): after peer_timeout_s the watch names the lost one only, with the run's resume
+  hint, and exits with PEER_LOST_EXIT; bad timeouts are config errors."""
+  alive = socket.create_server(("127.0.0.1", 0))
+  with socket.create_server(("127.0.0.1", 0)) as closed:
+    gone = closed.getsockname()[1]
+  settings = distributed.Settings("127.0.0.1:1", 3, 0, 10, peer_timeout_s=1.0)
+  watch = distributed.PeerWatch(settings, {1: ("127.0.0.1", alive.getsockname()[1]),
+                                           2: ("127.0.0.1", gone)})
+  distributed.threading.Thread(target=distributed._answer, args=(alive,), daemon=True).start()
+  codes = []
+  distributed.PeerWatch.resume_hint = lambda: "The last checkpoint is step 4 in ckpt/."
+  try:
+    watch.run(exit_fn=codes.append)
+  finally:
+    distributed.PeerWatch.resume_hint = None
+    alive.close()
+  assert codes == [distributed.PEER_LOST_EXIT]
+  out = capsys.readouterr().out
+  assert "lost process 2 at 127.0.0.1: no answer for 1 s" in out and "process 1" not in out
+  assert out.rstrip().endswith("stops with status 75. The last checkpoint is step 4 in ckpt/.")
+  for key, value in (("heartbeat_timeout_s", 0), ("peer_timeout_s", -1)):
+    cfg = distributed.distributed_defaults()
+    cfg[key] = value
+    with pytest.raises(configlib.ConfigError, match=key):
+      distributed.validate(cfg)
