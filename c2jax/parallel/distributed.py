@@ -214,10 +214,12 @@ class PeerWatch:
   `heartbeat_timeout_s` after, naming no host."""
 
   resume_hint: Callable[[], str] | None = None  # set by the train / RL loops
+  current: "PeerWatch | None" = None  # the process's running watch (stop_peer_watch)
 
   def __init__(self, settings: Settings, peers: dict[int, tuple[str, int]]):
     self.settings, self.peers = settings, peers
     self.period_s = max(0.5, min(5.0, settings.peer_timeout_s / 4))
+    self.stopped = threading.Event()  # stop_peer_watch: the run's collectives are over
 
   @classmethod
   def start(cls, settings: Settings) -> "PeerWatch":
@@ -238,6 +240,7 @@ class PeerWatch:
         peer_host, _, port = value.rpartition(":")
         peers[rank] = (peer_host.strip("[]"), int(port))
     watch = cls(settings, peers)
+    PeerWatch.current = watch
     threading.Thread(target=watch.run, name="peer-watch", daemon=True).start()
     return watch
 
@@ -250,7 +253,7 @@ class PeerWatch:
 
   def run(self, clock=time.monotonic, exit_fn=os._exit) -> None:  # pylint: disable=protected-access
     last_answer = {rank: clock() for rank in self.peers}
-    while True:
+    while not self.stopped.is_set():
       now = clock()
       for rank in self.peers:
         if self.answering(rank):
@@ -266,7 +269,15 @@ class PeerWatch:
         sys.stderr.flush()
         exit_fn(PEER_LOST_EXIT)
         return
-      time.sleep(self.period_s)
+      self.stopped.wait(self.period_s)
+
+
+def stop_peer_watch() -> None:
+  """Called by a run when its last collective is behind it (the step loop returned): from
+  then on the processes finish at their own pace (the leader's closing work may outlast
+  the others' exit), which is no lost peer."""
+  if PeerWatch.current is not None:
+    PeerWatch.current.stopped.set()
 
 
 def _answer(server: socket.socket) -> None:

@@ -179,6 +179,7 @@ def train(cfg, workdir) -> dict:
                        checkpoint_dir=checkpointer.directory, leader=run is not None,
                        saved=step if restored is not None else None, who="the learner ")
     step, preempted = end.step, end.preempted
+    distributed.stop_peer_watch()
   if lead is None:
     return {"step": step, "process": jax.process_index(), "preempted": preempted}
   return {**lead.summary(step), "preempted": preempted}

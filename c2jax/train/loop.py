@@ -202,6 +202,7 @@ def train(cfg, workdir: str | pathlib.Path) -> dict:
                          stop, start=start, late=late, trace=trace, run_dir=workdir,
                          checkpoint_dir=ckpt.directory, leader=leader)
   finally:
+    distributed.stop_peer_watch()
     ckpt.close()
     writer.close()
   preempted = end.preempted

@@ -254,6 +254,10 @@ def test_the_peer_watch_names_a_peer_that_stops_answering_and_exits_for_a_resume
   out = capsys.readouterr().out
   assert "lost process 2 at 127.0.0.1: no answer for 1 s" in out and "process 1" not in out
   assert out.rstrip().endswith("stops with status 75. The last checkpoint is step 4 in ckpt/.")
+  stopped = distributed.PeerWatch(settings, {2: ("127.0.0.1", gone)})
+  stopped.stopped.set()  # stop_peer_watch: the run's last collective is behind it
+  stopped.run(exit_fn=codes.append)
+  assert codes == [distributed.PEER_LOST_EXIT]
   for key, value in (("heartbeat_timeout_s", 0), ("peer_timeout_s", -1)):
     cfg = distributed.distributed_defaults()
     cfg[key] = value
