@@ -33,10 +33,12 @@ def free_port() -> int:
     return sock.getsockname()[1]
 
 
-def start_pair(workdir, data_cache, *extra) -> list[subprocess.Popen]:
+def start_pair(workdir, data_cache, *extra, verb="pretrain", config=PRETRAIN
+               ) -> list[subprocess.Popen]:
   port = free_port()
+  args = ARGS if verb == "pretrain" else ()
   return [subprocess.Popen(
-      job_command("pretrain", PRETRAIN, workdir, data_cache, *ARGS, *extra), cwd=REPO,
+      job_command(verb, config, workdir, data_cache, *args, *extra), cwd=REPO,
       env=pair_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=2,
                    JAX_PROCESS_ID=rank),
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]

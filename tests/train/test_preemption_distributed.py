@@ -94,3 +94,38 @@ def test_a_run_of_one_stream_is_refused_on_two_processes_before_compiling(
             "2 processes cannot each read whole streams (1 % 2 != 0)" in err), err[-3000:]
     assert "step " not in out and "resume:" not in out
   assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["1"]
+
+
+def _conversations(path, count=48):
+  """Short chats (no tool calls): enough rows for 4 SFT steps of 4 rows."""
+  import json  # pylint: disable=import-outside-toplevel
+  with open(path, "w") as out:
+    for i in range(count):
+      out.write(json.dumps({"messages": [
+          {"role": "user", "content": f"What is {i} plus {i + 1}? Say it in words."},
+          {"role": "assistant", "content": f"{i} plus {i + 1} is {2 * i + 1}; "
+                                           + "counting on " * (1 + i % 5) + "done."}]})
+                + "\n")
+  return path
+
+
+SFT = "configs/sft.py:tiny"
+
+
+def test_an_sft_checkpoint_of_two_streams_resumes_on_two_processes(tmp_path, data_cache):
+  """SFT reads its conversations through the same data streams: a 1-process run of two
+  streams (two fake devices) checkpointed at step 2 continues on two processes, each
+  reading one stream, with the uninterrupted run's losses."""
+  chats = _conversations(tmp_path / "chats.jsonl")
+  overrides = ("--config.init_from=", f"--config.sft.train_path={chats}",
+               "--config.sft.heldout_path=", "--config.train.steps=4",
+               "--config.train.seq_len=64", "--config.train.batch_size=4",
+               "--config.train.checkpoint_every=2", "--config.train.data_streams=2",
+               *ARGS[2:])  # no evals, the one-MoE-layer model
+  reference = tmp_path / "whole"
+  run_job("sft", SFT, reference, data_cache, *overrides, devices=2)
+  workdir = _from_step(reference, 2, tmp_path / "two")
+  resumed = finish(start_pair(workdir, data_cache, *overrides, verb="sft", config=SFT))
+  for rank, (_, out, _) in enumerate(resumed):
+    assert f"(2 data streams, this process reads [{rank}])" in out
+  _assert_continues(workdir, reference, 3, 4)
