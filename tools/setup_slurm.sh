@@ -81,7 +81,7 @@ chown -R munge:munge /etc/munge /var/log/munge /var/lib/munge /run/munge
 chmod 0700 /etc/munge
 chmod 0400 /etc/munge/munge.key
 if ! running munged; then
-  runuser -u munge -- munged
+  runuser -u munge -- munged 9>&-  # the daemons must not inherit (and hold) the lock
 fi
 
 # This machine as the node: slurmd -C prints its CPUs, sockets, cores and memory.
@@ -131,10 +131,10 @@ if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$wanted" ]; then
 fi
 
 if ! running slurmctld; then
-  slurmctld
+  slurmctld 9>&-
 fi
 if ! running slurmd; then
-  slurmd
+  slurmd 9>&-
 fi
 for _ in $(seq 100); do
   if node_ready; then
