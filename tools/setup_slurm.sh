@@ -42,12 +42,18 @@ stop() {
   if running munged; then
     pkill -x munged 2>/dev/null || true
   fi
+  # Gone before a start that follows looks for them (one still saving its state would
+  # read as running, and then not be started).
+  for _ in $(seq 50); do
+    running slurmctld || running slurmd || running munged || break
+    sleep 0.2
+  done
   say "stopped"
 }
 
 node_ready() {  # the node answers and is idle, mixed or allocated (not down/drained)
   local state
-  state=$(sinfo --noheader --nodes="$NODE" --format=%t 2>/dev/null | head -1)
+  state=$(timeout 10 sinfo --noheader --nodes="$NODE" --format=%t 2>/dev/null | head -1)
   case "$state" in idle|idle~|mix|alloc|comp) return 0 ;; *) return 1 ;; esac
 }
 
@@ -142,7 +148,7 @@ for _ in $(seq 100); do
     exit 0
   fi
   # A node that came back from an earlier run (or a restart) may be down: resume it.
-  scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
+  timeout 10 scontrol update nodename="$NODE" state=resume >/dev/null 2>&1 || true
   sleep 0.2
 done
 say "the node did not come up; see $LOGS/slurmctld.log and $LOGS/slurmd.log"
