@@ -24,7 +24,7 @@ from tests import ray_testlib  # pylint: disable=g-import-not-at-top
 from tests.netns_testlib import Hosts  # pylint: disable=g-import-not-at-top
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-STEPS = 5
+STEPS = 3
 PORT = 6390  # the head's GCS, on host 0's own address (each namespace has its own ports)
 # Ray's health checks on the head (ms, count): a node that stops answering is declared
 # dead after about period x threshold (Ray's defaults: 3 s x 5, each check waiting 10 s).
