@@ -58,3 +58,26 @@ def test_scancel_term_checkpoints_exit_0_and_requeue_resumes_exactly(
     assert losses(workdir / "process_1") == losses(two_process_reference / "process_1")
   finally:
     slurm_lib.cancel(job_id)
+
+
+def test_the_daemons_do_not_hold_the_set_up_lock(slurm):
+  """setup_slurm.sh serialises itself with a lock; the daemons it starts must not inherit
+  (and hold) it, or every later call, the tests' own, waits forever (seen: munged did)."""
+  import os  # pylint: disable=import-outside-toplevel
+  import pathlib  # pylint: disable=import-outside-toplevel
+  holders = []
+  for proc in pathlib.Path("/proc").iterdir():
+    if not proc.name.isdigit():
+      continue
+    try:
+      name = (proc / "comm").read_text().strip()
+      links = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+    except OSError:
+      continue
+    if name in ("munged", "slurmctld", "slurmd", "slurmstepd") and any(
+        "c2jax-setup-slurm.lock" in link for link in links):
+      holders.append(name)
+  assert not holders, holders
+  again = subprocess.run(["bash", "tools/setup_slurm.sh"], cwd=slurm_lib.REPO,
+                         capture_output=True, text=True, timeout=60)
+  assert again.returncode == 0 and "is up" in again.stdout, again.stdout + again.stderr
