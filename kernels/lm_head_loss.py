@@ -20,7 +20,6 @@ dtypes. Legend: T rows (tokens), D hidden, V vocabulary.
 
 import contextlib
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -34,11 +33,7 @@ _GPU_VOCAB_MULTIPLE = 2048  # chunked_xla's column block
 
 
 def _tokamax():
-  try:
-    return importlib.import_module('tokamax')
-  except ImportError as error:
-    raise ImportError("The tokamax LM-head loss (train.loss_impl='tokamax') needs the "
-                      "tokamax package: pip install -e '.[kernels]'.") from error
+  return platform_lib.library("The LM-head loss train.loss_impl='tokamax'")
 
 
 def check_vocab(vocab: int, platform: str) -> None:
@@ -57,7 +52,9 @@ def linear_cross_entropy(x_TxD, kernel_DxV, labels_T):
   """float32 [T]: -log softmax(x @ kernel)[label] per row (see the module docstring)."""
   platform = platform_lib.target_platform()
   if platform not in IMPLEMENTATION_BY_PLATFORM:
-    raise ValueError(f"The tokamax LM-head loss has no implementation for {platform!r}.")
+    raise ValueError(f"The tokamax LM-head loss has no implementation for {platform!r} "
+                     f"(only {sorted(IMPLEMENTATION_BY_PLATFORM)}); use "
+                     "train.loss_impl='c2jax'.")
   impl = IMPLEMENTATION_BY_PLATFORM[platform]
   _tokamax()  # the clear error when it is missing
   rows, vocab = x_TxD.shape[0], kernel_DxV.shape[1]

@@ -8,6 +8,7 @@ target is JAX's default backend.
 """
 
 import importlib
+import importlib.util
 
 import jax
 
@@ -53,3 +54,20 @@ class LazyModule:
 
   def __getattr__(self, attr: str):
     return getattr(importlib.import_module(self._name), attr)
+
+
+LIBRARY = 'tokamax'  # the field's kernel library (the `kernels` extra; docs/kernels.md)
+
+
+def library_installed() -> bool:
+  return importlib.util.find_spec(LIBRARY) is not None
+
+
+def library(feature: str):
+  """tokamax, imported on first use (it imports its profiler tooling: ~1 s); without it an
+  ImportError naming the `feature` that needs it and how to install it."""
+  try:
+    return importlib.import_module(LIBRARY)
+  except ImportError as error:
+    raise ImportError(f"{feature} needs the {LIBRARY} package: pip install -e '.[kernels]' "
+                      "(setup.py pins the tested release).") from error

@@ -137,9 +137,7 @@ class Experts(nn.Module):
       dispatch = moe_dispatch.select(cfg.moe_impl, cfg.quant, x_TxD.shape[0],
                                      indices_TxK.shape[1], e, decoding=decoding, split=split)
       kernel_dispatch = dispatch is moe_dispatch.pallas
-      if kernel_dispatch:
-        dispatch = functools.partial(dispatch, impl=moe_dispatch.pallas_impl(
-            choice=cfg.grouped_matmul_impl))
+      dispatch = moe_dispatch.with_kernel(dispatch, cfg.grouped_matmul_impl)
       token_axes = expert_parallel.token_axes_from_context()
       if kernel_dispatch and token_axes and kernels.target_platform() != "cpu":
         # Mosaic kernels (TPU, GPU) are custom calls XLA cannot partition over the tokens'
@@ -150,12 +148,10 @@ class Experts(nn.Module):
       else:
         y_TxD = dispatch(x_TxD, weights_TxK, indices_TxK, experts, quant=cfg.quant)
       return y_TxD, jnp.zeros((), jnp.int32)
-    local_dispatch = DISPATCH[cfg.moe_impl]
-    if local_dispatch is moe_dispatch.pallas:
-      local_dispatch = functools.partial(local_dispatch, impl=moe_dispatch.pallas_impl(
-          choice=cfg.grouped_matmul_impl))
     return expert_parallel.moe_forward(
-        x_TxD, weights_TxK, indices_TxK, experts, plan, local_dispatch=local_dispatch,
+        x_TxD, weights_TxK, indices_TxK, experts, plan,
+        local_dispatch=moe_dispatch.with_kernel(DISPATCH[cfg.moe_impl],
+                                                cfg.grouped_matmul_impl),
         quant=cfg.quant, capacity_factor=cfg.moe.ep_capacity_factor,
         dispatch_quant=cfg.moe.ep_dispatch_quant, logical_axes=axes,
         exchange=cfg.moe.ep_exchange, local_grouped=functools.partial(

@@ -345,6 +345,14 @@ def pallas(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
                           impl=impl or pallas_impl())
 
 
+def with_kernel(dispatch: Callable[..., jax.Array], choice: str) -> Callable[..., jax.Array]:
+  """`dispatch`, with pallas_impl(choice=cfg.grouped_matmul_impl) bound when it is the
+  'pallas' dispatch (the others choose no kernel)."""
+  if dispatch is pallas:
+    return functools.partial(pallas, impl=pallas_impl(choice=choice))
+  return dispatch
+
+
 DISPATCH: dict[str, Callable[..., jax.Array]] = {
     "dense": dense,
     "ragged": ragged,

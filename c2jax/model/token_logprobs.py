@@ -237,16 +237,7 @@ def library_nll(hidden_BxLxD, kernel_DxV, labels_BxL) -> jax.Array:
   token_axes = expert_parallel.token_axes_from_context()
   if not token_axes or kernels.target_platform() == "cpu":  # plain XLA partitions itself
     return kernels.lm_head_loss.linear_cross_entropy(x_TxD, kernel_DxV, labels_T).reshape(b, l)
-  mesh = jax.sharding.get_abstract_mesh()
-  ways = 1
-  for axis in token_axes:
-    ways *= dict(mesh.shape)[axis]
-  pad = -(b * l) % ways
-  if pad:
-    x_TxD, labels_T = jnp.pad(x_TxD, ((0, pad), (0, 0))), jnp.pad(labels_T, (0, pad))
-  tokens = jax.sharding.PartitionSpec(token_axes)
-  nll_T = jax.shard_map(
-      kernels.lm_head_loss.linear_cross_entropy, mesh=mesh,
-      in_specs=(tokens, jax.sharding.PartitionSpec(), tokens), out_specs=tokens,
-      check_vma=False)(x_TxD, kernel_DxV, labels_T)
-  return nll_T[:b * l].reshape(b, l)
+  nll_T = expert_parallel.per_token_shard(
+      lambda x, y, kernel: kernels.lm_head_loss.linear_cross_entropy(x, kernel, y),
+      token_axes, (x_TxD, labels_T), kernel_DxV, jax.sharding.PartitionSpec())
+  return nll_T.reshape(b, l)

@@ -124,7 +124,6 @@ def _cluster_settings(timeout_s: int, environ) -> Settings | None:
                   cluster=env.name or env.__name__)
 
 
-
 def resolve(dist_cfg, environ=None) -> Settings | None:
   """The initialize() arguments from config, then the JAX_* environment, then the cluster
   JAX detects; None = single process."""

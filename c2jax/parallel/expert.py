@@ -366,30 +366,36 @@ def token_axes_from_context() -> tuple[str, ...]:
   return tuple(a for a in _mesh_axes_of(("batch", "length")) if sizes.get(a, 1) > 1)
 
 
+def per_token_shard(fn: Callable, token_axes, rows: tuple, whole, whole_specs):
+  """fn(*rows, whole) run by each token shard on its own rows inside shard_map: `rows` are
+  arrays of T rows split over `token_axes` (T need not divide by the shards: rows are
+  padded with zeros, and the padding is cut from the [T, ...] result), `whole` a pytree
+  passed with `whole_specs` (P() for replicated). For Pallas kernels compiled by Mosaic: a
+  Mosaic custom call cannot be partitioned by XLA, so it must see per-device arrays."""
+  mesh = jax.sharding.get_abstract_mesh()
+  ways = math.prod(dict(mesh.shape)[a] for a in token_axes)
+  num_tokens = rows[0].shape[0]
+  pad = -num_tokens % ways
+  pad_rows = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
+  tokens = P(token_axes)
+  out = jax.shard_map(
+      fn, mesh=mesh, in_specs=(*(tokens,) * len(rows), whole_specs), out_specs=tokens,
+      check_vma=False)(*(pad_rows(a) for a in rows), whole)
+  return out[:num_tokens]
+
+
 def token_local_forward(x_TxD, weights_TxK, indices_TxK, experts, token_axes, *,
                         local_dispatch: Callable, quant: str = "none", logical_axes=None):
   """Routed-expert output without expert parallelism, each token shard dispatching its own
-  rows to every expert inside shard_map (the experts gathered whole, as FSDP does anyway).
-  For Pallas kernels compiled by Mosaic: a Mosaic custom call cannot be partitioned by
-  XLA, so it must see per-device arrays. T need not divide by the shards (rows padded).
+  rows to every expert (per_token_shard; the experts gathered whole, as FSDP does anyway).
   logical_axes: as for `moe_forward` (the weights' FSDP dimensions gathered inside, their
   gradient reduce-scattered)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  ways = math.prod(dict(mesh.shape)[a] for a in token_axes)
-  num_tokens = x_TxD.shape[0]
-  pad = -num_tokens % ways
-  pad_rows = lambda a: jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-  weight_specs = _weight_specs(experts, logical_axes, token_axes, mesh)
+  weight_specs = _weight_specs(experts, logical_axes, token_axes,
+                               jax.sharding.get_abstract_mesh())
 
   def shard_body(x, weights, indices, local_experts):
     local_experts = _gather_weights(local_experts, weight_specs)
     return local_dispatch(x, weights, indices, local_experts, quant=quant)
 
-  tokens = P(token_axes)
-  y_TxD = jax.shard_map(
-      shard_body, mesh=mesh,
-      in_specs=(tokens, tokens, tokens,
-                jax.tree.map(lambda _, spec: spec[0], experts, weight_specs)),
-      out_specs=tokens, check_vma=False)(
-          pad_rows(x_TxD), pad_rows(weights_TxK), pad_rows(indices_TxK), experts)
-  return y_TxD[:num_tokens]
+  return per_token_shard(shard_body, token_axes, (x_TxD, weights_TxK, indices_TxK), experts,
+                         jax.tree.map(lambda _, spec: spec[0], experts, weight_specs))

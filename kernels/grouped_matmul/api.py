@@ -15,7 +15,6 @@ the transposed weights. Weight gradient: tgmm(lhs, dout).
 
 import dataclasses
 import functools
-import importlib.util
 from typing import Callable
 
 import jax
@@ -76,7 +75,7 @@ def default_impl(platform=None):
   device = platform_lib.target_device()
   if impl == 'mosaic_gpu' and device.platform == 'gpu':  # else: no device to ask
     major = platform_lib.gpu_major(device)
-    if major in _LIBRARY_GPU_MAJORS and importlib.util.find_spec('tokamax'):
+    if major in _LIBRARY_GPU_MAJORS and platform_lib.library_installed():
       return 'tokamax'
     if major not in _MOSAIC_GPU_MAJORS:
       return _OTHER_GPUS

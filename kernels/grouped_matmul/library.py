@@ -24,8 +24,6 @@ product before tracing, never by catching a kernel's refusal:
 Legend: M rows, K contraction, N output features, G groups (see reference.py).
 """
 
-import importlib
-
 import jax
 import jax.numpy as jnp
 
@@ -47,13 +45,7 @@ RAGGED_CONTRACTING = jax.lax.RaggedDotDimensionNumbers(
 
 
 def tokamax():
-  """The tokamax module, imported on first use (it imports its profiler tooling: ~1 s)."""
-  try:
-    return importlib.import_module('tokamax')
-  except ImportError as error:
-    raise ImportError(
-        "grouped_matmul impl='tokamax' needs the tokamax package: pip install -e "
-        "'.[kernels]' (setup.py pins the tested release).") from error
+  return platform_lib.library("grouped_matmul impl='tokamax'")
 
 
 def implementation(platform=None) -> str:
@@ -61,7 +53,8 @@ def implementation(platform=None) -> str:
   platform = platform or platform_lib.target_platform()
   if platform not in IMPLEMENTATION_BY_PLATFORM:
     raise ValueError(f"grouped_matmul impl='tokamax' has no kernel for platform "
-                     f"{platform!r}; it runs on {sorted(IMPLEMENTATION_BY_PLATFORM)}.")
+                     f"{platform!r}; it runs on {sorted(IMPLEMENTATION_BY_PLATFORM)}. Use "
+                     "impl='tiled' (portable) or the platform's default (impl=None).")
   return IMPLEMENTATION_BY_PLATFORM[platform]
 
 

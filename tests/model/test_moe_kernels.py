@@ -100,16 +100,12 @@ def test_pallas_on_a_gpu_without_a_kernel_of_its_own(monkeypatch, capability,
   """A B200 (sm_100) has no c2jax Mosaic GPU kernel: moe_impl='pallas' runs tokamax's
   Blackwell kernels where the package is installed, else the GPU default ('tiled'), and
   never the TPU's megablox."""
-  import importlib.util
   import types
 
   from c2jax_kernels import platform as platform_lib
-  from c2jax_kernels.grouped_matmul import api
   blackwell = types.SimpleNamespace(platform="gpu", compute_capability=capability)
   monkeypatch.setattr(platform_lib, "target_device", lambda: blackwell)
-  find_spec = importlib.util.find_spec
-  monkeypatch.setattr(api.importlib.util, "find_spec", lambda name: (
-      find_spec(name) if name != "tokamax" or library_installed else None))
+  monkeypatch.setattr(platform_lib, "library_installed", lambda: library_installed)
   assert moe_dispatch.pallas_impl("gpu") == impl
 
 

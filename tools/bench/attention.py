@@ -20,7 +20,6 @@ in place of a time.
 import argparse
 import datetime
 import functools
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +28,7 @@ import numpy as np
 from c2jax.model import attention
 from c2jax.model import fused_attention as fused
 from c2jax.model.blockwise_attention import blockwise_attention
+from c2jax_kernels import platform
 from tools.bench.grouped_matmul import print_table
 from tools.bench.grouped_matmul import time_fn
 
@@ -36,7 +36,7 @@ from tools.bench.grouped_matmul import time_fn
 HEADS = {"mla": (64, 64, 192, 128), "gqa": (64, 8, 128, 128)}
 SMOKE_HEADS = {"mla": (2, 2, 24, 16), "gqa": (4, 2, 16, 16)}
 IMPLS = ("dense", "blockwise", "fused") + (
-    ("tokamax",) if importlib.util.find_spec("tokamax") else ())
+    ("tokamax",) if platform.library_installed() else ())
 
 
 def dense(q, k, v, segments, scale):

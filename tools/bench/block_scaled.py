@@ -19,12 +19,12 @@ quantisation error of each recipe's forward. `--smoke` = `--tiny --repeats 1` (t
 
 import argparse
 import datetime
-import importlib.util
 
 import jax
 import jax.numpy as jnp
 
 import c2jax_kernels as kernels
+from c2jax_kernels import platform
 from tools.bench.grouped_matmul import FULL
 from tools.bench.grouped_matmul import SMALL
 from tools.bench.grouped_matmul import print_table
@@ -107,7 +107,7 @@ def library_quantised_cases(w):
   in float32 rather than E8M0) times bf16 activations, tokamax's kernel for this backend
   (Mosaic GPU: sm_90 upcasts the weights inside the kernel; sm_100 also takes FP8
   activations). Empty where tokamax is not installed."""
-  if not importlib.util.find_spec('tokamax'):
+  if not platform.library_installed():
     return []
   import qwix  # pylint: disable=g-import-not-at-top
   import tokamax  # pylint: disable=g-import-not-at-top
@@ -131,7 +131,7 @@ def grouped_table(shape, recipes, repeats):
   for recipe in recipes:
     cases.append((f'{recipe} grouped', lambda a, b, s, recipe=recipe:
                   kernels.block_scaled_grouped_matmul(a, b, s, recipe=recipe)))
-  if importlib.util.find_spec('tokamax'):
+  if platform.library_installed():
     cases.append(('tokamax bf16 grouped',
                   lambda a, b, s: kernels.grouped_matmul(a, b, s, impl='tokamax')))
   rows, outputs, base = [], {}, None

@@ -16,7 +16,6 @@ runs CPU-sized shapes; `--smoke` tiny ones with one repeat (the suite runs it).
 
 import argparse
 import datetime
-import importlib.util
 import statistics
 import time
 
@@ -25,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import c2jax_kernels as kernels
+from c2jax_kernels import platform
 
 FULL = dict(rows=32768, hidden=7168, width=2048, experts=48)
 SMALL = dict(rows=512, hidden=256, width=128, experts=8)
@@ -82,7 +82,7 @@ def impls_for_backend():
   """c2jax's Pallas kernel where it compiles natively (interpret mode is not a benchmark),
   tokamax's kernel for this platform where the package is installed, and ragged_dot."""
   native = {'gpu': 'mosaic_gpu', 'tpu': 'megablox'}.get(jax.default_backend())
-  library = ['tokamax'] if importlib.util.find_spec('tokamax') else []
+  library = ['tokamax'] if platform.library_installed() else []
   return ([native] if native else []) + library + ['ragged_dot']
 
 

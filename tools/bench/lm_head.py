@@ -23,7 +23,6 @@ analysis), the speed over 'unfused', and the loss and gradients' relative error 
 
 import argparse
 import datetime
-import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +30,7 @@ import numpy as np
 import optax
 
 from c2jax.model import token_logprobs
+from c2jax_kernels import platform
 from tools.bench.grouped_matmul import time_fn
 
 KIMI = dict(tokens=8192, hidden=7168, vocab=163840)
@@ -60,14 +60,14 @@ def tokamax_loss(impl):
   return loss
 
 
-def variants(smoke, platform):
+def variants(smoke, backend):
   chunk = 256 if smoke else VOCAB_CHUNK
   rows = {'unfused': unfused,
           'c2jax chunked': lambda h, w, y: c2jax_chunked(h, w, y, chunk),
           'c2jax token_logprobs': lambda h, w, y: c2jax_token_logprobs(h, w, y, chunk)}
-  if importlib.util.find_spec('tokamax'):
+  if platform.library_installed():
     rows['tokamax chunked_xla'] = tokamax_loss('chunked_xla')
-    if platform == 'tpu':
+    if backend == 'tpu':
       rows['tokamax mosaic_tpu'] = tokamax_loss('mosaic_tpu')
   return rows
 
@@ -94,7 +94,7 @@ def compile_only(target, shape, smoke):
   print(f"{'case':<24}{'temp GB':>10}")
   # tokamax checks the process's device unless told the program is for another machine.
   library = contextlib.nullcontext()
-  if importlib.util.find_spec('tokamax'):
+  if platform.library_installed():
     import tokamax  # pylint: disable=g-import-not-at-top
     library = tokamax.config.cross_compile(True)
   with jax.set_mesh(mesh), library:

@@ -23,7 +23,6 @@ rows. One line a check (PASS/FAIL, the error, the bound); exit status 1 if any f
 import argparse
 import contextlib
 import datetime
-import importlib.util
 import sys
 import traceback
 
@@ -32,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import c2jax_kernels as kernels
+from c2jax_kernels import platform
 from c2jax_kernels.block_scaled import formats
 from tools.bench.attention import dense as dense_attention
 from tools.bench.attention import fused_call
@@ -50,7 +50,7 @@ QUANT_BOUND = 8e-2  # MXFP8 E4M3 vs the unquantised product (3 mantissa bits, ~3
 SAME_MATH_BOUND = 4e-3  # same quantised operands; bf16 output rounding alone is ~1.7e-3
 
 failures = []
-LIBRARY = importlib.util.find_spec('tokamax') is not None  # tokamax's kernels are checked too
+LIBRARY = platform.library_installed()  # tokamax's kernels are checked too
 
 
 def report(name, err, bound):

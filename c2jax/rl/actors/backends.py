@@ -233,18 +233,23 @@ class RayActors(Actors):
     self._remote = ray.remote(ray_link.run_actor).options(
         num_cpus=1, max_retries=0, runtime_env={"env_vars": env} if env else None)
     self.tasks: dict[str, object] = {}
-    self._lost: dict[str, str] = {}  # actor id -> where its last task ended, for the log
+    self._lost: dict[str, str] = {}  # actor id -> where its failed task ran, for the log
+    self._placed: dict[str, tuple[str, str, str]] = {}  # actor id -> hub.placement's
 
   def _spawn(self, actor_id: str) -> None:
     self.tasks[actor_id] = self._remote.remote(self._hub, self._config_json, self._tokenizer,
                                                actor_id, str(self.weights_dir))
 
   def _placement(self, actor_id: str, ref) -> tuple[str, str] | None:
-    """(node id, address) the actor's current task reported, None before it did."""
-    placed = self._ray.get(self._hub.placement.remote(actor_id), timeout=30)
-    if placed is None or placed[0] != ref.task_id().hex():
-      return None  # an earlier task's, or none yet
-    return placed[1], placed[2]
+    """(node id, address) the actor's current task reported, None before it did; asked of
+    the hub once per task (a task does not move)."""
+    task_id = ref.task_id().hex()
+    if self._placed.get(actor_id, (None,))[0] != task_id:
+      placed = self._ray.get(self._hub.placement.remote(actor_id), timeout=30)
+      if placed is None or placed[0] != task_id:
+        return None  # an earlier task's, or none yet
+      self._placed[actor_id] = placed
+    return self._placed[actor_id][1:]
 
   def _exited(self) -> dict[str, int]:
     """Finished tasks' statuses, and status 1 for a task whose node Ray has declared dead:
@@ -268,14 +273,14 @@ class RayActors(Actors):
         continue
       if not ready:
         continue
-      if placed is not None:
-        self._lost[actor_id] = f" on node {placed[1]}"
       try:
         exited[actor_id] = int(self._ray.get(ref) or 0)
       except Exception as err:  # pylint: disable=broad-except
         with (self.dirs.actors / f"{actor_id}.log").open("a") as log:
           log.write(f"\n{err}\n")
         exited[actor_id] = 1
+      if exited[actor_id] and placed is not None:
+        self._lost[actor_id] = f" on node {placed[1]}"
       del self.tasks[actor_id]
     return exited
 
