@@ -33,6 +33,10 @@ def default_config() -> ml_collections.ConfigDict:
       aggregation="constant",
       normalizer_tokens=4096.0,  # Dr. GRPO's constant: about the generation budget
   ))
+  # Drop the policy gradient of tokens (mode 'token') or rows ('sequence', by the row's
+  # geometric-mean ratio) whose learner / sampler ratio is outside [low, high]: IcePop /
+  # masked importance sampling (c2jax.rl.learner.losses). 'off': tis_cap alone.
+  c.mismatch_mask = ml_collections.ConfigDict(dict(mode="off", low=0.5, high=2.0))
   # The learner's log-probs are computed in chunks of seq_chunk positions x vocab_chunk
   # columns (largest live float32 array: rows x seq_chunk x vocab_chunk).
   c.logprobs = ml_collections.ConfigDict(dict(seq_chunk=512, vocab_chunk=8192))
@@ -106,6 +110,12 @@ def validate(cfg: ml_collections.ConfigDict, prefix: str = "rl") -> None:
   configlib.check_choice(wrapper, key("kl.estimator"), kl.KL_ESTIMATORS)
   configlib.check_choice(wrapper, key("kl.placement"), kl.KL_PLACEMENTS)
   configlib.check_choice(wrapper, key("curriculum.sampling"), curriculum.SAMPLINGS)
+  configlib.check_choice(wrapper, key("mismatch_mask.mode"), losses.MISMATCH_MASKS)
+  band = cfg.mismatch_mask
+  if not 0.0 <= band.low <= 1.0 <= band.high:
+    raise configlib.ConfigError(key("mismatch_mask.low"), f"= {band.low} and high = "
+                                f"{band.high}: the band must hold ratio 1 (0 <= low <= 1 "
+                                "<= high), e.g. low=0.5, high=2.0.")
   for name in ("group_size", "loss.tis_cap", "loss.normalizer_tokens", "queue.capacity",
                "reward.length_penalty.k", "logprobs.seq_chunk", "logprobs.vocab_chunk",
                "mtp_seq_chunk", "curriculum.ema", "curriculum.min_weight", "curriculum.lookahead"):

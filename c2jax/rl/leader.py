@@ -233,6 +233,7 @@ class Lead:
       eta = self._elapsed() / max(at_step - self.first_step, 1) * (cfg.learner.steps - at_step)
       print(f"rl: step {at_step}/{cfg.learner.steps} reward {scalars['reward']:+.3f} "
             f"pass {scalars['pass_rate']:.2f} loss {scalars['loss']:+.4f} "
+            f"mismatch {scalars['mismatch_mean']:.2g} (p99 {scalars['mismatch_p99']:.2g}) "
             f"staleness {scalars['staleness_groups']:.1f} idle "
             f"{scalars['idle_fraction']:.0%} {scalars['rollouts_per_s']:.2f} rollouts/s "
             f"eta {eta / 60:.1f} min", flush=True)

@@ -12,7 +12,9 @@ Summing is exact when every loss term divides by the WHOLE batch's count (tokens
 positions per MTP depth), not the microbatch's: the callers compute those totals from the
 batch before the scan and pass them in (c2jax.train.step.batch_totals,
 c2jax.rl.learner.step). Metrics are summed too (token counts, expert loads, loss terms
-normalised that way), except the keys in `maxed`, which take the maximum.
+normalised that way), except the keys in `maxed`, which take the maximum, and the keys in
+`stacked`, per-row arrays [B / N, ...] that are put back together into the batch's own
+row order [B, ...] (for statistics that do not add up, such as a quantile over tokens).
 
 Microbatch i takes rows i, i + N, i + 2N, ... so that, with the batch's rows sharded over
 D data-parallel devices (B divisible by N * D), each device holds its own share of every
@@ -42,15 +44,26 @@ def split(batch: dict, microbatches: int) -> dict:
   return {key: one(value) for key, value in batch.items()}
 
 
+def join(stacked_NxBm):
+  """The inverse of `split` for one field: [N, B / N, ...] -> [B, ...] in batch order."""
+  swapped = jnp.swapaxes(stacked_NxBm, 0, 1)
+  return swapped.reshape(-1, *swapped.shape[2:])
+
+
 def value_and_grad(fn: Callable, params, batch: dict, microbatches: int,
-                   maxed: Iterable[str] = ()):
+                   maxed: Iterable[str] = (), stacked: Iterable[str] = ()):
   """((loss, metrics), grads) of the whole batch from `fn` over `microbatches` slices."""
   if microbatches == 1:
     return fn(batch)
-  maxed = frozenset(maxed)
+  maxed, stacked = frozenset(maxed), frozenset(stacked)
   micro = split(batch, microbatches)
   first = jax.tree.map(lambda x: x[0], micro)
   (loss_shape, metrics_shape), _ = jax.eval_shape(fn, first)
+  missing = stacked - set(metrics_shape)
+  if missing:
+    raise ValueError(f"accumulate.value_and_grad: stacked={sorted(missing)} are not among "
+                     f"the step's metrics {sorted(metrics_shape)}.")
+  metrics_shape = {key: s for key, s in metrics_shape.items() if key not in stacked}
 
   def zeros(shape_tree):
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shape_tree)
@@ -68,12 +81,15 @@ def value_and_grad(fn: Callable, params, batch: dict, microbatches: int,
   def body(carry, microbatch):
     loss_sum, metrics_acc, grads_acc = carry
     (loss, metrics), grads = fn(microbatch)
+    rows = {key: metrics[key] for key in stacked}
     metrics_acc = {key: (jnp.maximum(metrics_acc[key], value) if key in maxed
-                         else metrics_acc[key] + value) for key, value in metrics.items()}
+                         else metrics_acc[key] + value)
+                   for key, value in metrics.items() if key not in stacked}
     grads_acc = jax.tree.map(lambda acc, g: acc + g.astype(acc.dtype), grads_acc, grads)
-    return (loss_sum + loss, metrics_acc, grads_acc), None
+    return (loss_sum + loss, metrics_acc, grads_acc), rows
 
-  (loss, metrics, grads), _ = jax.lax.scan(body, init, micro)
+  (loss, metrics, grads), rows = jax.lax.scan(body, init, micro)
+  metrics = {**metrics, **{key: join(value) for key, value in rows.items()}}
   return (loss, metrics), grads
 
 

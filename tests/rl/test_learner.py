@@ -93,8 +93,16 @@ def test_sampler_logprobs_at_the_same_temperature_are_on_policy(setup):
   _, metrics = _step(_rl_cfg(), cfg, params, batch, temperature=0.5)
   np.testing.assert_allclose(float(metrics["ratio_mean"]), 1.0, atol=1e-5)
   np.testing.assert_allclose(float(metrics["ratio_max"]), 1.0, atol=1e-5)
+  assert float(metrics["mismatch_mean"]) < 1e-5 and float(metrics["mismatch_p99"]) < 1e-5
   _, metrics = _step(_rl_cfg(), cfg, params, batch, temperature=1.0)
   assert abs(float(metrics["ratio_mean"]) - 1.0) > 1e-2
+  # The train-inference mismatch: |log pi - log mu| over the trained tokens.
+  learner_logp = _forward_logprobs(cfg, params, batch["tokens"], batch["valid"], 1.0)
+  trained = (batch["loss_mask"] * batch["valid"]) > 0
+  gap = np.abs(learner_logp - sampler)[trained]
+  np.testing.assert_allclose(float(metrics["mismatch_mean"]), gap.mean(), rtol=1e-4)
+  np.testing.assert_allclose(float(metrics["mismatch_p99"]), np.quantile(gap, 0.99),
+                             rtol=1e-4)
 
 
 def _step(rl_cfg, cfg, params, batch, lr=1e-2, **kw):

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from c2jax import config as configlib
 from c2jax import rl
 from c2jax.rl.learner import losses
 
@@ -155,3 +156,46 @@ def test_rl_loss_needs_a_rollout_count():
   with pytest.raises(ValueError, match="num_rollouts"):
     rl.rl_loss(_cfg(kl__coef=0.0), jnp.zeros((1, 2)), jnp.zeros((1, 2)), None,
                jnp.zeros(1), jnp.ones((1, 2)), num_rollouts=0)
+
+
+def test_mismatch_mask_drops_the_gradient_of_tokens_outside_the_band():
+  # Ratios pi / mu per token: 1, 3 (above high), 0.25 (below low), 1.5; on-policy-like
+  # TIS with A = 1: a kept token's gradient is -min(ratio, cap) / (1 rollout x 4 tokens).
+  ratios = np.array([[1.0, 3.0, 0.25, 1.5]])
+  sampler = jnp.full((1, 4), -2.0)
+  logp = sampler + jnp.log(jnp.asarray(ratios, jnp.float32))
+  mask = jnp.ones((1, 4))
+
+  def grad_and_metrics(**overrides):
+    cfg = _cfg(kl__coef=0.0, loss__normalizer_tokens=4.0, loss__tis_cap=2.0, **overrides)
+    fn = lambda lp: rl.rl_loss(cfg, lp, sampler, None, jnp.ones(1), mask, num_rollouts=1)
+    (_, metrics), grad = jax.value_and_grad(fn, has_aux=True)(logp)
+    return np.asarray(grad)[0], metrics
+
+  grad_off, metrics_off = grad_and_metrics()
+  np.testing.assert_allclose(grad_off, [-1 / 4, -2 / 4, -0.25 / 4, -1.5 / 4], rtol=1e-5)
+  assert "mismatch_masked" not in metrics_off
+  grad_token, metrics = grad_and_metrics(mismatch_mask__mode="token", mismatch_mask__low=0.5,
+                                         mismatch_mask__high=2.0)
+  np.testing.assert_allclose(grad_token, [-1 / 4, 0.0, 0.0, -1.5 / 4], rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["mismatch_masked"]), 0.5)
+  # 'sequence': the row's geometric mean (1 x 3 x 0.25 x 1.5) ** (1/4) = 1.03 is in the
+  # band, so every token keeps its gradient; a band of [0.5, 1.02] drops the whole row.
+  grad_seq, _ = grad_and_metrics(mismatch_mask__mode="sequence")
+  np.testing.assert_allclose(grad_seq, grad_off, rtol=1e-6)
+  grad_seq, metrics = grad_and_metrics(mismatch_mask__mode="sequence",
+                                       mismatch_mask__high=1.02)
+  np.testing.assert_allclose(grad_seq, 0.0)
+  np.testing.assert_allclose(float(metrics["mismatch_masked"]), 1.0)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (dict(mode="tokens"), "rl.mismatch_mask.mode"),
+    (dict(mode="token", low=1.5), "rl.mismatch_mask.low"),
+    (dict(mode="token", high=0.9), "rl.mismatch_mask.low"),
+])
+def test_mismatch_mask_validation_names_the_key(overrides, key):
+  cfg = rl.default_config()
+  cfg.mismatch_mask.update(overrides)
+  with pytest.raises(configlib.ConfigError, match=key.replace(".", r"\.")):
+    rl.validate(cfg)

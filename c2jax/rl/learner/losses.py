@@ -11,6 +11,14 @@ policy_loss):
   tis  truncated importance sampling: -sg(min(rho, tis_cap)) * A * log pi. One step per
        batch (single epoch), so no trust region is needed; truncation bounds variance.
   ppo  clipped surrogate: -min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A).
+Mismatch mask (config.rl.mismatch_mask, IcePop / masked importance sampling; off by
+default): tokens whose ratio rho_t falls outside [low, high] get no policy gradient
+(mode 'token'), or whole rows whose geometric-mean ratio exp(mean_t log rho_t) does
+(mode 'sequence'). The divisors stay as they are (a masked token counts as a zero loss),
+and the KL term is not masked. rho compares the learner's current weights with the
+sampler's, so it holds both the engine's numerical mismatch and the policy lag (up to
+config.rl.queue.max_lag versions); `truncated` importance weights (tis_cap) bound its
+upper tail, the mask drops both tails.
 Aggregations (config.rl.loss.aggregation), from token losses l_BxL and mask m_BxL:
   constant       sum(l m) / (R * normalizer_tokens), R = rollouts per step (groups x
                  group size, a config constant): Dr. GRPO, every token weighs the same
@@ -93,6 +101,21 @@ def ppo(logprobs_BxL, sampler_logprobs_BxL, advantages_BxL, mask_BxL, loss_cfg):
 
 
 POLICY_LOSSES: dict[str, Callable[..., tuple]] = {"tis": tis, "ppo": ppo}
+MISMATCH_MASKS = ("off", "token", "sequence")
+
+
+def mismatch_band(mask_cfg, logprobs_BxL, sampler_logprobs_BxL, mask_BxL):
+  """1.0 on the tokens the mismatch mask keeps, 0.0 on those it drops ([B, L] float32)."""
+  log_ratio_BxL = jax.lax.stop_gradient(_log_ratio(logprobs_BxL, sampler_logprobs_BxL,
+                                                   mask_BxL))
+  if mask_cfg.mode == "token":
+    ratio_BxL = jnp.exp(log_ratio_BxL)
+  elif mask_cfg.mode == "sequence":
+    mean_log_B = log_ratio_BxL.sum(-1) / jnp.maximum(mask_BxL.sum(-1), 1.0)
+    ratio_BxL = jnp.broadcast_to(jnp.exp(mean_log_B)[:, None], mask_BxL.shape)
+  else:
+    raise ValueError(f"mismatch_band: mode {mask_cfg.mode!r}; one of {MISMATCH_MASKS[1:]}.")
+  return ((ratio_BxL >= mask_cfg.low) & (ratio_BxL <= mask_cfg.high)).astype(jnp.float32)
 
 
 def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantages_B,
@@ -139,6 +162,10 @@ def rl_loss(cfg, logprobs_BxL, sampler_logprobs_BxL, ref_logprobs_BxL, advantage
 
   pg_BxL, stats = POLICY_LOSSES[cfg.loss.policy_loss](
       logprobs_BxL, sampler_logprobs_BxL, advantages_BxL, mask_BxL, cfg.loss)
+  if cfg.mismatch_mask.mode != "off":
+    band_BxL = mismatch_band(cfg.mismatch_mask, logprobs_BxL, sampler_logprobs_BxL, mask_BxL)
+    pg_BxL = pg_BxL * band_BxL
+    metrics["mismatch_masked"] = masked_mean(1.0 - band_BxL, mask_BxL)
   pg_loss = aggregate(pg_BxL, mask_BxL)
   loss = pg_loss
 

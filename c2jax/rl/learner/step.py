@@ -76,6 +76,25 @@ def _score(model_cfg, params, batch, temperature, seq_chunk: int, vocab_chunk: i
   return jnp.pad(picked_BxL, ((0, 0), (1, 0))), aux, hidden_BxLxD
 
 
+GAP_KEY = "logprob_gap_BxL"
+
+
+def mismatch_stats(gap_BxL, mask_BxL) -> dict:
+  """The train-inference mismatch on the trained tokens: mean and 99th percentile of
+  |learner log-prob - sampler log-prob| (0 when the batch trains no token).
+
+  The learner's log-prob is the one the loss used: the current weights, with the
+  sampler's routes replayed, at the sampling temperature. So the figure holds the
+  engine's numerical mismatch (kernels, dtypes, quantised weights) plus the policy lag of
+  tokens sampled up to config.rl.queue.max_lag versions ago; on-policy and exact it is 0.
+  """
+  trained_BxL = mask_BxL > 0
+  count = trained_BxL.sum()
+  mean = jnp.where(trained_BxL, gap_BxL, 0.0).sum() / jnp.maximum(count, 1)
+  p99 = jnp.nanquantile(jnp.where(trained_BxL, gap_BxL, jnp.nan), 0.99)
+  return {"mismatch_mean": mean, "mismatch_p99": jnp.where(count > 0, p99, 0.0)}
+
+
 def trains_mtp(rl_cfg, model_cfg) -> bool:
   """Whether rl_step trains the policy's MTP heads (c2jax.rl.learner.mtp_distill)."""
   return bool(model_cfg.num_mtp_layers) and rl_cfg.mtp_loss_weight > 0
@@ -134,6 +153,9 @@ def rl_step(rl_cfg, model_cfg, optimizer: optax.GradientTransformation, state: T
                                      ref_logprobs_BxL, micro["advantages"], mask_BxL,
                                      num_rollouts=rollouts_per_step, totals=totals)
       loss = loss + aux["aux_loss"] * row_share
+      # |log pi - log mu| per token, for the mismatch statistics over the whole batch.
+      metrics = {**metrics, GAP_KEY: jax.lax.stop_gradient(
+          jnp.abs(logprobs_BxL - micro["sampler_logprobs"]) * mask_BxL)}
       if train_mtp:  # detached from the trunk: no gradient reaches the policy's parameters
         mtp_loss, mtp_metrics, mtp_aux_loss = mtp_distill.loss(
             model_cfg, params, hidden_BxLxD, micro, seq_chunk=rl_cfg.mtp_seq_chunk,
@@ -151,10 +173,12 @@ def rl_step(rl_cfg, model_cfg, optimizer: optax.GradientTransformation, state: T
     return (loss, metrics), grads
 
   (_, metrics), grads = accumulate.value_and_grad(value_and_grad, state.params, batch,
-                                                  microbatches, maxed=("ratio_max",))
+                                                  microbatches, maxed=("ratio_max",),
+                                                  stacked=(GAP_KEY,))
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics)
+  metrics.update(mismatch_stats(metrics.pop(GAP_KEY), batch["loss_mask"] * batch["valid"]))
   square_sum = lambda tree: sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
                                 for g in jax.tree.leaves(tree))
   policy_grads = {k: v for k, v in grads.items() if k != mtp_lib.PARAMS_KEY}
