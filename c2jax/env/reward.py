@@ -2,17 +2,31 @@
 
 The agent's workspace is forked, the hidden test files and test patch go into the fork
 only, and the test command runs there: the agent never sees the tests, and the live
-sandbox stays as the agent left it.
+sandbox stays as the agent left it. The task's log parser (testlogs, by the task's
+test_parser) reads the per-test statuses; a listed test passes only when its status is
+'passed', so a test the log never names (a crash, a timeout) fails.
+
+A run in which the parser sees no test at all is one of two things. If the command
+timed out or failed (any exit status but 0, and 126 / 127, the shell's "not executable"
+and "command not found"), the agent's code can have caused it: a hang, a process.exit()
+in the code under test, or a crash kills jest, mocha or vitest before their JSON report,
+so every listed test fails (else an agent could dodge a 0 by breaking the runner).
+Otherwise (exit 0, or the runner itself missing) the task or its environment is broken,
+not the model: testlogs.NoTestsSeen, never graded (an infrastructure error). Single-script
+tasks (Terminal-Bench, Harbor, procgen) keep their rule: with the 'pytest' parser and no
+result line, the command's exit status is the verdict for every listed test.
 """
 
 import dataclasses
-import re
 import shlex
 
 from c2jax.env import sandbox as sandbox_lib
 from c2jax.env import tasks as tasks_lib
+from c2jax.env import testlogs
 
-_PYTEST_LINE = re.compile(r'^(PASSED|FAILED|ERROR|XPASS|XFAIL|SKIPPED) (\S+)', re.M)
+# Exit statuses of a run with no test seen that say the environment is broken: success,
+# and the shell's "not executable" / "command not found".
+_RUNNER_MISSING = (0, 126, 127)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +47,8 @@ def prepare(sandbox: sandbox_lib.Sandbox, task: tasks_lib.Task) -> None:
 
 def run_hidden_tests(sandbox: sandbox_lib.Sandbox, task: tasks_lib.Task,
                      timeout_s: float | None = None) -> tuple[dict, str]:
-  """Per-test pass/fail of FAIL_TO_PASS + PASS_TO_PASS, in a fork of `sandbox`."""
+  """Per-test pass/fail of FAIL_TO_PASS + PASS_TO_PASS, in a fork of `sandbox`, and the
+  test command's output. Raises testlogs.NoTestsSeen when the output names no test."""
   tests = task.fail_to_pass + task.pass_to_pass
   with sandbox.fork() as grader:
     for path, content in task.hidden_files.items():
@@ -47,12 +62,14 @@ def run_hidden_tests(sandbox: sandbox_lib.Sandbox, task: tasks_lib.Task,
     # replace, not format: shell commands often contain braces of their own.
     command = task.test_command.replace('{tests}', ' '.join(shlex.quote(t) for t in tests))
     result = grader.run_shell(command, timeout_s=timeout_s)
-  statuses = dict((test, status) for status, test in _PYTEST_LINE.findall(result.text))
-  if statuses:
-    passed = {t: statuses.get(t) in ('PASSED', 'XFAIL') for t in tests}
-  else:  # a single script: its exit status is the verdict for every listed test
-    passed = {t: result.exit_code == 0 and not result.timed_out for t in tests}
-  return passed, result.text
+  report = testlogs.parse(task.test_parser, result.text)
+  if not report.statuses and task.test_parser == 'pytest':
+    # A single script: its exit status is the verdict for every listed test.
+    return {t: result.exit_code == 0 and not result.timed_out for t in tests}, result.text
+  if not report.statuses and (result.timed_out or result.exit_code not in _RUNNER_MISSING):
+    return {t: False for t in tests}, result.text  # the run broke: see the docstring
+  testlogs.require_tests(report, task.test_parser, result.text)
+  return {t: report.statuses.get(t) == testlogs.PASSED for t in tests}, result.text
 
 
 def binary_reward(task, passed) -> float:

@@ -3,9 +3,11 @@
 A Task is everything one rollout needs: the repository snapshot (a host folder), the
 prompt, setup commands run before the agent starts, and hidden tests the agent never
 sees: files written (`hidden_files`) and/or a diff applied (`test_patch`) only when
-grading, then `test_command` run with the test ids. Tests are graded per id when the
-command prints pytest `-rA` summary lines; a task whose tests are one script
-(Terminal-Bench, Harbor) lists one id that passes when the command exits with 0.
+grading, then `test_command` run with the test ids. Its output is read per test id by
+the log parser `test_parser` names (c2jax.env.testlogs: pytest, node's TAP, jest,
+vitest, mocha, go test -json, cargo test). A task whose tests are one script
+(Terminal-Bench, Harbor) keeps the default 'pytest' and lists one id, which passes when
+the command exits with 0 and prints no pytest result line.
 """
 
 import dataclasses
@@ -15,6 +17,8 @@ import tempfile
 import tomllib
 
 import yaml
+
+from c2jax.env import testlogs
 
 # Plugin autoload off: entry-point plugins of a big environment cost seconds per run.
 PYTEST_COMMAND = ('PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -q '
@@ -27,6 +31,7 @@ class Task:
   repo: str
   prompt: str
   test_command: str = PYTEST_COMMAND
+  test_parser: str = 'pytest'  # the testlogs.PARSERS entry that reads its output
   fail_to_pass: list[str] = dataclasses.field(default_factory=list)
   pass_to_pass: list[str] = dataclasses.field(default_factory=list)
   setup_commands: list[str] = dataclasses.field(default_factory=list)
@@ -41,6 +46,9 @@ class Task:
     if not self.fail_to_pass:
       raise ValueError(f'Task {self.id!r} has no FAIL_TO_PASS tests; a task needs at '
                        'least one test the agent must make pass.')
+    if self.test_parser not in testlogs.PARSERS:
+      raise ValueError(f'Task {self.id!r} names test_parser {self.test_parser!r}; known '
+                       f'parsers: {sorted(testlogs.PARSERS)}.')
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -70,8 +78,8 @@ def _id_list(value) -> list[str]:
   return json.loads(value) if isinstance(value, str) else list(value)
 
 
-def load_swebench_jsonl(path: str, repos_root: str,
-                        test_command: str = PYTEST_COMMAND) -> list[Task]:
+def load_swebench_jsonl(path: str, repos_root: str, test_command: str = PYTEST_COMMAND,
+                        test_parser: str = 'pytest') -> list[Task]:
   """SWE-bench-style instances; `repos_root/<instance_id>` holds each checkout at its
   base_commit (SWE-bench ships no repositories; check them out beforehand)."""
   tasks = []
@@ -91,6 +99,7 @@ def load_swebench_jsonl(path: str, repos_root: str,
           id=record['instance_id'], repo=repo, prompt=record['problem_statement'],
           # c2jax's task builders record the command and environment layer per instance.
           test_command=record.get('test_command', test_command),
+          test_parser=record.get('test_parser', test_parser),
           environment=record.get('environment', ''), fail_to_pass=_id_list(record['FAIL_TO_PASS']),
           pass_to_pass=_id_list(record.get('PASS_TO_PASS', [])),
           test_patch=record.get('test_patch', ''),
