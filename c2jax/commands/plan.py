@@ -83,6 +83,9 @@ _TARGET_COST_ATTENTION = flags.DEFINE_enum(
 _PREFILL_LEN = flags.DEFINE_integer("prefill_len", None, "Tokens per engine prefill chunk "
                                     "(--roofline --target; default: the decode context, "
                                     "at most 512).")
+_ACTOR_TARGET = flags.DEFINE_string("actor_target", "", "With --target and an RL config: "
+                                    "the slice or GPUs one actor's engine is planned on "
+                                    "(its mesh: config.actors.parallel; default: --target).")
 _DEVICE_MEMORY_GB = flags.DEFINE_float("device_memory_gb", 141.0, "Per-device memory to "
                                        "check the plan against (B300 288, H200 141).")
 
@@ -119,7 +122,8 @@ def main(argv) -> int:
                            rl_rows=_RL_ROWS.value, decode_batch=_DECODE_BATCH.value,
                            decode_context=_DECODE_CONTEXT.value,
                            prefill_len=_PREFILL_LEN.value, cost=_TARGET_COST.value,
-                           cost_attention=_TARGET_COST_ATTENTION.value)
+                           cost_attention=_TARGET_COST_ATTENTION.value,
+                           actor_target=_ACTOR_TARGET.value)
   if (_MEMORY.value or _ROOFLINE.value) and os.environ.get(_CHILD_ENV) is None:
     return _reexecute_with_fake_devices(cfg)
   if _COUNT.value:

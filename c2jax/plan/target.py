@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 import time
 
@@ -193,18 +194,53 @@ def _compile_engine(model_cfg, placement, *, slots: int, max_length: int, prefil
   return {"prefill": prefill_c, "decode": decode_c}
 
 
+def actor_placement(cfg, devices) -> engine_sharding.Placement:
+  """An RL actor's engine mesh (config.actors.parallel, as the actor builds it) over the
+  first of `devices` it uses: with an axis of -1, all of them; otherwise the first
+  prod(sizes). Raises ConfigError naming the actors.parallel key that does not fit."""
+  devices = list(devices)
+  placement = engine_sharding.placement_from_config(
+      cfg.actors.parallel, cfg.actors.slots, devices, prefix="actors.parallel.")
+  if placement is None:  # one device: the actor runs without a mesh; plan it on one
+    placement = engine_sharding.Placement(
+        parallel_lib.make_mesh(cfg.actors.parallel.mesh, devices[:1]),
+        parallel_lib.rules_of(cfg.actors.parallel))
+  return placement
+
+
+def engine_state_bytes(model_cfg, placement, *, slots: int, max_length: int) -> dict:
+  """Per-device bytes the engine holds between calls: its weights (as published, in the
+  model's param_dtype) and its KV cache of `slots` x `max_length`, with their dtypes."""
+  def shard_bytes(tree, shardings):
+    return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
+               for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+  params = jax.eval_shape(functools.partial(model.init, model_cfg), jax.random.key(0))
+  cache = jax.eval_shape(functools.partial(model.init_cache, model_cfg, slots, max_length))
+  dtypes = lambda tree: sorted({str(x.dtype) for x in jax.tree.leaves(tree)})
+  return {"weights_bytes": shard_bytes(params, placement.param_shardings(model_cfg, params)),
+          "weights_dtypes": dtypes(params),
+          "cache_bytes": shard_bytes(cache, placement.cache_shardings(model_cfg)),
+          "cache_dtypes": dtypes(cache)}
+
+
 def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int,
                          decode_steps: int = jax_engine.DEFAULT_MAX_DECODE_STEPS,
-                         costed: bool = True,
-                         cost_attention: str = "as_configured") -> list[CompiledStep]:
+                         costed: bool = True, cost_attention: str = "as_configured",
+                         placement: engine_sharding.Placement | None = None,
+                         max_length: int | None = None) -> list[CompiledStep]:
   """The rollout engine's prefill (one slot, a chunk of `prefill` tokens) and decode
   (up to `decode_steps` tokens for `slots` slots at `context` tokens) programs on
   `devices`: the programs JaxEngine compiles (its decode call runs up to
-  `max_decode_steps` tokens, the count of a call being a runtime operand), with the
-  FLOPs of a call that runs all of them."""
-  devices = list(devices)
-  placement = engine_placement(cfg.parallel, devices, slots)
-  max_length = context + decode_steps + prefill
+  `max_decode_steps` tokens, the count of a call being a runtime operand); the decode
+  program's cost figures and model FLOPs are one token step's (its loop body is costed
+  once). `placement`: the engine's mesh (default: the
+  job's `parallel` axes over `devices`, engine_placement; an RL actor's: actor_placement).
+  `max_length`: the KV cache's length (default: room for the context, a decode call and
+  a prefill chunk; an actor's is actors.max_length)."""
+  if placement is None:
+    placement = engine_placement(cfg.parallel, list(devices), slots)
+  devices = list(placement.mesh.devices.flat)
+  max_length = max_length or context + decode_steps + prefill
   kwargs = dict(slots=slots, max_length=max_length, prefill=prefill, decode_steps=decode_steps)
   begun = time.perf_counter()
   as_configured = _compile_engine(cfg.model, placement, **kwargs)
@@ -222,9 +258,11 @@ def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int
   return [
       CompiledStep(f"engine prefill (1 x {prefill} tokens)", as_configured["prefill"],
                    costed["prefill"], seconds / 2, prefill_flops, n),
+      # The token loop's trip count is a runtime operand: XLA's cost analysis counts its
+      # body once, so the decode call's estimate is one step's, and so are its FLOPs.
       CompiledStep(f"engine decode ({slots} slots x {decode_steps} steps, context "
-                   f"{context})", as_configured["decode"], costed["decode"], seconds / 2,
-                   decode_flops * decode_steps, n)]
+                   f"{context}; costed per step)", as_configured["decode"],
+                   costed["decode"], seconds / 2, decode_flops, n)]
 
 
 def _cost(compiled) -> dict | None:

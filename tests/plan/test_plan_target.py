@@ -282,3 +282,51 @@ def test_plan_memory_target_v5p8_tiny():
   assert exact <= mem["argument_bytes"] <= 1.5 * exact
   assert "compiler estimate" in result.stdout
   assert "moe_impl pallas" in result.stdout
+
+
+@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
+def test_the_actor_engine_is_planned_on_its_own_mesh_with_the_fleet_line(v5p_devices, capsys):
+  """An RL config plans one actor's engine (actors.parallel: fsdp=2, on 2 of v5p-8's 4
+  chips) with its slots x actors.max_length cache: prefill and decode through the TPU
+  compiler, the bytes the engine holds per device, tokens/s per chip and the fleet line
+  against a learner step of 1 ms."""
+  from c2jax import config as configlib
+  from c2jax import model
+  from c2jax.commands import plan_target
+  from c2jax.plan import fleet
+
+  del v5p_devices  # libtpu loaded; _plan_actors takes its devices from the target
+  v5p8 = topologies.parse_target("v5p-8")
+  cfg = configlib.load_config_file(REPO / "configs/rl.py", "test")
+  cfg.model.scan_unroll = cfg.model.num_layers  # unrolled already: one compile a program
+  cfg.actors.parallel.mesh.fsdp, cfg.actors.slots, cfg.actors.max_length = 2, 2, 64
+  out = plan_target._plan_actors(cfg, v5p8, {"cost_model_seconds": 1e-3}, costed=True,
+                                 cost_attention="as_configured")
+  assert (out["chips"], out["mesh"]["fsdp"], out["slots"], out["max_length"]) == (2, 2, 2, 64)
+  plans = plan.param_plans(cfg.model, cfg.actors.parallel, 2)
+  assert out["weights_bytes"] == sum(p.shard_bytes for p in plans)
+  assert out["weights_dtypes"] == ["float32"]
+  cache = jax.eval_shape(lambda: model.init_cache(cfg.model, 2, 64))
+  cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
+  assert out["cache_bytes"] == cache_bytes // 2  # the slots split over fsdp
+  for name in ("prefill", "decode"):
+    assert out[name]["fits"] and out[name]["cost_model_seconds"] > 0, out[name]
+  assert out["decode"]["loops_costed_once"] >= 1  # the token loop at least: one step
+  assert out["decode_step_seconds"] == out["decode"]["cost_model_seconds"]
+  assert out["tokens_per_s_per_chip"] == pytest.approx(2 / out["decode_step_seconds"] / 2)
+  expected = fleet.fleet(
+      fleet.RolloutShape.of(cfg), learner_step_s=1e-3, rollouts_per_step=1 * 2,
+      actor=fleet.ActorSpeed(slots=2, chips=2, decode_step_s=out["decode_step_seconds"],
+                             prefill_tokens=64,
+                             prefill_s=out["prefill"]["cost_model_seconds"]),
+      max_lag=cfg.rl.queue.max_lag)
+  assert out["fleet"]["meshes"] == expected.meshes >= 1
+  assert out["fleet"]["max_lag"] == 3 and out["fleet"]["rollout_tokens"] == 64
+  text = capsys.readouterr().out
+  assert "actor engine on v5p-8" in text and "on 2 of its 4 chips" in text
+  assert expected.line() in text
+  # A mesh that cannot split the slots names the key.
+  cfg.actors.slots = 3
+  with pytest.raises(SystemExit, match="actors.parallel.mesh"):
+    plan_target._plan_actors(cfg, v5p8, {"cost_model_seconds": 1e-3}, costed=True,
+                             cost_attention="as_configured")
