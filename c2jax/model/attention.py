@@ -49,7 +49,8 @@ from c2jax.parallel import context as context_lib
 # config.model.attention_impl for training forwards (decoding always scores densely):
 # 'dense' materialises float32 [B, H, L, T] scores (the reference); 'blockwise' is
 # c2jax.model.blockwise_attention, O(L * attention_block) memory, same masks; 'fused' is
-# jax.nn.dot_product_attention (cuDNN on GPU); 'auto' lets
+# jax.nn.dot_product_attention (cuDNN on GPU); 'tokamax' the kernel library's flash
+# attention (opt-in); 'auto' lets
 # c2jax.model.fused_attention.select_attention pick per call.
 ATTENTION_IMPLS = fused_lib.IMPLS
 
@@ -123,9 +124,10 @@ class MLA(nn.Module):
         # numbers a token) are ~29x smaller than the per-head k_nope | v they expand to.
         kv = jnp.einsum("btc,chx->bthx", c_kv, w_kv_b.astype(dtype))
         impl = forms.training_impl(cfg, q_nope, kv, h, h, n + r, v, segments, ordered=False)
-        if impl == "fused":
+        if impl in fused_lib.MASKED_CALL_IMPLS:
           return forms.fused(*forms.mla_qkv(q_nope, q_rope, kv, k_rope), positions,
-                             segments, key_positions, key_segments, scale, ordered=False)
+                             segments, key_positions, key_segments, scale, ordered=False,
+                             impl=impl)
         if impl == "blockwise":
           return forms.mla_blockwise(q_nope, q_rope, kv, k_rope, positions, segments,
                                      key_positions, key_segments, scale, cfg)
@@ -147,10 +149,10 @@ class MLA(nn.Module):
       kv_BxTxHx_ = constrain(kv_b(c_kv_BxLxC), _BLHE)
       impl = forms.training_impl(cfg, q_nope_BxLxHxN, kv_BxTxHx_, h, h, n + r, v,
                                  segment_ids_BxL, ordered=True)
-      if impl == "fused":
+      if impl in fused_lib.MASKED_CALL_IMPLS:
         qkv = forms.mla_qkv(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxLxR)
         out_BxLxHxV = forms.fused(*qkv, None, segment_ids_BxL, None, segment_ids_BxL, scale,
-                                  ordered=True)
+                                  ordered=True, impl=impl)
       elif impl == "blockwise":
         order_BxL = forms.token_order(positions_BxL)
         out_BxLxHxV = forms.mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_,
@@ -206,9 +208,9 @@ class GQA(nn.Module):
     if context_axes:
       def attend(q, positions, segments, key_positions, key_segments, keys, values):
         impl = forms.training_impl(cfg, q, keys, h, k, e, e, segments, ordered=False)
-        if impl == "fused":
+        if impl in fused_lib.MASKED_CALL_IMPLS:
           return forms.fused(q, keys, values, positions, segments, key_positions,
-                             key_segments, e ** -0.5, ordered=False)
+                             key_segments, e ** -0.5, ordered=False, impl=impl)
         if impl == "blockwise":
           return blockwise_attention(q, keys, values, positions, key_positions, segments,
                                      key_segments, scale=e ** -0.5, block=cfg.attention_block)
@@ -225,9 +227,9 @@ class GQA(nn.Module):
     elif cache is None:
       impl = forms.training_impl(cfg, q_BxLxHxE, k_BxLxKxE, h, k, e, e, segment_ids_BxL,
                                  ordered=True)
-      if impl == "fused":
+      if impl in fused_lib.MASKED_CALL_IMPLS:
         out_BxLxHxE = forms.fused(q_BxLxHxE, k_BxLxKxE, v_BxLxKxE, None, segment_ids_BxL, None,
-                                  segment_ids_BxL, e ** -0.5, ordered=True)
+                                  segment_ids_BxL, e ** -0.5, ordered=True, impl=impl)
       elif impl == "blockwise":
         order_BxL = forms.token_order(positions_BxL)
         out_BxLxHxE = blockwise_attention(q_BxLxHxE, k_BxLxKxE, v_BxLxKxE, order_BxL,

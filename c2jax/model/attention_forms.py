@@ -71,20 +71,20 @@ def mla_blockwise(q_nope_BxLxHxN, q_rope_BxLxHxR, kv_BxTxHx_, k_rope_BxTxR, posi
 
 
 def fused(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, positions, segments, key_positions,
-          key_segments, scale, ordered: bool):
-  """fused_attention with this module's masks: `ordered` (keys = queries in token order)
-  uses cuDNN's causal mask plus a same-document mask when there are segments; otherwise
+          key_segments, scale, ordered: bool, impl: str = "fused"):
+  """A whole-sequence kernel (fused_attention.MASKED_CALL_IMPLS: cuDNN's 'fused',
+  'tokamax') with this module's masks: `ordered` (keys = queries in token order) uses the
+  kernel's causal mask plus a same-document mask when there are segments; otherwise
   (context-parallel shards) the full position mask."""
+  call = fused_lib.masked_call(impl)
   if ordered:
     # cuDNN's partitioner needs q, k and v laid out alike (batch and heads only).
     q_BxLxHxE, k_BxTxKxE, v_BxTxKxV = (constrain(x, BLHE)
                                        for x in (q_BxLxHxE, k_BxTxKxE, v_BxTxKxV))
     mask = None if segments is None else fused_lib.document_mask(segments, key_segments)
-    return fused_lib.fused_attention(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, mask, causal=True,
-                                     scale=scale)
+    return call(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, mask, causal=True, scale=scale)
   mask = position_mask(positions, segments, key_positions, key_segments)
-  return fused_lib.fused_attention(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, mask, causal=False,
-                                   scale=scale)
+  return call(q_BxLxHxE, k_BxTxKxE, v_BxTxKxV, mask, causal=False, scale=scale)
 
 
 def cached_impl(cfg, queries_BxLx_, keys_BxTx_, heads, kv_heads, qk_dim, v_dim) -> str:
@@ -101,12 +101,13 @@ def cached_impl(cfg, queries_BxLx_, keys_BxTx_, heads, kv_heads, qk_dim, v_dim) 
 
 
 def attend_cache(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV, positions_BxL, scale, impl, cfg):
-  """Prefill against the cache with the fused or blockwise kernel ('fused' | 'blockwise')."""
+  """Prefill against the cache with a whole-sequence kernel ('fused' | 'tokamax') or
+  the blockwise one ('blockwise')."""
   batch, slots = keys_BxTxKxE.shape[:2]
-  if impl == "fused":
-    return fused_lib.fused_attention(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV,
-                                     cache_mask(positions_BxL, slots), causal=False,
-                                     scale=scale)
+  if impl in fused_lib.MASKED_CALL_IMPLS:
+    return fused_lib.masked_call(impl)(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV,
+                                       cache_mask(positions_BxL, slots), causal=False,
+                                       scale=scale)
   slots_BxT = jnp.broadcast_to(jnp.arange(slots), (batch, slots))
   return blockwise_attention(q_BxLxHxE, keys_BxTxKxE, values_BxTxKxV, positions_BxL,
                              slots_BxT, scale=scale, block=cfg.attention_block)

@@ -16,8 +16,9 @@ Behaviour follows explicit fields, never a model's name:
   attention_impl  'dense' (float32 [B, H, L, T] scores, the reference) | 'blockwise'
               (flash-style tiles of attention_block queries x keys, O(L) memory; training,
               context-parallel and prefill forwards, one-token decode steps stay dense) |
-              'fused' (jax.nn.dot_product_attention: cuDNN on GPU) | 'auto' (chosen per
-              call by c2jax.model.fused_attention.select_attention)
+              'fused' (jax.nn.dot_product_attention: cuDNN on GPU) | 'tokamax' (the OpenXLA
+              kernel library's flash attention; opt-in, the `kernels` extra) | 'auto'
+              (chosen per call by c2jax.model.fused_attention.select_attention)
   remat       name of a rematerialisation policy (see c2jax.model.transformer.REMAT_POLICIES)
 
 Mixed precision (one policy, three dtypes): `param_dtype` stores the trained parameters
@@ -149,6 +150,9 @@ def validate(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   configlib.check_choice(cfg, "opt_state_dtype", DTYPES)
   configlib.check_choice(cfg, "attention", attention.ATTENTION)
   configlib.check_choice(cfg, "attention_impl", attention.ATTENTION_IMPLS)
+  if cfg.attention_impl == "tokamax" and not kernels.platform.library_installed():
+    raise configlib.ConfigError("attention_impl", "is 'tokamax', which needs the tokamax "
+                                "package: pip install -e '.[kernels]' (or pick 'auto').")
   configlib.check_choice(cfg, "rope.scaling", ROPE_SCALINGS)
   configlib.check_choice(cfg, "remat", transformer.REMAT_POLICIES)
   configlib.check_choice(cfg, "moe.router", moe.ROUTERS)

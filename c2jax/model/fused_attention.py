@@ -7,9 +7,14 @@
   'fused'      `jax.nn.dot_product_attention`: cuDNN flash attention on a GPU
                (`implementation='cudnn'`), XLA's own attention elsewhere (the same call,
                `implementation='xla'`, which is how it is tested on CPU).
-  'auto'       `select_attention` picks one of the three above per call from the platform,
-               dtype, head shapes and mask kind: fused where cuDNN takes the call, else
-               blockwise for long sequences and dense for a single tile.
+  'tokamax'    tokamax.dot_product_attention (the field's kernel library, the `kernels`
+               extra): its Mosaic flash attention on a GPU (sm_90 / sm_100) or a TPU, its
+               XLA implementation on a CPU (how it is tested), with the same masks as
+               'fused'. MLA's value head dim stays 128 (no padding). Opt-in: 'auto' never
+               picks it (docs/kernels.md: not measured on a device yet).
+  'auto'       `select_attention` picks one of dense, blockwise, fused per call from the
+               platform, dtype, head shapes and mask kind: fused where cuDNN takes the
+               call, else blockwise for long sequences and dense for a single tile.
 With a KV cache, one-token decode steps always score densely; prefill chunks (L > 1) are
 dispatched like training with the cache's position mask, an explicit 'fused' meaning
 "cuDNN where it takes the shape" there (absorbed MLA heads are 576 wide).
@@ -36,14 +41,20 @@ V value head dim.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 import c2jax_kernels as kernels
+from c2jax_kernels import platform as kernel_platform
 
-IMPLS = ("auto", "dense", "blockwise", "fused")
+IMPLS = ("auto", "dense", "blockwise", "fused", "tokamax")
+# The impls that take whole-sequence q, k, v with a boolean mask (fused_call runs them).
+MASKED_CALL_IMPLS = ("fused", "tokamax")
 
 # cuDNN flash attention (bf16/fp16) head-dim limits: <= 256 from Hopper (sm_90) on, <= 128
 # before; a multiple of 8 either way. Ampere (sm_80) is the oldest GPU it runs on.
@@ -117,6 +128,9 @@ def select_attention(requested: str, call: AttentionCall, *, strict: bool = True
     raise ValueError(f"model.attention_impl = {requested!r}; choose one of {IMPLS}.")
   if requested in ("dense", "blockwise"):
     return Choice(requested, "asked for by model.attention_impl")
+  if requested == "tokamax":
+    return Choice("tokamax", f"asked for; tokamax's {_library_impl(call.platform)} "
+                  "implementation")
   refusal = cudnn_refusal(call)
   if requested == "fused" and (strict or refusal is None or call.platform != "gpu"):
     if call.platform == "gpu" and refusal is not None:
@@ -175,6 +189,88 @@ def fused_attention(q_BxLxHxE: jax.Array, k_BxTxKxE: jax.Array, v_BxTxKxV: jax.A
       q_BxLxHxE, k_BxTxKxE.astype(dtype), v_BxTxKxE, mask=mask_Bx1xLxT, scale=scale,
       is_causal=causal, implementation=implementation)
   return out_BxLxHxE[..., :v_dim]
+
+
+def _library_impl(platform: str) -> str:
+  return "xla" if platform == "cpu" else "mosaic"
+
+
+def library_attention(q_BxLxHxE: jax.Array, k_BxTxKxE: jax.Array, v_BxTxKxV: jax.Array,
+                      mask_Bx1xLxT: jax.Array | None, *, causal: bool,
+                      scale: float) -> jax.Array:
+  """fused_attention's contract through tokamax.dot_product_attention: [B, L, H, V] in
+  q's dtype, V the value head dim as given (tokamax takes a value head dim unlike q/k's).
+  Its Mosaic kernel on the target GPU or TPU, its XLA implementation on a CPU."""
+  if causal and q_BxLxHxE.shape[1] != k_BxTxKxE.shape[1]:
+    raise ValueError("library_attention: causal=True needs as many keys as queries; pass "
+                     "an explicit mask for other layouts.")
+  dtype = q_BxLxHxE.dtype
+  return _library_call(q_BxLxHxE, k_BxTxKxE.astype(dtype), v_BxTxKxV.astype(dtype),
+                       mask_Bx1xLxT, causal, scale)
+
+
+@contextlib.contextmanager
+def _on_target():
+  """tokamax picks its kernel from JAX's default device and checks that it runs there;
+  the program's target may be compile-only devices (`c2jax plan --target`), so both are
+  set to the target, in the forward pass and again in the backward pass (traced later,
+  outside the forward's context)."""
+  tokamax = kernel_platform.library("model.attention_impl='tokamax'")
+  cross = kernels.target_platform() != jax.default_backend()
+  with jax.default_device(kernels.target_device()), tokamax.config.cross_compile(cross):
+    yield tokamax
+
+
+def _q_sharding():
+  """q's NamedSharding by the logical rules in force ([batch, length, heads, head_dim]),
+  for tokamax to run its Mosaic kernel per shard in a shard_map (XLA cannot partition a
+  Mosaic call); axes already manual (inside context parallelism's shard_map) are left
+  out. None off a mesh."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return None
+  manual = set(getattr(mesh, "manual_axes", ()))
+  entries = []
+  for entry in nn.logical_to_mesh_axes(("batch", "length", "heads", "head_dim")):
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    axes = tuple(a for a in axes if a not in manual and mesh.shape[a] > 1)
+    entries.append(axes or None)
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*entries))
+
+
+def _library_forward(q, k, v, mask, causal, scale):
+  platform = kernels.target_platform()
+  with _on_target() as tokamax:
+    return tokamax.dot_product_attention(
+        q, k, v, mask=mask, scale=scale, is_causal=causal,
+        implementation=_library_impl(platform),
+        q_sharding=None if platform == "cpu" else _q_sharding())
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _library_call(q, k, v, mask, causal, scale):
+  return _library_forward(q, k, v, mask, causal, scale)
+
+
+def _library_fwd(q, k, v, mask, causal, scale):
+  out, pullback = jax.vjp(lambda q, k, v: _library_forward(q, k, v, mask, causal, scale),
+                          q, k, v)
+  return out, pullback
+
+
+def _library_bwd(causal, scale, pullback, dout):
+  del causal, scale
+  with _on_target():
+    dq, dk, dv = pullback(dout)
+  return dq, dk, dv, None
+
+
+_library_call.defvjp(_library_fwd, _library_bwd)
+
+
+def masked_call(impl: str):
+  """The whole-sequence attention call of one of MASKED_CALL_IMPLS."""
+  return {"fused": fused_attention, "tokamax": library_attention}[impl]
 
 
 def document_mask(q_segments_BxL: jax.Array, k_segments_BxT: jax.Array) -> jax.Array:

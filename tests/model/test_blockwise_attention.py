@@ -22,6 +22,7 @@ from c2jax.model import attention
 from c2jax.model import config as model_config
 from c2jax.model.blockwise_attention import blockwise_attention
 from c2jax.parallel import context
+from c2jax_kernels import platform as kernel_platform
 from tests.model.conftest import ATTENTION_CASES, random_params, tiny_cfg
 
 B = 2
@@ -134,8 +135,11 @@ def test_documents_are_isolated_and_padding_rows_are_finite(jitted):
 def test_tiny_model_loss_and_gradients_equal_dense(name):
   length = 20  # not a multiple of the block (8): three query and key tiles, the last ragged
   # One (dense-FFN) layer: attention is what differs, and each compile costs seconds.
+  # tokamax: tokamax.dot_product_attention (its XLA implementation on a CPU), if installed.
+  others = ("blockwise", "fused") + (("tokamax",) if kernel_platform.library_installed()
+                                     else ())
   cfgs = {impl: tiny_cfg(attention_impl=impl, attention_block=8, num_layers=1,
-                         **ATTENTION_CASES[name]) for impl in ("dense", "blockwise", "fused")}
+                         **ATTENTION_CASES[name]) for impl in ("dense", *others)}
   params = random_params(cfgs["dense"])
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, cfgs["dense"].vocab_size, (B, length + 1)))
@@ -151,7 +155,7 @@ def test_tiny_model_loss_and_gradients_equal_dense(name):
   results = {impl: jax.jit(jax.value_and_grad(functools.partial(loss, cfg)))(params)
              for impl, cfg in cfgs.items()}
   loss_dense, grads_dense = results["dense"]
-  for impl in ("blockwise", "fused"):  # fused: jax.nn.dot_product_attention, XLA on CPU
+  for impl in others:  # fused: jax.nn.dot_product_attention, XLA on CPU
     loss_impl, grads_impl = results[impl]
     np.testing.assert_allclose(loss_impl, loss_dense, rtol=0, atol=1e-5, err_msg=impl)
     for path, got in jax.tree_util.tree_leaves_with_path(grads_impl):

@@ -3,7 +3,8 @@ GQA and MLA heads, document masks by size, explicit choices), and the fused call
 (jax.nn.dot_product_attention with implementation='xla' on this CPU) equal to the dense
 and blockwise references in values and gradients, for GQA and MLA head shapes, packed
 documents with padding and context-parallel position masks; chunked prefill through the
-KV cache with blockwise and fused equal to the dense cache path."""
+KV cache with blockwise and fused equal to the dense cache path. The same for 'tokamax'
+(tokamax.dot_product_attention, its XLA implementation on this CPU), where installed."""
 
 import functools
 
@@ -17,6 +18,7 @@ from c2jax.model import attention, init_cache
 from c2jax.model import fused_attention as fused
 from c2jax.model.blockwise_attention import blockwise_attention
 from c2jax.parallel import context
+from c2jax_kernels import platform as kernel_platform
 from tests.model.conftest import ATTENTION_CASES, draw_params, tiny_cfg
 
 B = 2
@@ -109,6 +111,19 @@ def _fused(q, k, v, q_pos, k_pos, q_seg, k_seg, *, layout):
   return fused.fused_attention(q, k, v, mask, causal=True, scale=SCALE, implementation="xla")
 
 
+def _library(q, k, v, q_pos, k_pos, q_seg, k_seg, *, layout):
+  """tokamax's call through the same two ways in (c2jax.model.fused_attention)."""
+  if layout == "cp":
+    mask = attention.position_mask(q_pos, q_seg, k_pos, k_seg)
+    return fused.library_attention(q, k, v, mask, causal=False, scale=SCALE)
+  mask = None if layout == "plain" else fused.document_mask(q_seg, k_seg)
+  return fused.library_attention(q, k, v, mask, causal=True, scale=SCALE)
+
+
+needs_library = pytest.mark.skipif(not kernel_platform.library_installed(),
+                                   reason="tokamax: pip install -e '.[kernels]'")
+
+
 def _blockwise(q, k, v, q_pos, k_pos, q_seg, k_seg):
   return blockwise_attention(q, k, v, q_pos, k_pos, q_seg, k_seg, scale=SCALE, block=8)
 
@@ -189,6 +204,32 @@ def test_fused_call_equals_dense_and_blockwise(name):
       np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
 
 
+@needs_library
+@pytest.mark.parametrize("name", ["gqa_packed", "mla_real_heads_packed", "gqa_cp_shard",
+                                  "mla_packed_bf16"])
+def test_library_call_equals_dense(name):
+  """tokamax takes MLA's 128-wide values beside 192-wide queries as they are (no padding)."""
+  inputs, layout, dtype = _inputs(name, seed=len(name))
+  as_f32 = [x.astype(jnp.float32) if x.dtype == dtype else x for x in inputs]
+  out_ref, grads_ref = _value_and_grads(_dense)(*as_f32)
+  out, grads = _value_and_grads(functools.partial(_library, layout=layout))(*inputs)
+  assert out.dtype == dtype and out.shape == out_ref.shape
+  atol = 1e-5 if dtype == jnp.float32 else 0.05
+  np.testing.assert_allclose(out.astype(jnp.float32), out_ref, rtol=0, atol=atol)
+  for what, got, want in zip("qkv", grads, grads_ref):
+    np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=0, atol=atol * 4,
+                               err_msg=f"d{what}")
+
+
+def test_tokamax_is_taken_as_asked_and_never_by_auto():
+  for call in (_call(), _call(platform="cpu", capability=None), _call(platform="tpu")):
+    choice = fused.select_attention("tokamax", call)
+    assert choice.impl == "tokamax" and "tokamax" in choice.reason
+    assert fused.select_attention("auto", call).impl != "tokamax"
+  assert "tokamax's xla" in fused.select_attention("tokamax", _call(platform="cpu")).reason
+  assert "tokamax's mosaic" in fused.select_attention("tokamax", _call()).reason
+
+
 def test_fused_call_refuses_what_it_cannot_express():
   q = jnp.zeros((1, 4, 2, 8))
   with pytest.raises(ValueError, match="value head dim 16 > q/k head dim 8"):
@@ -215,7 +256,8 @@ def test_chunked_prefill_through_the_cache_equals_dense(name):
   """Two prefill chunks (7 then 5 tokens, rows at different offsets) into a 16-slot cache:
   blockwise (MLA: absorbed multi-query heads) and fused equal the dense cache path."""
   outputs = {}
-  for impl in ("dense", "blockwise", "fused"):
+  impls = ("blockwise", "fused") + (("tokamax",) if kernel_platform.library_installed() else ())
+  for impl in ("dense", *impls):
     cfg, params, run = _attention_layer(name, impl)
     x = jax.random.normal(jax.random.key(3), (B, 12, cfg.hidden_size))
     cache = jax.tree.map(lambda c: c[0], init_cache(cfg, B, 16)["dense_layers"])
@@ -223,6 +265,6 @@ def test_chunked_prefill_through_the_cache_equals_dense(name):
     first, cache = run(params, x[:, :7], jnp.arange(7)[None] + offsets, cache)
     second, cache = run(params, x[:, 7:], jnp.arange(7, 12)[None] + offsets, cache)
     outputs[impl] = (first, second)
-  for impl in ("blockwise", "fused"):
+  for impl in impls:
     for got, want in zip(outputs[impl], outputs["dense"]):
       np.testing.assert_allclose(got, want, rtol=0, atol=1e-5, err_msg=impl)

@@ -330,3 +330,31 @@ def test_the_actor_engine_is_planned_on_its_own_mesh_with_the_fleet_line(v5p_dev
   with pytest.raises(SystemExit, match="actors.parallel.mesh"):
     plan_target._plan_actors(cfg, v5p8, {"cost_model_seconds": 1e-3}, costed=True,
                              cost_attention="as_configured")
+
+
+@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
+def test_tokamax_attention_compiles_through_mosaic_per_shard(v5p_devices):
+  """model.attention_impl='tokamax': tokamax's flash attention, forward and backward, for
+  MLA's heads (q/k 192, v 128 as they are) with a packed-documents mask, batch split over
+  four v5p chips: its Mosaic kernels run per shard (a Mosaic call cannot be partitioned)."""
+  import flax.linen as nn
+  from c2jax.model import fused_attention as fused
+  from c2jax_kernels import platform as kernel_platform
+
+  if not kernel_platform.library_installed():
+    pytest.skip("tokamax: pip install -e '.[kernels]'")
+  mesh = jax.sharding.Mesh(np.asarray(v5p_devices[:4]), ("fsdp",))
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+  shape = lambda *dims, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(dims, dtype, sharding=rows)
+
+  def loss(q, k, v, segments):
+    mask = fused.document_mask(segments, segments)
+    out = fused.library_attention(q, k, v, mask, causal=True, scale=192 ** -0.5)
+    return out.astype(jnp.float32).sum()
+
+  with jax.set_mesh(mesh), nn.logical_axis_rules((("batch", "fsdp"),)):
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(
+        shape(4, 256, 2, 192), shape(4, 256, 2, 192), shape(4, 256, 2, 128),
+        shape(4, 256, dtype=jnp.int32)).compile()
+  text = compiled.as_text()
+  assert text.count('custom_call_target="tpu_custom_call"') >= 2  # forward and backward
