@@ -173,16 +173,21 @@ def vocab_chunked_nll(hidden_BxLxD, kernel_DxV, labels_BxL, vocab_chunk: int) ->
   `vocab_chunk` columns: the training loss's cross entropy without [B, L, V] logits.
 
   Unlike token_logprobs it never cuts the sequence, so hidden split over the batch and
-  sequence axes (data, fsdp, context parallel) stays split, and it leaves the backward to
-  autodiff: one lax.scan step per chunk W, its body rematerialised (the backward
-  recomputes the chunk's logits), carrying a running max, rescaled sum and the label's
-  logit per position (a masked sum, not a gather: the TPU compiler offloads a gather's
-  transpose to the SparseCore, outside its cost model). The kernel travels as the scan's
-  per-chunk input, so under FSDP each step gathers one [D, W] slice and its gradient
-  returns in the kernel's own layout; each chunk's kernel gradient is one matmul, as with
-  full logits. The hidden state's gradient is summed over the chunks in float32 (a
-  float32 copy of hidden is what the scan closes over) and rounded once. The running
-  max enters under stop_gradient, which changes no value or gradient.
+  sequence axes (data, fsdp, context parallel) stays split. The forward is a scan over
+  chunks carrying a running max, rescaled sum and the label's logit per position (a
+  masked sum, not a gather: the TPU compiler offloads a gather's transpose to the
+  SparseCore, outside its cost model); the custom VJP keeps only the logsumexp [B, L] and
+  recomputes each chunk's logits in a loop:
+      d nll / d z = g * (softmax(z) - onehot(label)),
+  summing the hidden state's gradient in float32 (rounded once) and writing each chunk's
+  kernel gradient into its columns of one [D, V] array in the kernel's compute dtype, as
+  the full-logits loss rounds it. Each chunk is a dynamic slice of the kernel's columns
+  (the last one shifted left to end at V, its columns already seen masked out), so no
+  padded, reshaped or transposed copy of the kernel or of its gradient exists: at
+  Kimi-K2.5's vocabulary on one v5p chip, 8,192 tokens, the step's temporaries went from
+  9.63 GB (a scan whose stacked float32 chunk gradients were transposed back) to 0.71 GB
+  (docs/kernels.md). Under FSDP each chunk gathers one [D, W] slice and its gradient
+  stays in the kernel's own layout.
   Matmuls run in hidden's dtype with float32 accumulation, as the model's lm_head.
   """
   if vocab_chunk < 1:
@@ -190,37 +195,82 @@ def vocab_chunked_nll(hidden_BxLxD, kernel_DxV, labels_BxL, vocab_chunk: int) ->
   if hidden_BxLxD.ndim != 3 or kernel_DxV.ndim != 2 or labels_BxL.shape != hidden_BxLxD.shape[:2]:
     raise ValueError(f"vocab_chunked_nll wants hidden [B, L, D], kernel [D, V], labels [B, L];"
                      f" got {hidden_BxLxD.shape}, {kernel_DxV.shape}, {labels_BxL.shape}.")
-  dtype = hidden_BxLxD.dtype
-  vocab = kernel_DxV.shape[1]
-  chunk = min(vocab_chunk, vocab)
-  num = -(-vocab // chunk)
-  kernel_DxV = kernel_DxV.astype(dtype)
-  if num * chunk > vocab:
-    kernel_DxV = jnp.pad(kernel_DxV, ((0, 0), (0, num * chunk - vocab)))
-  kernel_NxDxW = jnp.moveaxis(kernel_DxV.reshape(kernel_DxV.shape[0], num, chunk), 1, 0)
-  hidden32_BxLxD = hidden_BxLxD.astype(jnp.float32)
-  labels_BxL = labels_BxL.astype(jnp.int32)
+  chunk = min(vocab_chunk, kernel_DxV.shape[1])
+  return _vocab_chunked(hidden_BxLxD, kernel_DxV.astype(hidden_BxLxD.dtype),
+                        labels_BxL.astype(jnp.int32), chunk)
 
-  @jax.checkpoint
-  def step(carry, xs):
+
+def _vocab_columns(kernel_DxV, j, chunk):
+  """Chunk j: (its columns [D, W], its first column, the column ids [W], which of them
+  are new to chunk j). The last chunk starts at V - W, so its first columns repeat the
+  previous chunk's; they are masked out."""
+  start = jnp.minimum(j * chunk, kernel_DxV.shape[1] - chunk)
+  column_W = start + jnp.arange(chunk)
+  w_DxW = jax.lax.dynamic_slice_in_dim(kernel_DxV, start, chunk, axis=1)
+  return w_DxW, start, column_W, column_W >= j * chunk
+
+
+def _vocab_chunked_forward(hidden_BxLxD, kernel_DxV, labels_BxL, chunk):
+  """(nll [B, L], logsumexp [B, L]), both float32."""
+  def step(carry, j):
     run_max, run_sum, label_logit = carry
-    w_DxW, j = xs
-    column_W = j * chunk + jnp.arange(chunk)
-    z_BxLxW = jnp.einsum("bld,dw->blw", hidden32_BxLxD.astype(dtype), w_DxW,
+    w_DxW, _, column_W, new_W = _vocab_columns(kernel_DxV, j, chunk)
+    z_BxLxW = jnp.einsum("bld,dw->blw", hidden_BxLxD, w_DxW,
                          preferred_element_type=jnp.float32)
-    z_BxLxW = jnp.where(column_W < vocab, z_BxLxW, MASKED_LOGIT)
-    new_max = jax.lax.stop_gradient(jnp.maximum(run_max, jnp.max(z_BxLxW, axis=-1)))
+    z_BxLxW = jnp.where(new_W, z_BxLxW, MASKED_LOGIT)
+    new_max = jnp.maximum(run_max, jnp.max(z_BxLxW, axis=-1))
     run_sum = (run_sum * jnp.exp(run_max - new_max)
                + jnp.sum(jnp.exp(z_BxLxW - new_max[..., None]), axis=-1))
     label_logit = label_logit + jnp.sum(
-        jnp.where(column_W == labels_BxL[..., None], z_BxLxW, 0.0), axis=-1)
+        jnp.where((column_W == labels_BxL[..., None]) & new_W, z_BxLxW, 0.0), axis=-1)
     return (new_max, run_sum, label_logit), None
 
   shape = labels_BxL.shape
   init = (jnp.full(shape, MASKED_LOGIT, jnp.float32), jnp.zeros(shape, jnp.float32),
           jnp.zeros(shape, jnp.float32))
-  (run_max, run_sum, label_logit), _ = jax.lax.scan(step, init, (kernel_NxDxW, jnp.arange(num)))
-  return run_max + jnp.log(run_sum) - label_logit
+  num = -(-kernel_DxV.shape[1] // chunk)
+  (run_max, run_sum, label_logit), _ = jax.lax.scan(step, init, jnp.arange(num))
+  lse_BxL = run_max + jnp.log(run_sum)
+  return lse_BxL - label_logit, lse_BxL
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _vocab_chunked(hidden_BxLxD, kernel_DxV, labels_BxL, chunk):
+  return _vocab_chunked_forward(hidden_BxLxD, kernel_DxV, labels_BxL, chunk)[0]
+
+
+def _vocab_chunked_fwd(hidden_BxLxD, kernel_DxV, labels_BxL, chunk):
+  nll_BxL, lse_BxL = _vocab_chunked_forward(hidden_BxLxD, kernel_DxV, labels_BxL, chunk)
+  return nll_BxL, (hidden_BxLxD, kernel_DxV, labels_BxL, lse_BxL)
+
+
+def _vocab_chunked_bwd(chunk, residuals, g_BxL):
+  hidden_BxLxD, kernel_DxV, labels_BxL, lse_BxL = residuals
+
+  def body(j, grads):
+    dh_BxLxD, dk_DxV = grads
+    w_DxW, start, column_W, new_W = _vocab_columns(kernel_DxV, j, chunk)
+    z_BxLxW = jnp.einsum("bld,dw->blw", hidden_BxLxD, w_DxW,
+                         preferred_element_type=jnp.float32)
+    p_BxLxW = jnp.exp(z_BxLxW - lse_BxL[..., None])
+    dz_BxLxW = jnp.where(new_W, g_BxL[..., None] * (
+        p_BxLxW - (column_W == labels_BxL[..., None])), 0.0)
+    dh_BxLxD = dh_BxLxD + jnp.einsum("blw,dw->bld", dz_BxLxW, w_DxW,
+                                     preferred_element_type=jnp.float32)
+    dw_DxW = jnp.einsum("bld,blw->dw", hidden_BxLxD, dz_BxLxW,
+                        preferred_element_type=jnp.float32)
+    seen_DxW = jax.lax.dynamic_slice_in_dim(dk_DxV, start, chunk, axis=1)
+    dk_DxV = jax.lax.dynamic_update_slice_in_dim(
+        dk_DxV, seen_DxW + dw_DxW.astype(dk_DxV.dtype), start, axis=1)
+    return dh_BxLxD, dk_DxV
+
+  num = -(-kernel_DxV.shape[1] // chunk)
+  dh_BxLxD, dk_DxV = jax.lax.fori_loop(
+      0, num, body, (jnp.zeros(hidden_BxLxD.shape, jnp.float32), jnp.zeros_like(kernel_DxV)))
+  return dh_BxLxD.astype(hidden_BxLxD.dtype), dk_DxV, None
+
+
+_vocab_chunked.defvjp(_vocab_chunked_fwd, _vocab_chunked_bwd)
 
 
 def library_nll(hidden_BxLxD, kernel_DxV, labels_BxL) -> jax.Array:

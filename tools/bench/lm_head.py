@@ -6,7 +6,7 @@ forward+backward (gradients for the hidden states and the head's kernel) of the 
 cross entropy:
 - 'unfused': full logits, optax softmax cross entropy (the loss with train.loss_vocab_chunk=0);
 - 'c2jax chunked': c2jax.model.token_logprobs.vocab_chunked_nll (train.loss_vocab_chunk),
-  a scan over vocabulary chunks, its body rematerialised;
+  vocabulary chunks with a custom VJP that writes each chunk's kernel gradient in place;
 - 'c2jax token_logprobs': the RL learner's chunked log-probs (custom VJP, sequence and
   vocabulary chunks);
 - 'tokamax <impl>': tokamax.linear_softmax_cross_entropy_loss, 'chunked_xla' everywhere and
