@@ -20,6 +20,6 @@ VERBS: dict[str, tuple[str, str]] = {
     "rl": ("c2jax.commands.rl", "asynchronous RL: learner + rollout actors in sandboxes"),
     "eval": ("c2jax.commands.eval", "score a checkpoint / endpoint on a suite; `eval report` tables + plot"),
     "serve": ("c2jax.commands.serve", "OpenAI-compatible server over a run or HF checkpoint"),
-    "tasks": ("c2jax.commands.tasks", "auto-install a repository; build SWE-bench-format task suites from it"),
+    "tasks": ("c2jax.commands.tasks", "auto-install a Python repository; build SWE-bench-format task suites from a Python, Go, Rust or node one"),
     "sweep": ("c2jax.commands.sweep", "run a grid of config overrides as runs; one table + plots"),
 }

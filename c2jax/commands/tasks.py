@@ -1,11 +1,21 @@
 """`c2jax tasks install --repo DIR|SDIST` and `c2jax tasks build --repo DIR --out suite.jsonl`.
 
-install: makes the repository's own tests runnable in an environment layer (a venv),
-  installing through an egress allowlist (--allow_hosts), verified by its tests
+The repository's language is detected from the marker at its root (pyproject.toml /
+setup.py / setup.cfg: python, go.mod: go, Cargo.toml: rust, package.json: node) or
+forced with --language.
+
+install (Python): makes the repository's own tests runnable in an environment layer (a
+  venv), installing through an egress allowlist (--allow_hosts), verified by its tests
   (--pass_fraction), cached by repository hash; prints the report (every command tried,
   the last error on failure) and exits 1 on failure.
-build: installs (cached) and writes a SWE-bench-format suite of planted-bug (`mutate`)
-  and revert-and-restore (`revert`) tasks whose tests run in that layer; evaluate it with
+build, Python: installs (cached) and writes a SWE-bench-format suite of planted-bug
+  (`mutate`) and revert-and-restore (`revert`) tasks whose tests run in that layer.
+build, Go / Rust / node: fetches the dependencies once on the host (go mod vendor, cargo
+  vendor, npm ci), then writes planted-bug (`mutate`: one operator or literal of one
+  line) and `revert` tasks (c2jax/env/languages/build.py) whose tests run offline in
+  bubblewrap with the host's toolchain, and a report of every candidate tried (OUT
+  without .jsonl + .report.json).
+Either suite: evaluate it with
   `c2jax eval --config=configs/eval.py:swebench --config.suite.args.path=OUT
   --config.suite.args.repos_root=OUT_WITHOUT_.jsonl.repos`, or train on it with
   `--config.tasks.source=suite --config.tasks.path=OUT`.
@@ -17,10 +27,14 @@ import sys
 from absl import flags
 
 from c2jax.env import install as install_lib
+from c2jax.env import languages
 from c2jax.env import task_builder
+from c2jax.env import testlogs
 
 _REPO = flags.DEFINE_string('repo', None, 'Repository folder or source distribution (.tar.gz).')
 _OUT = flags.DEFINE_string('out', None, '`build`: the suite JSONL to write.')
+_LANGUAGE = flags.DEFINE_enum('language', 'auto', ['auto', *languages.LANGUAGES],
+                              'The repository\'s language; auto: detected from its root.')
 _KINDS = flags.DEFINE_list('kinds', list(task_builder.KINDS), '`build`: task kinds.')
 _MAX_TASKS = flags.DEFINE_integer('max_tasks', 8, '`build`: most tasks to write.')
 _MAX_CANDIDATES = flags.DEFINE_integer('max_candidates', 40,
@@ -42,8 +56,12 @@ _CACHE = flags.DEFINE_string('cache_dir', install_lib.runner.DEFAULT_CACHE,
                              'Where layers and results live (by repository hash).')
 _FORCE = flags.DEFINE_bool('force', False, 'Install again even if a result is cached.')
 
-USAGE = ('usage: c2jax tasks install --repo DIR|SDIST [flags]\n'
-         '       c2jax tasks build --repo DIR|SDIST --out suite.jsonl [flags]')
+USAGE = ('usage: c2jax tasks install --repo DIR|SDIST [flags]          (Python)\n'
+         '       c2jax tasks build --repo DIR|SDIST --out suite.jsonl [flags]\n'
+         '             [--language=auto|' + '|'.join(languages.LANGUAGES) + ']\n'
+         '  Go, Rust and node repositories (go.mod, Cargo.toml, package.json) need no '
+         'install step;\n'
+         '  their build writes OUT.report.json beside the suite.')
 
 
 def _config() -> install_lib.InstallConfig:
@@ -65,10 +83,14 @@ def main(argv: list[str]) -> int:
     print(f'c2jax tasks build: --out is required.\n{USAGE}', file=sys.stderr)
     return 2
   try:
+    language = (languages.detect(_REPO.value) if _LANGUAGE.value == 'auto'
+                else languages.get(_LANGUAGE.value))
     config = _config()
-  except ValueError as e:
+  except (ValueError, FileNotFoundError) as e:
     print(f'c2jax tasks: {e}', file=sys.stderr)
     return 2
+  if language.prepare is not None:
+    return _build_without_install(argv[1], language)
   result = install_lib.install(_REPO.value, config, force=_FORCE.value)
   print(result.report() + (' [cached]' if result.cached else ''))
   if not result.ok:
@@ -85,4 +107,33 @@ def main(argv: list[str]) -> int:
       print('No candidate edit made a task (no test caught any); raise --max_candidates.',
             file=sys.stderr)
       return 1
+  return 0
+
+
+def _build_without_install(command: str, language: languages.Language) -> int:
+  """Go, Rust, node: the build fetches what the tests need itself."""
+  if command == 'install':
+    print(f'c2jax tasks install: {_REPO.value} is a {language.name} repository; '
+          '`c2jax tasks build` prepares it (install is for Python).', file=sys.stderr)
+    return 2
+  report = languages.report_path(_OUT.value)
+  try:
+    records = languages.build_suite(
+        _REPO.value, _OUT.value, language=language.name, kinds=tuple(_KINDS.value),
+        max_tasks=_MAX_TASKS.value,
+        max_candidates=_MAX_CANDIDATES.value, seed=_SEED.value, timeout_s=_TIMEOUT.value,
+        memory_mb=_MEMORY.value)
+  except ValueError as e:  # the repository or the flags do not fit
+    print(f'c2jax tasks build: {e}', file=sys.stderr)
+    return 2
+  except testlogs.NoTestsSeen as e:
+    print(f'c2jax tasks build: {e}', file=sys.stderr)
+    return 1
+  print(json.dumps({'suite': _OUT.value, 'language': language.name, 'tasks': len(records),
+                    'by_kind': {k: sum(r['created_by'] == k for r in records)
+                                for k in task_builder.KINDS}, 'report': report}))
+  if not records:
+    print(f'No candidate edit made a task; {report} says why each was dropped. Raise '
+          '--max_candidates or try another --seed.', file=sys.stderr)
+    return 1
   return 0

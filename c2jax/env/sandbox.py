@@ -10,6 +10,7 @@ backends build on, and is re-exported here.
 
 # pylint: disable=unused-import
 from c2jax.env import bubblewrap  # registers 'bubblewrap'
+from c2jax.env import toolchains
 from c2jax.env.sandbox_base import (BASE_ENVIRONMENT, WORKDIR, ExecResult,
                                     PathOutsideWorkspaceError, Sandbox, SandboxError,
                                     SandboxFactory, command_environment, normalize_relpath,
@@ -31,13 +32,19 @@ def _import_backends():
 
 def make_task_sandbox(backend: str, task, **limits) -> Sandbox:
   """A sandbox over `task.repo`, starting from the task's environment layer if it has one
-  (a venv made by `c2jax tasks install`; bubblewrap only)."""
+  (a venv made by `c2jax tasks install`; bubblewrap only). A bubblewrap sandbox of a task
+  in another language (task.language: Go, Rust, node) also sees that language's
+  toolchain where it lives outside /usr (rustup's, under the home folder)."""
   if getattr(task, 'environment', ''):
     if backend != 'bubblewrap':
       raise ValueError(f'Task {task.id!r} runs in the environment layer {task.environment}, '
                        f'which only the bubblewrap backend can mount; use backend '
                        f"'bubblewrap' (not {backend!r}).")
     limits['env_layer'] = task.environment
+  elif getattr(task, 'language', '') and backend == 'bubblewrap' and 'ro_binds' not in limits:
+    toolchain = toolchains.binds(task.language)
+    defaults = bubblewrap.default_ro_binds()
+    limits['ro_binds'] = defaults + tuple(p for p in toolchain if p not in defaults)
   return make_sandbox(backend, task.repo, **limits)
 
 

@@ -36,12 +36,12 @@ def _join(lines) -> str:
                  for line in lines)
 
 
-def _diff(before: str, after: str, rel: str) -> str:
+def unified_diff(before: str, after: str, rel: str) -> str:
   return _join(difflib.unified_diff(before.splitlines(keepends=True),
                                     after.splitlines(keepends=True), f'a/{rel}', f'b/{rel}'))
 
 
-def _added_file_diff(text: str, rel: str) -> str:
+def added_file_diff(text: str, rel: str) -> str:
   return _join(difflib.unified_diff([], text.splitlines(keepends=True), '/dev/null',
                                     f'b/{rel}'))
 
@@ -139,14 +139,14 @@ def _write_task(instance_id, kind, repo, rel, func, original, edited, fail_to_pa
   test_patch = ''
   for test_file in sorted({t.split('::')[0] for t in fail_to_pass}):
     with open(os.path.join(task_repo, test_file), encoding='utf-8') as f:
-      test_patch += _added_file_diff(f.read(), test_file)
+      test_patch += added_file_diff(f.read(), test_file)
     os.remove(os.path.join(task_repo, test_file))
   module = rel[:-3].replace('/', '.').removeprefix('src.').removesuffix('.__init__')
   return {
       'instance_id': instance_id, 'repo': os.path.basename(os.path.normpath(repo)),
       'base_commit': '', 'version': '', 'created_by': kind,
       'problem_statement': _statement(kind, module, func, fail_to_pass, output),
-      'patch': _diff(edited, original, rel), 'test_patch': test_patch,
+      'patch': unified_diff(edited, original, rel), 'test_patch': test_patch,
       'FAIL_TO_PASS': json.dumps(fail_to_pass), 'PASS_TO_PASS': json.dumps(pass_to_pass),
       'environment': layer, 'test_command': command,
   }

@@ -41,6 +41,9 @@ class Task:
   # c2jax's own Python environment).
   environment: str = ''
   metadata: dict = dataclasses.field(default_factory=dict)  # category, difficulty, ...
+  # The repository's language (c2jax.env.languages: its toolchain is mounted in the
+  # task's bubblewrap sandboxes); '' for Python and hand-made tasks.
+  language: str = ''
 
   def __post_init__(self):
     if not self.fail_to_pass:
@@ -100,6 +103,7 @@ def load_swebench_jsonl(path: str, repos_root: str, test_command: str = PYTEST_C
           # c2jax's task builders record the command and environment layer per instance.
           test_command=record.get('test_command', test_command),
           test_parser=record.get('test_parser', test_parser),
+          language=record.get('language', ''),
           environment=record.get('environment', ''), fail_to_pass=_id_list(record['FAIL_TO_PASS']),
           pass_to_pass=_id_list(record.get('PASS_TO_PASS', [])),
           test_patch=record.get('test_patch', ''),
