@@ -45,6 +45,16 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "setup.sh: bubblewrap (bwrap) is missing; install it (Debian: apt-get install bubblewrap) for sandboxes" >&2
   fi
 fi
+# Debian's Go, for tasks built from Go modules (c2jax/env/languages) and their tests;
+# never fails the set-up: without it those tests skip and say why.
+if ! command -v go >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq golang-go \
+        >/dev/null; } || echo "setup.sh: apt-get could not install golang-go; Go tasks skip" >&2
+  else
+    echo "setup.sh: go is missing (Debian: apt-get install golang-go) for Go tasks" >&2
+  fi
+fi
 # XLA's GPU compiler (the CUDA plugin, ptxas) in a venv of its own, so that the suite
 # compiles the Hopper and Blackwell kernels for compile-only GPUs on every run
 # (tests/plan/test_plan_gpu_target.py); never fails the set-up: without it those tests
