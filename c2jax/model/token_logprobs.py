@@ -11,8 +11,9 @@ into chunks of `vocab_chunk` columns; the forward keeps an online logsumexp per 
 [B, seq_chunk, vocab_chunk]. The custom VJP saves only the logsumexp [B, L] and recomputes
 each chunk's logits in the backward pass:
     d logp_t / d z_v = (onehot(target)_v - softmax(z)_v) / temperature,
-accumulating d hidden chunk by chunk and d kernel (one float32 [D, V] accumulator, the
-size of the gradient itself) over the sequence.
+vocabulary chunk by vocabulary chunk: d kernel of a chunk summed over the sequence in a
+float32 [D, W] buffer and written once into the kernel-dtype gradient, d hidden summed
+over the vocabulary in a float32 [B, L, D] buffer.
 
 The batch axis is never cut, so a batch sharded over data-parallel devices stays sharded.
 The matmul runs in hidden's dtype with float32 accumulation, as the model's lm_head.
@@ -121,43 +122,51 @@ def _chunked_fwd(hidden_BxLxD, kernel_DxV, targets_BxL, temperature, seq_chunk, 
 
 
 def _chunked_bwd(seq_chunk, vocab_chunk, vocab, residuals, g_BxL):
+  """Vocabulary chunks outside, sequence chunks inside: each chunk's kernel gradient is
+  summed over the sequence in a float32 [D, W] buffer and written once into its columns
+  of the kernel-dtype [D, V] gradient, and the hidden state's gradient is summed over
+  the vocabulary in a float32 [B, L, D] buffer; no float32 [D, V] array exists (at
+  Kimi-K2.5's vocabulary, 4.7 GB on one device)."""
   hidden_BxLxD, kernel_DxV, targets_BxL, temperature, lse_BxL = residuals
   num_v = kernel_DxV.shape[1] // vocab_chunk
   num_l = hidden_BxLxD.shape[1] // seq_chunk
   g_BxL = g_BxL.astype(jnp.float32)
+  dtype = hidden_BxLxD.dtype
 
-  def seq_step(dkernel_DxV, i):
-    h_BxCxD = _seq_slice(hidden_BxLxD, i, seq_chunk)
-    t_BxC = _seq_slice(targets_BxL, i, seq_chunk)
-    lse_BxC = _seq_slice(lse_BxL, i, seq_chunk)
-    g_BxC = _seq_slice(g_BxL, i, seq_chunk)
+  def vocab_step(j, grads):
+    dh_BxLxD, dkernel_DxV = grads
+    w_DxW = jax.lax.dynamic_slice_in_dim(kernel_DxV, j * vocab_chunk, vocab_chunk,
+                                         axis=1).astype(dtype)
 
-    def vocab_step(carry, j):
-      dh_BxCxD, dkernel_DxV = carry
-      z_BxCxW, column_W = _logits_chunk(h_BxCxD, kernel_DxV, j, vocab_chunk, vocab, temperature)
-      softmax_BxCxW = jnp.exp(z_BxCxW - lse_BxC[..., None])
+    def seq_step(i, carry):
+      dh_BxLxD, dw_DxW = carry
+      h_BxCxD = _seq_slice(hidden_BxLxD, i, seq_chunk)
+      t_BxC = _seq_slice(targets_BxL, i, seq_chunk)
+      z_BxCxW, column_W = _logits_chunk(h_BxCxD, kernel_DxV, j, vocab_chunk, vocab,
+                                        temperature)
+      softmax_BxCxW = jnp.exp(z_BxCxW - _seq_slice(lse_BxL, i, seq_chunk)[..., None])
       onehot_BxCxW = (column_W == t_BxC[..., None]).astype(jnp.float32)
-      dz_BxCxW = (g_BxC[..., None] / temperature) * (onehot_BxCxW - softmax_BxCxW)
-      w_DxW = jax.lax.dynamic_slice_in_dim(kernel_DxV, j * vocab_chunk, vocab_chunk, axis=1)
-      dz_c = dz_BxCxW.astype(h_BxCxD.dtype)
-      dh_BxCxD = dh_BxCxD + jnp.einsum("bcw,dw->bcd", dz_c, w_DxW.astype(h_BxCxD.dtype),
-                                       preferred_element_type=jnp.float32)
-      dw_DxW = jnp.einsum("bcd,bcw->dw", h_BxCxD, dz_c, preferred_element_type=jnp.float32)
-      start = j * vocab_chunk
-      dkernel_DxV = jax.lax.dynamic_update_slice_in_dim(
-          dkernel_DxV, jax.lax.dynamic_slice_in_dim(dkernel_DxV, start, vocab_chunk, axis=1)
-          + dw_DxW, start, axis=1)
-      return (dh_BxCxD, dkernel_DxV), None
+      dz_BxCxW = ((_seq_slice(g_BxL, i, seq_chunk)[..., None] / temperature)
+                  * (onehot_BxCxW - softmax_BxCxW)).astype(dtype)
+      dh_BxCxD = _seq_slice(dh_BxLxD, i, seq_chunk) + jnp.einsum(
+          "bcw,dw->bcd", dz_BxCxW, w_DxW, preferred_element_type=jnp.float32)
+      dh_BxLxD = jax.lax.dynamic_update_slice_in_dim(dh_BxLxD, dh_BxCxD, i * seq_chunk,
+                                                     axis=1)
+      dw_DxW = dw_DxW + jnp.einsum("bcd,bcw->dw", h_BxCxD, dz_BxCxW,
+                                   preferred_element_type=jnp.float32)
+      return dh_BxLxD, dw_DxW
 
-    init = (jnp.zeros(h_BxCxD.shape, jnp.float32), dkernel_DxV)
-    (dh_BxCxD, dkernel_DxV), _ = jax.lax.scan(vocab_step, init, jnp.arange(num_v))
-    return dkernel_DxV, dh_BxCxD.astype(hidden_BxLxD.dtype)
+    dh_BxLxD, dw_DxW = jax.lax.fori_loop(
+        0, num_l, seq_step, (dh_BxLxD, jnp.zeros((kernel_DxV.shape[0], vocab_chunk),
+                                                 jnp.float32)))
+    dkernel_DxV = jax.lax.dynamic_update_slice_in_dim(
+        dkernel_DxV, dw_DxW.astype(dkernel_DxV.dtype), j * vocab_chunk, axis=1)
+    return dh_BxLxD, dkernel_DxV
 
-  dkernel_DxV, dh_NxBxCxD = jax.lax.scan(
-      seq_step, jnp.zeros(kernel_DxV.shape, jnp.float32), jnp.arange(num_l))
-  dhidden_BxLxD = jnp.moveaxis(dh_NxBxCxD, 0, 1).reshape(hidden_BxLxD.shape)
-  return (dhidden_BxLxD, dkernel_DxV.astype(kernel_DxV.dtype), None,
-          jnp.zeros_like(temperature))
+  dh_BxLxD, dkernel_DxV = jax.lax.fori_loop(
+      0, num_v, vocab_step, (jnp.zeros(hidden_BxLxD.shape, jnp.float32),
+                             jnp.zeros_like(kernel_DxV)))
+  return dh_BxLxD.astype(dtype), dkernel_DxV, None, jnp.zeros_like(temperature)
 
 
 _chunked.defvjp(_chunked_fwd, _chunked_bwd)
