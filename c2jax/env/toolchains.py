@@ -1,6 +1,6 @@
 """The host folders a language's toolchain needs inside a bubblewrap sandbox.
 
-    toolchains.binds('rust')   # ('/root/.rustup/toolchains/stable-x86_64-...',) or ()
+    toolchains.binds('rust')   # (rustc's sysroot under ~/.rustup,) or () under /usr
 
 A sandbox always sees /usr; a toolchain installed elsewhere (rustup's under the home
 folder, a node from nvm) is bound read-only at its own path, so both the task builder
