@@ -119,7 +119,7 @@ def _plan_actors(cfg, target, learner: dict, *, costed: bool, cost_attention: st
   (c2jax/plan/fleet.py) against the learner step's time estimate."""
   from c2jax import config as configlib
   from c2jax.plan import fleet as fleet_lib, target as target_lib
-  from c2jax.rollout import jax_engine
+  from c2jax.rollout import jax_engine, resident
 
   try:
     placement = target_lib.actor_placement(cfg, target.devices())
@@ -142,7 +142,8 @@ def _plan_actors(cfg, target, learner: dict, *, costed: bool, cost_attention: st
   held = target_lib.engine_state_bytes(cfg.model, placement, slots=slots, max_length=length)
   print(f"actor engine holds per device: weights {held['weights_bytes'] / 1e9:,.3f} GB "
         f"({'/'.join(held['weights_dtypes'])}, as published), KV cache "
-        f"{held['cache_bytes'] / 1e9:,.3f} GB ({'/'.join(held['cache_dtypes'])})", flush=True)
+        f"{held['cache_bytes'] / 1e9:,.3f} GB ({'/'.join(held['cache_dtypes'])})\n"
+        f"actor engine {resident.describe(held['weight_groups'])}", flush=True)
   # The decode program's loop over tokens is costed once: its estimate is one step.
   decode_s, prefill_s = (reports["decode"]["cost_model_seconds"],
                          reports["prefill"]["cost_model_seconds"])

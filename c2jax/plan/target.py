@@ -61,6 +61,7 @@ from c2jax.plan import topologies
 from c2jax.rollout import decode_loop
 from c2jax.rollout import jax_engine
 from c2jax.rollout import prefill as prefill_lib
+from c2jax.rollout import resident
 from c2jax.rollout import sharding as engine_sharding
 
 
@@ -210,15 +211,18 @@ def actor_placement(cfg, devices) -> engine_sharding.Placement:
 
 def engine_state_bytes(model_cfg, placement, *, slots: int, max_length: int) -> dict:
   """Per-device bytes the engine holds between calls: its weights (as published, in the
-  model's param_dtype) and its KV cache of `slots` x `max_length`, with their dtypes."""
+  model's param_dtype; by tensor group, c2jax.rollout.resident) and its KV cache of
+  `slots` x `max_length`, with their dtypes."""
   def shard_bytes(tree, shardings):
     return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
                for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
   params = jax.eval_shape(functools.partial(model.init, model_cfg), jax.random.key(0))
+  groups = resident.weight_groups(_abstract(params, placement.param_shardings(model_cfg,
+                                                                              params)))
   cache = jax.eval_shape(functools.partial(model.init_cache, model_cfg, slots, max_length))
   dtypes = lambda tree: sorted({str(x.dtype) for x in jax.tree.leaves(tree)})
-  return {"weights_bytes": shard_bytes(params, placement.param_shardings(model_cfg, params)),
-          "weights_dtypes": dtypes(params),
+  return {"weights_bytes": sum(g["bytes_per_device"] for g in groups.values()),
+          "weights_dtypes": dtypes(params), "weight_groups": groups,
           "cache_bytes": shard_bytes(cache, placement.cache_shardings(model_cfg)),
           "cache_dtypes": dtypes(cache)}
 

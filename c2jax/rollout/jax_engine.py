@@ -50,6 +50,7 @@ import numpy as np
 from c2jax import model
 from c2jax.rollout import decode_layout, decode_loop
 from c2jax.rollout import prefill as prefill_lib
+from c2jax.rollout import resident
 from c2jax.rollout import sampling as sampling_lib
 from c2jax.rollout import sharding as sharding_lib
 from c2jax.rollout import speculative
@@ -231,6 +232,11 @@ class JaxEngine(Engine):
                        "dtypes differ from the engine's; in-flight weight swaps need the "
                        "same model config (build a new engine for a new architecture).")
     self._params = self._place(params)
+
+  def resident_weights(self) -> dict[str, dict]:
+    """The weights this engine holds, by tensor group: bytes (total and per device of its
+    mesh) and dtypes (c2jax.rollout.resident)."""
+    return resident.weight_groups(self._stacked_like)
 
   def param_like(self):
     """ShapeDtypeStructs of the engine's parameters, with their shardings: a template

@@ -265,9 +265,13 @@ def create_app(service: Service) -> fastapi.FastAPI:
     return error_response(schema.APIError(500, f"internal error: {type(error).__name__}: "
                                           f"{error}", kind="server_error"))
 
+  weights = (service.engine.resident_weights()
+             if hasattr(service.engine, "resident_weights") else None)
+
   @app.get("/health")
   async def health():
-    return {"status": "ok", "live_requests": service.loop.live}
+    # weights: what the engine holds by tensor group (c2jax.rollout.resident).
+    return {"status": "ok", "live_requests": service.loop.live, "weights": weights}
 
   @app.get("/v1/models")
   async def models():

@@ -9,6 +9,7 @@ import time
 
 import uvicorn
 
+from c2jax.rollout import resident
 from c2jax.serve import auth
 from c2jax.serve.app import Service
 from c2jax.serve.endpoints import create_app
@@ -81,6 +82,8 @@ def serve_forever(service: Service, host: str, port: int, log_level: str = "info
   print(f"c2jax serve: {service.model_name!r} on http://{host}:{sock.getsockname()[1]}/v1 "
         f"({service.engine.num_slots} slots, max_length {service.engine.max_length})",
         flush=True)
+  if hasattr(service.engine, "resident_weights"):
+    print(f"c2jax serve: {resident.describe(service.engine.resident_weights())}", flush=True)
   try:
     _server(service, log_level, own_logging=True).run(sockets=[sock])
   finally:

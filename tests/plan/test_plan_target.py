@@ -305,6 +305,8 @@ def test_the_actor_engine_is_planned_on_its_own_mesh_with_the_fleet_line(v5p_dev
   assert (out["chips"], out["mesh"]["fsdp"], out["slots"], out["max_length"]) == (2, 2, 2, 64)
   plans = plan.param_plans(cfg.model, cfg.actors.parallel, 2)
   assert out["weights_bytes"] == sum(p.shard_bytes for p in plans)
+  experts = out["weight_groups"]["routed experts"]
+  assert experts["bytes_per_device"] * 2 == experts["bytes"]  # split over fsdp=2
   assert out["weights_dtypes"] == ["float32"]
   cache = jax.eval_shape(lambda: model.init_cache(cfg.model, 2, 64))
   cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache))
@@ -324,7 +326,7 @@ def test_the_actor_engine_is_planned_on_its_own_mesh_with_the_fleet_line(v5p_dev
   assert out["fleet"]["max_lag"] == 3 and out["fleet"]["rollout_tokens"] == 64
   text = capsys.readouterr().out
   assert "actor engine on v5p-8" in text and "on 2 of its 4 chips" in text
-  assert expected.line() in text
+  assert expected.line() in text and "actor engine weights " in text
   # A mesh that cannot split the slots names the key.
   cfg.actors.slots = 3
   with pytest.raises(SystemExit, match="actors.parallel.mesh"):

@@ -133,6 +133,15 @@ def test_cli_serves_on_a_mesh(run_dir, served):
       if " on http://" in line:
         url = line.split(" on ")[1].split()[0]
     assert any("engine over 2 devices, mesh {'fsdp': 2}" in line for line in lines), lines
+    # The weights the engine holds, by tensor group, in the log and on /health: the
+    # routed experts split over fsdp=2, so each device holds half of them.
+    held = process.stdout.readline()
+    assert held.startswith("c2jax serve: weights ") and "routed experts" in held, held
+    import httpx  # pylint: disable=g-import-not-at-top
+    groups = httpx.get(url.removesuffix("/v1") + "/health", timeout=30).json()["weights"]
+    experts = groups["routed experts"]
+    assert experts["dtypes"] == ["float32"]
+    assert experts["bytes_per_device"] * 2 == experts["bytes"] > 0
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
     from tests.serve.conftest import USERS, messages  # pylint: disable=g-import-not-at-top
     response = client.chat.completions.create(
