@@ -183,13 +183,14 @@ def _inputs(name, seed):
   return (q, k, v, w, *masks), layout, dtype
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_fused_call_equals_dense_and_blockwise(name):
+def _check_against_dense(call, name):
+  """`call` (the model's two ways in) on case `name` equals dense float32 attention in
+  values and q, k, v gradients; returns (inputs, layout, dtype, out, grads)."""
   inputs, layout, dtype = _inputs(name, seed=len(name))
   # The reference always runs in float32 on the same (possibly bfloat16-rounded) inputs.
   as_f32 = [x.astype(jnp.float32) if x.dtype == dtype else x for x in inputs]
   out_ref, grads_ref = _value_and_grads(_dense)(*as_f32)
-  out, grads = _value_and_grads(functools.partial(_fused, layout=layout))(*inputs)
+  out, grads = _value_and_grads(functools.partial(call, layout=layout))(*inputs)
   assert out.dtype == dtype and out.shape == out_ref.shape
   atol = 1e-5 if dtype == jnp.float32 else 0.05
   np.testing.assert_allclose(out.astype(jnp.float32), out_ref, rtol=0, atol=atol)
@@ -197,6 +198,12 @@ def test_fused_call_equals_dense_and_blockwise(name):
     np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=0, atol=atol * 4,
                                err_msg=f"d{what}")
   assert all(float(jnp.abs(g.astype(jnp.float32)).max()) > 0.1 for g in grads_ref)
+  return inputs, layout, dtype, out, grads
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_call_equals_dense_and_blockwise(name):
+  inputs, layout, dtype, out, grads = _check_against_dense(_fused, name)
   if dtype == jnp.float32 and layout != "cp":
     out_block, grads_block = _value_and_grads(_blockwise)(*inputs)
     np.testing.assert_allclose(out, out_block, rtol=0, atol=1e-5)
@@ -209,16 +216,7 @@ def test_fused_call_equals_dense_and_blockwise(name):
                                   "mla_packed_bf16"])
 def test_library_call_equals_dense(name):
   """tokamax takes MLA's 128-wide values beside 192-wide queries as they are (no padding)."""
-  inputs, layout, dtype = _inputs(name, seed=len(name))
-  as_f32 = [x.astype(jnp.float32) if x.dtype == dtype else x for x in inputs]
-  out_ref, grads_ref = _value_and_grads(_dense)(*as_f32)
-  out, grads = _value_and_grads(functools.partial(_library, layout=layout))(*inputs)
-  assert out.dtype == dtype and out.shape == out_ref.shape
-  atol = 1e-5 if dtype == jnp.float32 else 0.05
-  np.testing.assert_allclose(out.astype(jnp.float32), out_ref, rtol=0, atol=atol)
-  for what, got, want in zip("qkv", grads, grads_ref):
-    np.testing.assert_allclose(got.astype(jnp.float32), want, rtol=0, atol=atol * 4,
-                               err_msg=f"d{what}")
+  _check_against_dense(_library, name)
 
 
 def test_tokamax_is_taken_as_asked_and_never_by_auto():

@@ -21,7 +21,6 @@ import os
 import subprocess
 from typing import Callable
 
-from c2jax.env import toolchains
 from c2jax.env.languages import mutate, revert
 
 
@@ -86,7 +85,3 @@ def run_prepare(command: list[str], repo: str, timeout_s: float) -> str:
                        f'{(proc.stdout + proc.stderr)[-2000:]}')
   return proc.stdout
 
-
-def program_binds(name: str) -> tuple[str, ...]:
-  """toolchains.program_binds: the host folder `name`'s toolchain needs in a sandbox."""
-  return toolchains.program_binds(name)

@@ -26,12 +26,9 @@ a SWE-bench-format suite and a build report.
 4. Each task's repository is the prepared tree with the edit, without the test files
    holding its FAIL_TO_PASS tests (Language.test_files_for), which come back as
    `test_patch`; `patch` is the gold fix. Records are task_builder.build_suite's plus
-   `language` and `test_parser`; `environment` is '': a task's sandbox uses the
-   toolchain it finds. sandbox.make_task_sandbox binds /usr and c2jax's Python only, so
-   Go and node installed under /usr grade there as they do here, while a toolchain
-   elsewhere (rustup's, under the home folder) is not yet visible to it: grade such
-   tasks in a sandbox given Language.toolchain_binds(), as tests/env/test_languages.py
-   does.
+   `language` and `test_parser`; `environment` is '': sandbox.make_task_sandbox mounts
+   the record's language's toolchain (c2jax/env/toolchains.py) where it lives outside
+   /usr, so its tasks grade where the RL loop and `c2jax eval` run them.
 """
 
 from __future__ import annotations

@@ -10,10 +10,12 @@ package's folder that declares `func TestAdd(`.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
 from c2jax.env import sandbox_base
+from c2jax.env import toolchains
 from c2jax.env.languages import base, mutate, revert
 
 _MODULE = re.compile(r'^module\s+(\S+)', re.M)
@@ -77,12 +79,9 @@ def test_files_for(repo: str, test_ids: list[str]) -> list[str]:
   return sorted(files)
 
 
-def toolchain_binds() -> tuple[str, ...]:
-  return base.program_binds('go')
-
-
 LANGUAGE = base.Language(
     name='go', detect=detect, prepare=prepare, test_command=test_command,
     is_test_file=is_test_file, is_source_file=is_source_file,
-    test_files_for=test_files_for, toolchain_binds=toolchain_binds, syntax=SYNTAX,
+    test_files_for=test_files_for,
+    toolchain_binds=functools.partial(toolchains.binds, 'go'), syntax=SYNTAX,
     ignored_dirs=IGNORED_DIRS, build_cache_env=BUILD_CACHE_ENV, revert=REVERT)

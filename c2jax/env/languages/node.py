@@ -21,11 +21,13 @@ the top-level test's name, found as a string literal in the test files.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import shlex
 
+from c2jax.env import toolchains
 from c2jax.env.languages import base, mutate, revert
 
 IGNORED_DIRS = frozenset({'node_modules', 'dist', 'build', 'coverage', '.next', 'out'})
@@ -166,12 +168,9 @@ def test_files_for(repo: str, test_ids: list[str]) -> list[str]:
   return sorted(files)
 
 
-def toolchain_binds() -> tuple[str, ...]:
-  return base.program_binds('node')
-
-
 LANGUAGE = base.Language(
     name='node', detect=detect, prepare=prepare, test_command=test_command,
     is_test_file=is_test_file, is_source_file=is_source_file,
-    test_files_for=test_files_for, toolchain_binds=toolchain_binds, syntax=SYNTAX,
+    test_files_for=test_files_for,
+    toolchain_binds=functools.partial(toolchains.binds, 'node'), syntax=SYNTAX,
     ignored_dirs=IGNORED_DIRS, revert=REVERT)

@@ -89,10 +89,6 @@ def test_files_for(repo: str, test_ids: list[str]) -> list[str]:
 
 
 @functools.cache
-def toolchain_binds() -> tuple[str, ...]:
-  return toolchains.rust_binds()
-
-
 def inline_test_lines(text: str) -> frozenset[int]:
   """1-based lines of each `#[cfg(test)]` item (its braces matched in the masked code)."""
   code = mutate.code_mask(text, SYNTAX)
@@ -115,5 +111,6 @@ def inline_test_lines(text: str) -> frozenset[int]:
 LANGUAGE = base.Language(
     name='rust', detect=detect, prepare=prepare, test_command=test_command,
     is_test_file=is_test_file, is_source_file=is_source_file,
-    test_files_for=test_files_for, toolchain_binds=toolchain_binds, syntax=SYNTAX,
+    test_files_for=test_files_for,
+    toolchain_binds=functools.partial(toolchains.binds, 'rust'), syntax=SYNTAX,
     inline_test_lines=inline_test_lines, ignored_dirs=IGNORED_DIRS, revert=REVERT)
