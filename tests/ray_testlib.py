@@ -34,10 +34,20 @@ def worker_env() -> dict[str, str]:
   return {"PYTHONPATH": path, "JAX_PLATFORMS": "cpu", "RAY_memory_monitor_refresh_ms": "0"}
 
 
+# Ports this process has handed out: a port is free again the moment its probe socket
+# closes, so two calls could return the same one (a head's GCS and its dashboard agent
+# once both got 48199, and the head did not start).
+_HANDED_OUT: set[int] = set()
+
+
 def _free_port() -> int:
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
+  while True:
+    with socket.socket() as sock:
+      sock.bind(("127.0.0.1", 0))
+      port = sock.getsockname()[1]
+    if port not in _HANDED_OUT:
+      _HANDED_OUT.add(port)
+      return port
 
 
 def _ray_start(args: list[str], log: pathlib.Path) -> subprocess.Popen:
