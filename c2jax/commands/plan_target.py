@@ -133,15 +133,19 @@ def _plan_actors(cfg, target, learner: dict, *, costed: bool, cost_attention: st
         f"{length} tokens (actors.slots x actors.max_length)\n", flush=True)
   steps = target_lib.compile_engine_steps(
       cfg, None, slots=slots, context=length, prefill=prefill, costed=costed,
-      cost_attention=cost_attention, placement=placement, max_length=length)
+      cost_attention=cost_attention, placement=placement, max_length=length,
+      weights_quant=cfg.actors.weights_quant)
   reports = {}
   for name, step in zip(("prefill", "decode"), steps):
     report = target_lib.step_report(step, target, costed=costed)
     reports[name] = report
     print("actor " + target_lib.format_report(report, target) + "\n", flush=True)
-  held = target_lib.engine_state_bytes(cfg.model, placement, slots=slots, max_length=length)
+  held = target_lib.engine_state_bytes(cfg.model, placement, slots=slots, max_length=length,
+                                       weights_quant=cfg.actors.weights_quant)
+  quant = cfg.actors.weights_quant
   print(f"actor engine holds per device: weights {held['weights_bytes'] / 1e9:,.3f} GB "
-        f"({'/'.join(held['weights_dtypes'])}, as published), KV cache "
+        f"({'/'.join(held['weights_dtypes'])}, "
+        f"{'as published' if quant == 'none' else 'routed experts ' + quant}), KV cache "
         f"{held['cache_bytes'] / 1e9:,.3f} GB ({'/'.join(held['cache_dtypes'])})\n"
         f"actor engine {resident.describe(held['weight_groups'])}", flush=True)
   # The decode program's loop over tokens is costed once: its estimate is one step.

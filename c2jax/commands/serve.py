@@ -51,6 +51,9 @@ _MESH = flags.DEFINE_string("mesh", None, "Shard the engine over this process's 
                             "e.g. 'fsdp=8' or 'expert=4,tensor=2' (axes data, fsdp, expert, "
                             "tensor; -1 takes the remaining devices). Empty: one device "
                             "(config.engine.mesh).")
+_WEIGHTS_QUANT = flags.DEFINE_string(
+    "weights_quant", None, "Hold the routed experts quantised: none, fp8, int8 or int4, "
+    "dequantised a tile at a time in the experts' matmuls (config.engine.weights_quant).")
 _POLL = flags.DEFINE_float("weight_poll_s", None, "How often --follow_weights is polled "
                            "(config.follow.poll_s, 2 s).")
 _API_KEY = flags.DEFINE_string("api_key", None, "Requests must send 'Authorization: Bearer "
@@ -122,7 +125,8 @@ def main(argv: list[str]) -> int:
                        detokenize=loaded.tokenizer.decode, seed=cfg.engine.seed,
                        parallel=mesh, max_decode_steps=cfg.engine.max_decode_steps,
                        decode_steps=min(cfg.engine.max_decode_steps,
-                                        jax_engine.DEFAULT_DECODE_STEPS))
+                                        jax_engine.DEFAULT_DECODE_STEPS),
+                       weights_quant=cfg.engine.weights_quant)
   except (FileNotFoundError, ValueError) as e:
     print(f"c2jax serve: {e}", file=sys.stderr)
     return 2

@@ -40,6 +40,7 @@ from c2jax.model import moe_routing
 from c2jax.model.moe_dispatch import DISPATCH, FUSED_GATE_UP, ExpertWeights
 from c2jax.model.moe_routing import ROUTERS
 from c2jax.parallel import expert as expert_parallel
+from c2jax_kernels import weight_quant
 
 __all__ = ["DISPATCH", "ROUTERS", "ExpertWeights", "MoE", "update_correction_bias"]
 
@@ -88,6 +89,13 @@ class Experts(nn.Module):
     def weight(name, shape, axes):
       if self.has_variable("params", name):
         stored = self.get_variable("params", name)
+        if weight_quant.is_quantized(stored):
+          # Held quantised by an inference engine (engine.weights_quant): the dispatch
+          # dequantises a tile at a time (moe_dispatch.grouped_experts).
+          if stored.shape != shape:
+            raise ValueError(f"experts/{name}: quantised weights of shape {stored.shape}, "
+                             f"the config needs {shape}.")
+          return stored
         if isinstance(stored, (tuple, list)):
           # One array per expert (model.unstack_layers(..., split_experts=True)).
           if len(stored) != e or any(w.shape != shape[1:] for w in stored):
@@ -129,6 +137,8 @@ class Experts(nn.Module):
     x_TxD = x_TxD.astype(dtype)
     plan = (expert_parallel.plan_from_context() if cfg.moe.expert_parallel == "auto"
             else None)
+    if moe_dispatch.is_quantized(experts):
+      return self._quantized(x_TxD, weights_TxK, indices_TxK, experts, plan)
     split = moe_dispatch.is_split(experts)
     if split and plan is not None:
       raise ValueError("Expert-parallel MoE needs the stacked expert weights; split them "
@@ -157,6 +167,30 @@ class Experts(nn.Module):
         exchange=cfg.moe.ep_exchange, local_grouped=functools.partial(
             moe_dispatch.grouped_experts,
             impl=moe_dispatch.grouped_impl(cfg.moe_impl, cfg.grouped_matmul_impl)))
+
+
+  def _quantized(self, x_TxD, weights_TxK, indices_TxK, experts, plan):
+    """Experts held quantised (kernels.weight_quant): the sorted 'ragged' dispatch, whose
+    grouped matmuls dequantise a tile at a time, locally or inside expert parallelism
+    (the scales split like their weights wherever their blocks divide)."""
+    cfg = self.cfg
+    if cfg.quant != "none":
+      raise ValueError(f"model.quant = {cfg.quant!r} with quantised resident expert weights "
+                       "(engine.weights_quant): an engine runs them with quant = 'none'.")
+    if plan is None:
+      return (moe_dispatch.DISPATCH["ragged"](x_TxD, weights_TxK, indices_TxK, experts),
+              jnp.zeros((), jnp.int32))
+    axes = moe_dispatch.ExpertWeights(*(
+        weight_quant.WeightQuant(names, names, w.scheme, w.block)
+        if weight_quant.is_quantized(w) else names
+        for w, names in zip(experts, moe_dispatch.EXPERT_AXES)))
+    return expert_parallel.moe_forward(
+        x_TxD, weights_TxK, indices_TxK, experts, plan,
+        local_dispatch=moe_dispatch.DISPATCH["ragged"],
+        capacity_factor=cfg.moe.ep_capacity_factor,
+        dispatch_quant=cfg.moe.ep_dispatch_quant, logical_axes=axes,
+        exchange=cfg.moe.ep_exchange, local_grouped=functools.partial(
+            moe_dispatch.grouped_experts, impl="ragged_dot"))
 
 
 class MoE(nn.Module):

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 
 import c2jax_kernels as kernels
 from c2jax import quant as quantlib
+from c2jax_kernels import weight_quant
 from c2jax_kernels.grouped_matmul import IMPLS as GROUPED_MATMUL_IMPLS
 from c2jax_kernels.grouped_matmul import tiled
 
@@ -136,8 +137,19 @@ def grouped_experts(x, group_sizes_E, experts: ExpertWeights, *, quant: str = "n
   expert 0, then of expert 1, ...; rows past their sum come out zero): out_MxD in
   `combine_dtype`. rows: as for quant.grouped_dot (x is then [T, D], gathered per row)."""
 
-  def grouped(lhs, rhs_ExCxN, **kwargs):
-    return quantlib.grouped_dot(quant, lhs, rhs_ExCxN, group_sizes_E, impl=impl, **kwargs)
+  def grouped(lhs, rhs_ExCxN, rows=None, preferred_element_type=None):
+    if weight_quant.is_quantized(rhs_ExCxN):
+      # Weights resident quantised (an inference engine's engine.weights_quant): the
+      # tile-at-a-time dequantising grouped matmul, under no training recipe.
+      if quant != "none":
+        raise ValueError(f"quant = {quant!r} (a training recipe) with quantised resident "
+                         "expert weights: an engine runs them with quant = 'none'.")
+      if rows is not None:
+        lhs = jnp.take(lhs, rows, axis=0)
+      return weight_quant.quantized_grouped_matmul(
+          lhs, rhs_ExCxN, group_sizes_E, preferred_element_type=preferred_element_type)
+    return quantlib.grouped_dot(quant, lhs, rhs_ExCxN, group_sizes_E, impl=impl, rows=rows,
+                                preferred_element_type=preferred_element_type)
 
   gate_MxF = grouped(x, experts.gate_ExDxF, rows=rows)
   up_MxF = grouped(x, experts.up_ExDxF, rows=rows)
@@ -304,9 +316,18 @@ def per_expert(x_TxD, weights_TxK, indices_TxK, experts: ExpertWeights, *,
   return _unsort_combine(out_MxD, order_M, weights_TxK, x_TxD.dtype)
 
 
+def is_quantized(experts: ExpertWeights) -> bool:
+  """Whether any expert weight is held quantised (kernels.weight_quant.WeightQuant)."""
+  return any(weight_quant.is_quantized(w) for w in experts)
+
+
 def select(moe_impl: str, quant: str, num_tokens: int, top_k: int, num_experts: int, *,
-           decoding: bool = False, split: bool = False) -> Callable[..., jax.Array]:
+           decoding: bool = False, split: bool = False,
+           quantized: bool = False) -> Callable[..., jax.Array]:
   """The dispatch for one call: `moe_impl` (cfg.moe_impl), except that
+  - weights held quantised (`quantized`: an engine's engine.weights_quant) always run
+    'ragged', whose grouped matmuls dequantise a tile at a time and read only the chosen
+    experts' weights (kernels.weight_quant);
   - weights split one array per expert (`split`, what decode engines keep) always run
     'per_expert', the one dispatch that reads them;
   - an unquantised call with no more token copies than experts (T * K <= E: decode steps,
@@ -315,6 +336,8 @@ def select(moe_impl: str, quant: str, num_tokens: int, top_k: int, num_experts: 
     'dense' reference, which computes all E experts for every token (E / K times the
     work): it runs the sorted 'ragged' dispatch, which computes only the chosen ones
     (same numerics up to float summation order). Training keeps `moe_impl` as given."""
+  if quantized:
+    return DISPATCH["ragged"]
   if split:
     return per_expert
   if quant == "none" and num_tokens * top_k <= num_experts:

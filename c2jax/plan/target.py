@@ -164,10 +164,11 @@ def _scalar(dtype, sharding, shape=()):
 
 
 def _compile_engine(model_cfg, placement, *, slots: int, max_length: int, prefill: int,
-                    decode_steps: int, prefill_attention: str = "auto"
-                    ) -> dict[str, jax.stages.Compiled]:
+                    decode_steps: int, prefill_attention: str = "auto",
+                    weights_quant: str = "none") -> dict[str, jax.stages.Compiled]:
   params = jax.eval_shape(functools.partial(model.init, model_cfg), jax.random.key(0))
-  params = _abstract(params, placement.param_shardings(model_cfg, params))
+  params = resident.abstract_resident(
+      _abstract(params, placement.param_shardings(model_cfg, params)), weights_quant)
   cache_shardings = placement.cache_shardings(model_cfg)
   cache = _abstract(jax.eval_shape(functools.partial(
       model.init_cache, model_cfg, slots, max_length)), cache_shardings)
@@ -209,16 +210,18 @@ def actor_placement(cfg, devices) -> engine_sharding.Placement:
   return placement
 
 
-def engine_state_bytes(model_cfg, placement, *, slots: int, max_length: int) -> dict:
-  """Per-device bytes the engine holds between calls: its weights (as published, in the
-  model's param_dtype; by tensor group, c2jax.rollout.resident) and its KV cache of
-  `slots` x `max_length`, with their dtypes."""
+def engine_state_bytes(model_cfg, placement, *, slots: int, max_length: int,
+                       weights_quant: str = "none") -> dict:
+  """Per-device bytes the engine holds between calls: its weights (in the model's
+  param_dtype, the routed experts quantised by `weights_quant`; by tensor group,
+  c2jax.rollout.resident) and its KV cache of `slots` x `max_length`, with their dtypes."""
   def shard_bytes(tree, shardings):
     return sum(math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
                for x, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
   params = jax.eval_shape(functools.partial(model.init, model_cfg), jax.random.key(0))
-  groups = resident.weight_groups(_abstract(params, placement.param_shardings(model_cfg,
-                                                                              params)))
+  params = resident.abstract_resident(
+      _abstract(params, placement.param_shardings(model_cfg, params)), weights_quant)
+  groups = resident.weight_groups(params)
   cache = jax.eval_shape(functools.partial(model.init_cache, model_cfg, slots, max_length))
   dtypes = lambda tree: sorted({str(x.dtype) for x in jax.tree.leaves(tree)})
   return {"weights_bytes": sum(g["bytes_per_device"] for g in groups.values()),
@@ -231,7 +234,8 @@ def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int
                          decode_steps: int = jax_engine.DEFAULT_MAX_DECODE_STEPS,
                          costed: bool = True, cost_attention: str = "as_configured",
                          placement: engine_sharding.Placement | None = None,
-                         max_length: int | None = None) -> list[CompiledStep]:
+                         max_length: int | None = None,
+                         weights_quant: str = "none") -> list[CompiledStep]:
   """The rollout engine's prefill (one slot, a chunk of `prefill` tokens) and decode
   (up to `decode_steps` tokens for `slots` slots at `context` tokens) programs on
   `devices`: the programs JaxEngine compiles (its decode call runs up to
@@ -240,12 +244,14 @@ def compile_engine_steps(cfg, devices, *, slots: int, context: int, prefill: int
   once). `placement`: the engine's mesh (default: the
   job's `parallel` axes over `devices`, engine_placement; an RL actor's: actor_placement).
   `max_length`: the KV cache's length (default: room for the context, a decode call and
-  a prefill chunk; an actor's is actors.max_length)."""
+  a prefill chunk; an actor's is actors.max_length). `weights_quant`: the routed experts
+  held quantised (JaxEngine's; an actor's is actors.weights_quant)."""
   if placement is None:
     placement = engine_placement(cfg.parallel, list(devices), slots)
   devices = list(placement.mesh.devices.flat)
   max_length = max_length or context + decode_steps + prefill
-  kwargs = dict(slots=slots, max_length=max_length, prefill=prefill, decode_steps=decode_steps)
+  kwargs = dict(slots=slots, max_length=max_length, prefill=prefill, decode_steps=decode_steps,
+                weights_quant=weights_quant)
   begun = time.perf_counter()
   as_configured = _compile_engine(cfg.model, placement, **kwargs)
   unrolled = cost_config(cfg, losses=False, attention=cost_attention) if costed else None

@@ -68,6 +68,10 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
       # tokens per verify step (c2jax.rollout.speculative); needs model.num_mtp_layers > 0.
       # The sampled distribution and the recorded log-probs are the policy's either way.
       num_draft_tokens=0,
+      # Each engine holds the routed experts quantised ('fp8', 'int8', 'int4'; 'none':
+      # the published dtype), quantising every published version itself, so it samples
+      # from exactly quantise(learner weights); rl: step's mismatch_* metrics measure it.
+      weights_quant="none",
       # Where published weights go: '' = <workdir>/weights, or a tensorstore URL
       # (gs://, s3://, file://) every actor can read; Ray actors on other machines need one.
       weights_dir=""))
@@ -121,6 +125,8 @@ def validate(cfg, num_devices: int | None = None) -> None:
       except storage.StorageLocationError as err:
         raise configlib.ConfigError(key, str(err)) from None
   engine_sharding.check_config(cfg.actors.parallel, cfg.actors.slots, "actors.parallel.")
+  from c2jax_kernels import weight_quant  # pylint: disable=g-import-not-at-top
+  configlib.check_choice(cfg, "actors.weights_quant", weight_quant.WEIGHT_QUANT_CHOICES)
   from c2jax.rl.tasks import task_sources  # pylint: disable=g-import-not-at-top
 
   configlib.check_choice(cfg, "tasks.source", task_sources.SOURCES)

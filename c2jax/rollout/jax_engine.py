@@ -118,15 +118,23 @@ class JaxEngine(Engine):
   forwards over many tokens (prefill chunks, `logprobs`, `top_logprobs`), whatever
   model.attention_impl says for training (prefill.prefill_config): by default 'auto'
   (blockwise in 128-token tiles on CPU once a chunk or the cache exceeds a tile, cuDNN on
-  a GPU where it takes the shape); None keeps the config's."""
+  a GPU where it takes the shape); None keeps the config's.
+  `weights_quant`: 'none' (default) keeps the weights in the tree's dtypes; 'fp8'
+  (128 x 128 block scales), 'int8' or 'int4' (groups along the inputs) holds the routed
+  experts quantised (c2jax.rollout.resident.quantize_resident; every swap quantises the
+  new weights again, so the sampler holds exactly quantise(published weights)), and their
+  grouped matmuls dequantise a tile at a time (kernels.weight_quant). The engine then keeps
+  the stacked layout on every platform. `resident_weights()` reports what it holds."""
 
   def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
                prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,
                detokenize: Callable[[Sequence[int]], str] | None = None, seed: int = 0,
                parallel=None, decode_steps: int | None = None,
                max_decode_steps: int | None = None, max_prefill_tokens: int | None = None,
-               prefill_attention: str | None = "auto", prefill_block: int | None = None):
+               prefill_attention: str | None = "auto", prefill_block: int | None = None,
+               weights_quant: str = "none"):
     super().__init__(num_slots, max_length, detokenize, seed)
+    self.weights_quant = resident.check_weights_quant(weights_quant)
     self.decode_steps, self.max_decode_steps = _decode_steps(decode_steps, max_decode_steps,
                                                              num_draft_tokens)
     self.cfg, self._version, self._num_draft = cfg, version, num_draft_tokens
@@ -137,8 +145,11 @@ class JaxEngine(Engine):
     self.placement = sharding_lib.placement_from_config(parallel, num_slots)
     if num_draft_tokens:
       speculative.check_drafter(cfg, params, num_draft_tokens)
-    self._layout = decode_layout.choose(cfg, params, num_slots=num_slots,
-                                        num_draft=num_draft_tokens, placement=self.placement)
+    # Quantised experts run the sorted dispatch on the stacked tree (CPU decode's
+    # per-layer layout splits and fuses unquantised ones).
+    self._layout = decode_layout.StackedLayout() if weights_quant != "none" else (
+        decode_layout.choose(cfg, params, num_slots=num_slots, num_draft=num_draft_tokens,
+                             placement=self.placement))
     # {(inputs, outputs): form} of the projection kernels stored another way ({} if none).
     self.projection_forms = self._layout.forms
     with self._scope():
@@ -201,7 +212,11 @@ class JaxEngine(Engine):
       stacked = jax.device_put(params, self._param_shardings)
     self._stacked_like = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), stacked)
-    return self._layout.to_layout(stacked)
+    held = resident.quantize_resident(stacked, self.weights_quant)
+    del stacked  # the unquantised experts go once quantised
+    self._held_like = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), held)
+    return self._layout.to_layout(held)
 
   def _zeros(self, make, shardings):
     """Zero state born sharded (never whole on one device)."""
@@ -235,8 +250,9 @@ class JaxEngine(Engine):
 
   def resident_weights(self) -> dict[str, dict]:
     """The weights this engine holds, by tensor group: bytes (total and per device of its
-    mesh) and dtypes (c2jax.rollout.resident)."""
-    return resident.weight_groups(self._stacked_like)
+    mesh) and dtypes (c2jax.rollout.resident): quantised experts as held, values and
+    scales."""
+    return resident.weight_groups(self._held_like)
 
   def param_like(self):
     """ShapeDtypeStructs of the engine's parameters, with their shardings: a template

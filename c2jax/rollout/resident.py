@@ -8,14 +8,27 @@ shared experts, routed experts, lm_head, mtp (every MTP module), norms (the scal
 device is a leaf's shard under its sharding (the whole leaf when it has none or is
 replicated), summed over the group: what each device of the engine's mesh holds.
 `c2jax serve` prints the groups at start and /health returns them; `c2jax plan` sums them
-for an actor's engine.
+for an actor's engine. Bytes are device bytes: int4 values count half a byte.
+
+An engine may hold its routed experts quantised (engine.weights_quant: 'fp8' block-scaled,
+'int8' or 'int4' weight-only; kernels.weight_quant): `quantize_resident` turns those leaves
+of a (placed) tree into WeightQuant values + scales, the values sharded as their weight,
+the scales likewise wherever their blocked dimensions divide by the mesh axes;
+`abstract_resident` does the same to ShapeDtypeStructs for plans. The MoE dispatch then
+dequantises them a tile at a time (c2jax.model.moe_dispatch.grouped_experts).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from c2jax_kernels import weight_quant
+from c2jax_kernels.weight_quant import formats as quant_formats
 
 GROUPS = ("embedding", "attention", "dense mlp", "router", "shared experts",
           "routed experts", "lm_head", "mtp", "norms")
@@ -44,11 +57,10 @@ def weight_groups(params) -> dict[str, dict]:
     keys = tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
     entry = totals.setdefault(group_of(keys), {"bytes": 0, "bytes_per_device": 0,
                                                "dtypes": set()})
-    itemsize = jax.numpy.dtype(leaf.dtype).itemsize
     sharding = getattr(leaf, "sharding", None)
     shard = sharding.shard_shape(leaf.shape) if sharding is not None else leaf.shape
-    entry["bytes"] += math.prod(leaf.shape) * itemsize
-    entry["bytes_per_device"] += math.prod(shard) * itemsize
+    entry["bytes"] += weight_quant.resident_bytes(leaf.shape, leaf.dtype)
+    entry["bytes_per_device"] += weight_quant.resident_bytes(shard, leaf.dtype)
     entry["dtypes"].add(jax.numpy.dtype(leaf.dtype).name)
   return {group: {**totals[group], "dtypes": sorted(totals[group]["dtypes"])}
           for group in GROUPS if group in totals}
@@ -67,3 +79,87 @@ def _size(num_bytes: int) -> str:
     if num_bytes >= scale:
       return f"{num_bytes / scale:.2f} {unit}"
   return f"{num_bytes} B"
+
+
+# The routed experts' stacked weights, the leaves engine.weights_quant quantises.
+QUANTIZED_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+
+
+def _keys(path) -> tuple[str, ...]:
+  return tuple(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def quantizes(keys: tuple[str, ...]) -> bool:
+  """Whether engine.weights_quant quantises the leaf at this path (a routed expert's)."""
+  return "experts" in keys and keys[-1] in QUANTIZED_WEIGHTS
+
+
+def check_weights_quant(weights_quant: str, key: str = "weights_quant") -> str:
+  if weights_quant not in weight_quant.WEIGHT_QUANT_CHOICES:
+    raise ValueError(f"{key} = {weights_quant!r}; choose one of "
+                     f"{weight_quant.WEIGHT_QUANT_CHOICES}.")
+  return weights_quant
+
+
+def scale_sharding(sharding, shape, block):
+  """The scales' sharding: the weight's spec, less the mesh axes that do not divide a
+  blocked dimension (those stay whole on every device)."""
+  if not isinstance(sharding, NamedSharding):
+    return sharding
+  scales = quant_formats.scale_shape(shape, block)
+  sizes = dict(sharding.mesh.shape)
+  spec = list(sharding.spec) + [None] * (len(shape) - len(sharding.spec))
+  for dim, entry in enumerate(spec):
+    axes = entry if isinstance(entry, tuple) else (entry,) if entry else ()
+    if axes and scales[dim] % math.prod(sizes[a] for a in axes):
+      spec[dim] = None
+  return NamedSharding(sharding.mesh, P(*spec))
+
+
+@functools.partial(jax.jit, static_argnames=("scheme", "what"))
+def _quantize(w, scheme, what):
+  return weight_quant.quantize_weight(w, scheme, what)
+
+
+def quantize_resident(params, weights_quant: str):
+  """`params` (model.init's stacked tree of arrays, placed or not) with the routed experts
+  quantised by `weights_quant` ('none': unchanged), one leaf at a time (the peak is one
+  leaf's quantised copy beside the tree), each keeping its weight's sharding."""
+  check_weights_quant(weights_quant)
+  if weights_quant == "none":
+    return params
+
+  def leaf(path, w):
+    keys = _keys(path)
+    if not quantizes(keys):
+      return w
+    what = "/".join(keys)
+    q = _quantize(w, weights_quant, what)
+    sharding = getattr(w, "sharding", None)
+    if isinstance(sharding, NamedSharding):
+      q = jax.device_put(q, weight_quant.WeightQuant(
+          sharding, scale_sharding(sharding, w.shape, q.block), q.scheme, q.block))
+    return q
+
+  return jax.tree_util.tree_map_with_path(leaf, params)
+
+
+def abstract_resident(params, weights_quant: str):
+  """quantize_resident on ShapeDtypeStructs (with or without shardings): the tree an
+  engine holding `weights_quant` weights compiles against (plans)."""
+  check_weights_quant(weights_quant)
+  if weights_quant == "none":
+    return params
+
+  def leaf(path, w):
+    keys = _keys(path)
+    if not quantizes(keys):
+      return w
+    sharding = getattr(w, "sharding", None)
+    q = weight_quant.abstract_quantized(w.shape, weights_quant, what="/".join(keys))
+    return weight_quant.abstract_quantized(
+        w.shape, weights_quant, sharding=sharding,
+        scale_sharding=sharding and scale_sharding(sharding, w.shape, q.block),
+        what="/".join(keys))
+
+  return jax.tree_util.tree_map_with_path(leaf, params)

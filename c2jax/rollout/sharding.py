@@ -32,6 +32,8 @@ from c2jax import config as configlib
 from c2jax import model
 from c2jax import parallel as parallel_lib
 from c2jax.parallel import mesh as mesh_lib
+from c2jax.rollout import resident
+from c2jax_kernels import weight_quant
 
 _SPEC = lambda x: isinstance(x, P)
 
@@ -76,8 +78,18 @@ class Placement:
     declared = {path: spec for path, spec in jax.tree_util.tree_leaves_with_path(
         model.param_axes(cfg), is_leaf=_SPEC)}
     specs = jax.tree_util.tree_map_with_path(
-        lambda path, leaf: declared.get(path, P()), params)
-    return self.shardings(specs)
+        lambda path, leaf: declared.get(path, P()), params, is_leaf=weight_quant.is_quantized)
+    shardings = self.shardings(specs)
+
+    def held(leaf, sharding):
+      # Experts held quantised (resident.quantize_resident): values as their weight,
+      # scales likewise where their blocked dimensions divide.
+      if not weight_quant.is_quantized(leaf):
+        return sharding
+      return weight_quant.WeightQuant(
+          sharding, resident.scale_sharding(sharding, leaf.shape, leaf.block), leaf.scheme,
+          leaf.block)
+    return jax.tree.map(held, params, shardings, is_leaf=weight_quant.is_quantized)
 
   def cache_shardings(self, cfg):
     return self.shardings(jax.tree.map(lambda axes: P(*axes), model.cache_axes(cfg),

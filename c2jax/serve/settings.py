@@ -19,6 +19,7 @@ FLAG_FIELDS = {
     "model": "model", "served_model_name": "served_model_name", "host": "host",
     "port": "port", "capture": "capture", "slots": "engine.slots",
     "max_length": "engine.max_length", "seed": "engine.seed", "mesh": "engine.mesh",
+    "weights_quant": "engine.weights_quant",
     "max_body_mb": "limits.max_body_mb", "api_key": "limits.api_key",
     "follow_weights": "follow.weights", "weight_poll_s": "follow.poll_s",
     "profile_steps": "profile.steps", "profile_dir": "profile.dir",
@@ -45,6 +46,10 @@ def defaults() -> ml_collections.ConfigDict:
   # Tokens one decode call may produce: a streamed reply advances once per call, so a
   # server keeps calls short (the engine's own default, for batch work, is 64).
   c.engine.max_decode_steps = 8
+  # Hold the routed experts quantised: 'fp8' (128 x 128 block scales), 'int8' or 'int4'
+  # (groups along the inputs), dequantised a tile at a time; 'none' keeps the checkpoint's
+  # dtype (c2jax.rollout.resident).
+  c.engine.weights_quant = "none"
 
   c.limits = ml_collections.ConfigDict()
   c.limits.max_body_mb = 8.0   # a larger request body is answered 413 before it is read
@@ -83,6 +88,8 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     raise configlib.ConfigError("engine.max_length", f"is {cfg.engine.max_length}; a "
                                 "sequence needs at least 2 tokens (a prompt and a reply).")
   configlib.check_positive(cfg, "engine.max_decode_steps")
+  from c2jax_kernels import weight_quant  # pylint: disable=g-import-not-at-top
+  configlib.check_choice(cfg, "engine.weights_quant", weight_quant.WEIGHT_QUANT_CHOICES)
   configlib.check_positive(cfg, "limits.max_body_mb")
   configlib.check_positive(cfg, "follow.poll_s")
   profile_steps(cfg)

@@ -327,6 +327,19 @@ def test_the_actor_engine_is_planned_on_its_own_mesh_with_the_fleet_line(v5p_dev
   text = capsys.readouterr().out
   assert "actor engine on v5p-8" in text and "on 2 of its 4 chips" in text
   assert expected.line() in text and "actor engine weights " in text
+  # The routed experts held int4 (actors.weights_quant): the TPU compiler takes the
+  # dequantising grouped matmul in both programs; they hold an eighth of float32's bytes
+  # plus a float32 scale per 32 values, still split over fsdp.
+  cfg.actors.weights_quant = "int4"
+  quantised = plan_target._plan_actors(cfg, v5p8, {"cost_model_seconds": 1e-3},
+                                       costed=False, cost_attention="as_configured")
+  held = quantised["weight_groups"]["routed experts"]
+  assert held["dtypes"] == ["float32", "int4"]
+  assert held["bytes"] == experts["bytes"] // 8 + experts["bytes"] // 4 // 32 * 4
+  assert held["bytes_per_device"] * 2 == held["bytes"]
+  assert all(quantised[name]["fits"] for name in ("prefill", "decode"))
+  assert "routed experts int4" in capsys.readouterr().out
+  cfg.actors.weights_quant = "none"
   # A mesh that cannot split the slots names the key.
   cfg.actors.slots = 3
   with pytest.raises(SystemExit, match="actors.parallel.mesh"):

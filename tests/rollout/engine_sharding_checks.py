@@ -131,14 +131,14 @@ def resharded(params, placement):
   return jax.tree.map(lambda x: jax.device_put(x, lead(x)), params)
 
 
-def check(num_draft: int):
+def check(num_draft: int, weights_quant: str = "none"):
   cfg, params, updated = make_model()
   host_updated = jax.tree.map(np.asarray, updated)
 
   def engine(par=None):
     return JaxEngine(cfg, params, num_slots=SLOTS, max_length=MAX_LENGTH,
                      prefill_buckets=BUCKETS, num_draft_tokens=num_draft, seed=0,
-                     parallel=par,
+                     parallel=par, weights_quant=weights_quant,
                      **({} if num_draft else dict(decode_steps=DECODE_STEPS,
                                                   max_decode_steps=DECODE_STEPS)))
 
@@ -149,7 +149,8 @@ def check(num_draft: int):
   scored_ref = single.logprobs([r.tokens for r in requests()[1:4]])
   top_ref = single.top_logprobs(requests()[5].tokens, 3, temperature=0.7)
   out = {"devices": jax.device_count()}
-  meshes = MESHES if not num_draft else dict([SPECULATIVE_MESH])
+  meshes = (dict([SPECULATIVE_MESH]) if num_draft else MESHES if weights_quant == "none"
+            else {"data2_expert4": MESHES["data2_expert4"]})
   for name, sizes in meshes.items():
     sharded = engine(parallel_cfg(**sizes))
     # First run: the update arrives as host numpy arrays.
@@ -159,6 +160,7 @@ def check(num_draft: int):
     result["mesh"] = dict(sharded.placement.mesh.shape)
     result["cache_spec"] = str(jax.tree.leaves(sharded._cache)[0].sharding.spec)
     result["param_specs"] = sorted({str(a.sharding.spec) for a in jax.tree.leaves(sharded._params)})
+    result["held"] = sharded.resident_weights()
     # Second run on the same engine: back to the first weights, delivered sharded
     # another way (version 2); the reference does the same.
     again, layouts2 = run(sharded, resharded(params, sharded.placement), 2)
@@ -178,4 +180,4 @@ def check(num_draft: int):
 
 if __name__ == "__main__":
   mode = sys.argv[1]
-  print(json.dumps(check({"plain": 0, "speculative": 2}[mode])))
+  print(json.dumps(check(*{"plain": (0,), "speculative": (2,), "int4": (0, "int4")}[mode])))

@@ -88,6 +88,19 @@ def test_speculative_decoding_sharded(speculative_results):
   assert result["accepted"] == result["accepted_ref"] > 0
 
 
+@pytest.mark.slow
+def test_int4_experts_expert_parallel_match_one_device():
+  """Routed experts held int4 (engine.weights_quant) under expert parallelism: the
+  same tokens, log-probs and routing as one int4 engine, through swaps; each device holds
+  a quarter of the experts' values and scales."""
+  result = run_checks("int4")["data2_expert4"]
+  assert_same_as_one_device(result)
+  assert_same_as_one_device(result["second"])
+  held = result["held"]["routed experts"]
+  assert held["dtypes"] == ["float32", "int4"]
+  assert held["bytes_per_device"] * 4 == held["bytes"]
+
+
 # ---- config checks (one process, no compile) -------------------------------------------
 def test_parse_mesh():
   cfg = sharding.parse_mesh("fsdp=4, tensor=2")

@@ -56,6 +56,8 @@ def test_every_flag_names_a_field_of_the_config():
     ({"profile__steps": "three"}, "profile.steps", "use FIRST,LAST"),
     ({"engine__mesh": "fsdp=2", "engine__slots": 3}, "engine.mesh", "multiple of 2 slots"),
     ({"task": "rl"}, "task", "configs/serve.py"),
+    ({"engine__weights_quant": "int3"}, "engine.weights_quant",
+     "expected one of ['fp8', 'int4', 'int8', 'none']"),
 ])
 def test_a_bad_setting_is_refused_naming_its_key(fields, key, words):
   with pytest.raises(configlib.ConfigError, match=re.escape(words)) as err:

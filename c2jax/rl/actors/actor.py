@@ -125,7 +125,8 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
                      max_length=cfg.actors.max_length, version=version,
                      detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()),
                      parallel=cfg.actors.parallel,
-                     num_draft_tokens=cfg.actors.num_draft_tokens)
+                     num_draft_tokens=cfg.actors.num_draft_tokens,
+                     weights_quant=cfg.actors.weights_quant)
   # Later versions are read straight into the engine's layout (no whole copy on one device).
   sync = _WeightSync(engine, subscriber, engine.param_like(), cfg.actors.weight_poll_s)
   external = None

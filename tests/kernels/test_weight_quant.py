@@ -1,0 +1,85 @@
+"""Weight-only quantised weights: formats against hand-derived values, the grouped matmul
+against the dequantised weights through the unquantised reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from c2jax_kernels import weight_quant as wq
+from c2jax_kernels.grouped_matmul import reference
+
+
+def test_int4_groups_of_32_hand_values():
+  # One column, K = 64: two groups of 32. Group 0 max |x| 3.5 -> scale 0.5; group 1 is 0.
+  w = np.zeros((64, 1), np.float32)
+  w[:32, 0] = np.linspace(-3.5, 3.5, 32)
+  q = wq.quantize_weight(w, "int4")
+  assert q.values.dtype == jnp.int4 and q.block == (32, 1)
+  np.testing.assert_array_equal(np.asarray(q.scales), [[0.5], [1.0]])
+  np.testing.assert_array_equal(np.asarray(q.values[:32, 0], np.int32),
+                                np.round(np.linspace(-7, 7, 32)).astype(np.int32))
+  np.testing.assert_array_equal(np.asarray(q.values[32:], np.int32), 0)
+
+
+def test_fp8_block_is_128_by_128_and_clips_to_small_dims():
+  x = jax.random.normal(jax.random.key(0), (2, 256, 384), jnp.float32)
+  q = wq.quantize_weight(x, "fp8")
+  assert q.values.dtype == jnp.float8_e4m3fn and q.scales.shape == (2, 2, 3)
+  # Each block's largest magnitude lands on 448 exactly.
+  blocks = np.abs(np.asarray(q.values, np.float32)).reshape(2, 2, 128, 3, 128)
+  np.testing.assert_array_equal(blocks.max(axis=(2, 4)), 448.0)
+  small = wq.quantize_weight(x[:, :64, :48], "fp8")
+  assert small.block == (64, 48) and small.scales.shape == (2, 1, 1)
+  with pytest.raises(ValueError, match="blocks of 128 along K"):
+    wq.quantize_weight(x[:, :200], "fp8", what="experts/gate_proj")
+  with pytest.raises(ValueError, match="choose one of"):
+    wq.quantize_weight(x, "fp6")
+
+
+@pytest.mark.parametrize("scheme,tol", [("fp8", 0.07), ("int8", 0.01), ("int4", 0.2)])
+def test_dequantised_error_is_within_the_format(scheme, tol):
+  x = jax.random.normal(jax.random.key(1), (3, 256, 64), jnp.float32)
+  q = wq.quantize_weight(x, scheme)
+  err = np.abs(np.asarray(wq.dequantize_weight(q)) - np.asarray(x))
+  # Relative to each block's largest magnitude (fp8: 3 mantissa bits, int: half a step).
+  assert err.max() / np.abs(np.asarray(x)).max() < tol
+  assert wq.resident_bytes(q.values.shape, q.values.dtype) == x.size * {
+      "fp8": 1, "int8": 1, "int4": 0.5}[scheme]
+
+
+@pytest.mark.parametrize("impl", sorted(wq.IMPLS))
+@pytest.mark.parametrize("scheme", sorted(wq.SCHEMES))
+def test_grouped_matmul_matches_dequantised_reference(impl, scheme):
+  g, k, n = 4, 512, 128
+  keys = jax.random.split(jax.random.key(2), 2)
+  w = wq.quantize_weight(jax.random.normal(keys[0], (g, k, n), jnp.float32), scheme)
+  lhs = jax.random.normal(keys[1], (40, k), jnp.float32)
+  sizes = jnp.array([9, 0, 25, 3], jnp.int32)  # 37 of 40 rows: the last 3 are zero
+  got = jax.jit(lambda a, b, s: wq.quantized_grouped_matmul(a, b, s, impl=impl))(lhs, w, sizes)
+  want = reference.gmm(lhs, wq.dequantize_weight(w), sizes, transpose_rhs=False,
+                       out_dtype=jnp.float32)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-4)
+  np.testing.assert_array_equal(np.asarray(got[37:]), 0)
+
+
+def test_grouped_matmul_never_forms_the_whole_dequantised_weight():
+  # 8 experts of 1024 x 256 int8: the whole weight in float32 is 8 MiB; the CPU path
+  # dequantises one expert's K-chunk (256 x 256 x 4 B = 256 KiB) at a time.
+  g, k, n = 8, 1024, 256
+  w = wq.abstract_quantized((g, k, n), "int8")
+  lhs = jax.ShapeDtypeStruct((16, k), jnp.float32)
+  sizes = jax.ShapeDtypeStruct((g,), jnp.int32)
+  for impl, bound in (("tiled", 1 << 20), ("slabs", 4 << 20)):
+    compiled = jax.jit(lambda a, b, s: wq.quantized_grouped_matmul(a, b, s, impl=impl)
+                       ).lower(lhs, w, sizes).compile()
+    temp = compiled.memory_analysis().temp_size_in_bytes
+    assert temp < bound, (impl, temp)
+
+
+def test_bad_operands_are_named():
+  w = wq.quantize_weight(jnp.ones((2, 64, 32)), "int8")
+  with pytest.raises(ValueError, match="does not contract"):
+    wq.quantized_grouped_matmul(jnp.ones((4, 32)), w, jnp.array([2, 2]))
+  with pytest.raises(ValueError, match="WeightQuant"):
+    wq.quantized_grouped_matmul(jnp.ones((4, 64)), jnp.ones((2, 64, 32)), jnp.array([2, 2]))
