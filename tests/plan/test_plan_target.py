@@ -373,3 +373,22 @@ def test_tokamax_attention_compiles_through_mosaic_per_shard(v5p_devices):
         shape(4, 256, dtype=jnp.int32)).compile()
   text = compiled.as_text()
   assert text.count('custom_call_target="tpu_custom_call"') >= 2  # forward and backward
+
+
+def test_actor_weights_table_counts_quantised_experts(v5p_devices, capsys):
+  """tools/compile/actor_weights: per-chip engine bytes by weights_quant on a v5p actor
+  mesh; the experts shrink by the formats' bytes per value (plus their scales)."""
+  from tools.compile import actor_weights
+
+  del v5p_devices
+  got = {r["weights_quant"]: r for r in actor_weights.rows(
+      ["tiny"], [actor_weights.parse_actor("v5p-8:expert=4")], ["none", "fp8", "int4"],
+      dtype="bfloat16", slots=8, max_length=64)}
+  assert got["none"]["chips"] == 4 and got["none"]["mesh"] == {"expert": 4}
+  none, fp8, int4 = (got[q]["experts_gb"] for q in ("none", "fp8", "int4"))
+  assert int4 < fp8 < none and fp8 == pytest.approx(none / 2, rel=0.01)
+  assert int4 == pytest.approx(none * (0.5 + 4 / 32) / 2, rel=1e-6)
+  assert got["int4"]["cache_gb"] == got["none"]["cache_gb"] > 0
+  actor_weights.main(["--models", "tiny", "--actors", "v5p-8:expert=4", "--slots", "8",
+                      "--max_length", "64", "--quant", "int4"])
+  assert "| tiny | v5p-8 (4, {'expert': 4}) | int4 |" in capsys.readouterr().out
