@@ -155,11 +155,10 @@ def abstract_resident(params, weights_quant: str):
     keys = _keys(path)
     if not quantizes(keys):
       return w
-    sharding = getattr(w, "sharding", None)
-    q = weight_quant.abstract_quantized(w.shape, weights_quant, what="/".join(keys))
+    what, sharding = "/".join(keys), getattr(w, "sharding", None)
+    block = quant_formats.block_of(weight_quant.SCHEMES[weights_quant], *w.shape[-2:], what)
     return weight_quant.abstract_quantized(
         w.shape, weights_quant, sharding=sharding,
-        scale_sharding=sharding and scale_sharding(sharding, w.shape, q.block),
-        what="/".join(keys))
+        scale_sharding=sharding and scale_sharding(sharding, w.shape, block), what=what)
 
   return jax.tree_util.tree_map_with_path(leaf, params)
