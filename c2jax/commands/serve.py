@@ -20,6 +20,7 @@ indices (c2jax/serve/capture.py), so external agent harnesses' episodes can be t
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from absl import flags
@@ -113,11 +114,15 @@ def main(argv: list[str]) -> int:
       return 2
     profile_dir = os.path.join(cfg.model, "profile", "serve")
   # Heavy imports after the settings are checked, so a typo fails fast.
-  from c2jax.rollout import JaxEngine, jax_engine, sharding  # pylint: disable=g-import-not-at-top
+  from c2jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  from c2jax.rollout import JaxEngine, jax_engine, lockstep, sharding  # pylint: disable=g-import-not-at-top
   from c2jax.serve import (app, auth, loading, server,  # pylint: disable=g-import-not-at-top
                            validation)
   from c2jax.train import profiling  # pylint: disable=g-import-not-at-top
   mesh = sharding.parse_mesh(cfg.engine.mesh) if cfg.engine.mesh else None
+  # Several processes (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, or a
+  # SLURM step, a TPU VM slice): one engine over all their devices; process 0 serves.
+  distributed.initialize(distributed.distributed_defaults())
   try:
     loaded = loading.load(cfg.model)
     engine = JaxEngine(loaded.cfg, loaded.params, num_slots=cfg.engine.slots,
@@ -130,6 +135,8 @@ def main(argv: list[str]) -> int:
   except (FileNotFoundError, ValueError) as e:
     print(f"c2jax serve: {e}", file=sys.stderr)
     return 2
+  if not engine.is_leader:
+    return _follow(engine, cfg)
   if engine.placement is not None:
     mesh = engine.placement.mesh
     print(f"c2jax serve: engine over {mesh.devices.size} devices, mesh "
@@ -140,6 +147,11 @@ def main(argv: list[str]) -> int:
                             max_body_bytes=int(cfg.limits.max_body_mb * 2**20)),
                         api_key=auth.resolve_key(cfg.limits.api_key or None),
                         trace=profiling.StepTrace(profile_steps, profile_dir or "."))
+  if engine.placement is not None and lockstep.spans_processes(engine.placement.mesh):
+    # uvicorn re-raises a SIGTERM once it has shut down: as an exception it reaches the
+    # `finally` below, which stops the followers before this process, which holds the
+    # job's coordination service, exits.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
   follower = None
   if cfg.follow.weights:
     from c2jax.serve import follow  # pylint: disable=g-import-not-at-top
@@ -149,4 +161,25 @@ def main(argv: list[str]) -> int:
   finally:
     if follower is not None:
       follower.stop()
+    engine.stop_followers()
+  return 0
+
+
+def _exit_on_signal(signum, frame) -> None:
+  del frame
+  raise SystemExit(128 + signum)
+
+
+def _follow(engine, cfg) -> int:
+  """A process other than 0 of a server over several processes: no port; it runs the
+  engine programs process 0 runs until process 0 stops, loading swapped weights from
+  --follow_weights by version."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from c2jax.rollout import weights as weights_lib  # pylint: disable=g-import-not-at-top
+
+  subscriber = weights_lib.WeightSubscriber(cfg.follow.weights) if cfg.follow.weights else None
+  print(f"c2jax serve: process {jax.process_index()} of {jax.process_count()} follows "
+        "process 0's engine (process 0 serves HTTP)", flush=True)
+  engine.follow(None if subscriber is None else lambda version: subscriber.load(version))
   return 0

@@ -67,22 +67,25 @@ def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
 DCN_AXES = ("data", "fsdp")
 
 
-def dcn_shape(sizes: dict[str, int], num_granules: int) -> dict[str, int]:
-  """How many granules (slices or processes) each mesh axis spans: data first, then fsdp.
+def dcn_shape(sizes: dict[str, int], num_granules: int,
+              dcn_axes: tuple[str, ...] = DCN_AXES) -> dict[str, int]:
+  """How many granules (slices or processes) each mesh axis spans: `dcn_axes` in order
+  (training: data first, then fsdp).
 
-  Every other axis stays inside a granule. Raises ConfigError when the data-like axes
-  cannot absorb `num_granules`.
+  Every other axis stays inside a granule. Raises ConfigError when those axes cannot
+  absorb `num_granules`.
   """
   spans = {axis: 1 for axis in MESH_AXES}
   left = num_granules
-  for axis in DCN_AXES:
+  for axis in dcn_axes:
     spans[axis] = math.gcd(left, sizes[axis])
     left //= spans[axis]
   if left != 1:
     raise configlib.ConfigError(
-        "parallel.mesh", f"{num_granules} hosts/slices must split over the data-like axes "
-        f"{DCN_AXES} (sizes {[sizes[a] for a in DCN_AXES]}), whose product must be a "
-        "multiple of them; enlarge data or fsdp.")
+        "parallel.mesh", f"{num_granules} hosts/slices must split over the axes that may "
+        f"span them, {dcn_axes} (the data-like ones; an engine's experts too; sizes "
+        f"{[sizes[a] for a in dcn_axes]}), whose product must be a "
+        f"multiple of them; enlarge {' or '.join(dcn_axes)}.")
   return spans
 
 
@@ -99,12 +102,15 @@ def num_granules(devices) -> tuple[int, bool]:
   return len({device.process_index for device in devices}), True
 
 
-def make_mesh(mesh_cfg, devices=None) -> jax.sharding.Mesh:
+def make_mesh(mesh_cfg, devices=None,
+              dcn_axes: tuple[str, ...] = DCN_AXES) -> jax.sharding.Mesh:
+  """The mesh of `mesh_cfg` over `devices` (default all); across slices or processes,
+  `dcn_axes` span them (dcn_shape) and the other axes stay inside each."""
   devices = list(jax.devices() if devices is None else devices)
   sizes = mesh_shape(mesh_cfg, len(devices))
   granules, by_process = num_granules(devices)
   if granules > 1:
-    spans = dcn_shape(sizes, granules)
+    spans = dcn_shape(sizes, granules, dcn_axes)
     inner = tuple(sizes[axis] // spans[axis] for axis in MESH_AXES)
     device_array = mesh_utils.create_hybrid_device_mesh(
         inner, tuple(spans[axis] for axis in MESH_AXES), devices,

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from c2jax import model
-from c2jax.rollout import decode_layout, decode_loop
+from c2jax.rollout import decode_layout, decode_loop, lockstep
 from c2jax.rollout import prefill as prefill_lib
 from c2jax.rollout import resident
 from c2jax.rollout import sampling as sampling_lib
@@ -94,6 +94,14 @@ def _decode_steps(decode_steps: int | None, max_decode_steps: int | None,
                      "1 <= decode_steps <= max_decode_steps, and 1 (or None) for both "
                      "when speculating (a speculative call runs one verify step).")
   return decode_steps, max_decode_steps
+
+
+def _host(x) -> np.ndarray:
+  """A program output on the host; a replicated array over several processes' devices
+  is read from this process's copy."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(x)
 
 
 def _score(cfg, params, tokens_1xC):
@@ -143,6 +151,10 @@ class JaxEngine(Engine):
     self.max_prefill_tokens = max(self._buckets[-1], DEFAULT_MAX_PREFILL_TOKENS
                                   if max_prefill_tokens is None else max_prefill_tokens)
     self.placement = sharding_lib.placement_from_config(parallel, num_slots)
+    # A mesh over several processes' devices: process 0 schedules and publishes each
+    # program's inputs, the others follow (lockstep.py, `follow`).
+    self._lockstep = (lockstep.Lockstep() if self.placement is not None
+                      and lockstep.spans_processes(self.placement.mesh) else None)
     if num_draft_tokens:
       speculative.check_drafter(cfg, params, num_draft_tokens)
     # Quantised experts run the sorted dispatch on the stacked tree (CPU decode's
@@ -260,6 +272,90 @@ class JaxEngine(Engine):
     out as the engine places them (model.init's stacked tree)."""
     return self._stacked_like
 
+  # ---- one program call, and the processes that follow it ----------------------------
+  @property
+  def is_leader(self) -> bool:
+    """Whether this process schedules the engine: always, but on the followers of an
+    engine over several processes (process 0 leads)."""
+    return self._lockstep is None or self._lockstep.leader
+
+  def _state(self) -> tuple:
+    if self._num_draft:
+      return self._cache, self._mtp_cache, self._last_hidden
+    return (self._cache,)
+
+  def _program(self, name: str):
+    if name.startswith("top:"):
+      k = int(name[4:])
+      if k not in self._top_fns:
+        self._top_fns[k] = self._jit(functools.partial(_top, self._long_cfg, k))
+      return self._top_fns[k], False
+    return {"prefill": (self._prefill_fn, True), "decode": (self._decode_fn, True),
+            "prefill_rows": (getattr(self, "_prefill_rows_fn", None), True),
+            "score": (self._score, False)}[name]
+
+  def _call(self, name: str, *args) -> tuple[np.ndarray, ...]:
+    """Runs program `name` on the weights (and the state it updates) and host `args`;
+    returns its other outputs as host arrays. The leader of an engine over several
+    processes first publishes (name, args) for its followers to run the same."""
+    if self._lockstep is not None and self._lockstep.leader:
+      self._lockstep.send(name, *args)
+    program, stateful = self._program(name)
+    state = self._state() if stateful else ()
+    out = program(self._params, *state, *args)
+    out = out if isinstance(out, tuple) else (out,)
+    if stateful:
+      if self._num_draft:
+        self._cache, self._mtp_cache, self._last_hidden = out[:3]
+      else:
+        self._cache = out[0]
+    result = tuple(_host(x) for x in out[len(state):])
+    if self._lockstep is not None and self._lockstep.leader:
+      self._lockstep.synced()
+    return result
+
+  def step(self):
+    """As Engine.step; on the leader of an engine over several processes a staged swap is
+    announced (by version) before it is installed, so the followers install the same
+    version at the same point between programs."""
+    if self._lockstep is not None and self._lockstep.leader:
+      with self._lock:
+        staged, self._staged = self._staged, None
+      if staged is not None:
+        self._lockstep.send("swap", staged[1])
+        self._set_params(staged[0])
+        self._version = staged[1]
+    return super().step()
+
+  def follow(self, load_params: Callable[[int], object] | None = None) -> None:
+    """A follower's loop (processes other than 0 of an engine over several processes):
+    runs every program the leader runs, in its order, until the leader's
+    `stop_followers`. `load_params(version)` returns the weights of a version the leader
+    swaps in (each process loads its own copy, e.g. from the RL weight directory).
+    Raises lockstep.LeaderGone when the leader's process is gone."""
+    if self.is_leader:
+      raise RuntimeError("follow() runs on the processes other than 0 of an engine over "
+                         "several processes; this process leads (it schedules).")
+    while True:
+      op, args = self._lockstep.receive()
+      if op == "stop":
+        self._lockstep.stopped()
+        return
+      if op == "swap":
+        if load_params is None:
+          raise RuntimeError(f"the leader swapped in weights version {args[0]}; give "
+                             "follow() a load_params(version) to load them here.")
+        self._set_params(load_params(args[0]))
+        self._version = args[0]
+        continue
+      self._call(op, *args)
+
+  def stop_followers(self) -> None:
+    """Leader: ends the followers' `follow` loops (no program runs after it); returns
+    once every follower has left its loop."""
+    if self._lockstep is not None and self._lockstep.leader:
+      self._lockstep.stop()
+
   def _bucket(self, count: int) -> int:
     return next((b for b in self._buckets if b >= count), self._buckets[-1])
 
@@ -275,17 +371,12 @@ class JaxEngine(Engine):
       chunk = np.zeros((1, self._bucket(count)), np.int32)
       chunk[0, :count] = context[position:position + count]
       following = context[position + count] if position + count < len(context) else -1
-      if self._num_draft:
-        (self._cache, self._mtp_cache, self._last_hidden, token, logprob,
-         chunk_routing) = self._prefill_fn(
-             self._params, self._cache, self._mtp_cache, self._last_hidden, np.int32(slot),
-             chunk, np.int32(position), np.int32(count), np.int32(following), *settings)
-      else:
-        self._cache, token, logprob, chunk_routing = self._prefill_fn(
-            self._params, self._cache, np.int32(slot), chunk, np.int32(position),
-            np.int32(count), *settings)
+      extra = (np.int32(following),) if self._num_draft else ()
+      token, logprob, chunk_routing = self._call(
+          "prefill", np.int32(slot), chunk, np.int32(position), np.int32(count), *extra,
+          *settings)
       skip = overlap if position == start - overlap else 0
-      routing.append(np.asarray(chunk_routing)[:, skip:count].transpose(1, 0, 2))
+      routing.append(chunk_routing[:, skip:count].transpose(1, 0, 2))
       position += count
     return int(token), float(logprob), np.concatenate(routing)
 
@@ -324,11 +415,9 @@ class JaxEngine(Engine):
       tokens[r, :count] = context[start:]
       temperature[r], top_k[r], top_p[r] = sampling.temperature, sampling.top_k, sampling.top_p
       seeds[r] = seed
-    self._cache, tokens_P, logprobs_P, routing_LmxPxCxK = self._prefill_rows_fn(
-        self._params, self._cache, slots, tokens, starts, counts, temperature, top_k, top_p,
-        seeds)
-    tokens_P, logprobs_P = np.asarray(tokens_P), np.asarray(logprobs_P)
-    routing = np.asarray(routing_LmxPxCxK).transpose(1, 2, 0, 3)  # [P, C, Lm, K]
+    tokens_P, logprobs_P, routing_LmxPxCxK = self._call(
+        "prefill_rows", slots, tokens, starts, counts, temperature, top_k, top_p, seeds)
+    routing = routing_LmxPxCxK.transpose(1, 2, 0, 3)  # [P, C, Lm, K]
     return [(int(tokens_P[r]), float(logprobs_P[r]), routing[r, :counts[r]])
             for r in range(len(items))]
 
@@ -336,23 +425,17 @@ class JaxEngine(Engine):
     arrays = (batch.tokens, batch.lengths, batch.active, batch.temperature, batch.top_k,
               batch.top_p, batch.seeds)
     if self._num_draft:
-      (self._cache, self._mtp_cache, self._last_hidden, new_SxG, logprobs_SxG, counts_S,
-       routing_LmxSxGxK) = self._decode_fn(self._params, self._cache, self._mtp_cache,
-                                           self._last_hidden, *arrays)
-      counts = np.asarray(counts_S)
-      new, logprobs = np.asarray(new_SxG), np.asarray(logprobs_SxG)
-      routing = np.asarray(routing_LmxSxGxK).transpose(1, 2, 0, 3)
+      new, logprobs, counts, routing_LmxSxGxK = self._call("decode", *arrays)
+      routing = routing_LmxSxGxK.transpose(1, 2, 0, 3)
       active = np.flatnonzero(batch.active)
       self.acceptance.record(counts[active] - 1)
       return {s: SlotOutput(new[s, :counts[s]], logprobs[s, :counts[s]],
                             routing[s, :counts[s]]) for s in active}
-    self._cache, new_SxN, logprobs_SxN, fed_S, routing_LmxSxNxK = self._decode_fn(
-        self._params, self._cache, *arrays[:3], batch.draining, *arrays[3:],
-        batch.stop_tokens, batch.budget,
+    new, logprobs, fed, routing_LmxSxNxK = self._call(
+        "decode", *arrays[:3], batch.draining, *arrays[3:], batch.stop_tokens, batch.budget,
         np.int32(self.decode_steps if batch.host_stops else self.max_decode_steps),
         batch.logprobs)
-    new, logprobs, fed = np.asarray(new_SxN), np.asarray(logprobs_SxN), np.asarray(fed_S)
-    routing = np.asarray(routing_LmxSxNxK).transpose(1, 2, 0, 3)
+    routing = routing_LmxSxNxK.transpose(1, 2, 0, 3)
     return {s: SlotOutput(new[s, :fed[s]], logprobs[s, :fed[s]], routing[s, :fed[s]])
             for s in np.flatnonzero(batch.active)}
 
@@ -369,10 +452,8 @@ class JaxEngine(Engine):
               else -(-len(tokens) // largest) * largest)
     padded = np.zeros((1, length), np.int32)
     padded[0, :len(tokens)] = tokens
-    if k not in self._top_fns:
-      self._top_fns[k] = self._jit(functools.partial(_top, self._long_cfg, k))
-    ids, values = self._top_fns[k](self._params, padded, np.float32(temperature))
-    return np.asarray(ids)[:len(tokens)], np.asarray(values)[:len(tokens)]
+    ids, values = self._call(f"top:{k}", padded, np.float32(temperature))
+    return ids[:len(tokens)], values[:len(tokens)]
 
   def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
     results, largest = [], self._buckets[-1]
@@ -383,5 +464,5 @@ class JaxEngine(Engine):
                 else -(-len(tokens) // largest) * largest)
       padded = np.zeros((1, length), np.int32)
       padded[0, :len(tokens)] = tokens
-      results.append(np.asarray(self._score(self._params, padded))[:len(tokens) - 1])
+      results.append(self._call("score", padded)[0][:len(tokens) - 1])
     return results

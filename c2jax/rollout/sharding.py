@@ -12,8 +12,10 @@ Activations follow the model's own logical constraints while the engine's progra
 inside `Placement.scope()`, and MoE layers use expert parallelism (all-to-all) whenever
 'expert' maps to a mesh axis larger than 1, as in training.
 
-The engine mesh spans this process's devices only (an actor or a server is one process):
-with an axis of -1, all local devices; otherwise the first prod(sizes) of them. A mesh of
+The engine mesh spans this process's devices, or, in a job of several JAX processes
+(jax.distributed; c2jax.parallel.distributed), every process's: with an axis of -1, all
+of them; otherwise the first prod(sizes) in jax.devices() order. Over several processes
+process 0 schedules and the others follow it program by program (lockstep.py). A mesh of
 one device is no mesh at all: the engine then runs exactly as without `parallel`.
 """
 
@@ -36,11 +38,17 @@ from c2jax.rollout import resident
 from c2jax_kernels import weight_quant
 
 _SPEC = lambda x: isinstance(x, P)
+# Axes an engine mesh over several processes or slices may spread across them, in order:
+# the slots' data-like axes, then the experts (wide expert parallelism, as inference
+# engines run it across nodes; every other axis stays inside a process).
+ENGINE_DCN_AXES = ("data", "fsdp", "expert")
 
 
 def engine_devices(mesh_cfg, devices=None) -> list:
-  """The local devices an engine mesh of `mesh_cfg` uses (see the module docstring)."""
-  devices = list(jax.local_devices() if devices is None else devices)
+  """The devices an engine mesh of `mesh_cfg` uses (see the module docstring)."""
+  if devices is None:
+    devices = jax.devices() if jax.process_count() > 1 else jax.local_devices()
+  devices = list(devices)
   sizes = [int(mesh_cfg[axis]) for axis in mesh_lib.MESH_AXES]
   if -1 in sizes:
     return devices
@@ -48,7 +56,8 @@ def engine_devices(mesh_cfg, devices=None) -> list:
   if wanted > len(devices):
     raise configlib.ConfigError(
         "parallel.mesh", f"asks for {wanted} devices ({dict(zip(mesh_lib.MESH_AXES, sizes))}) "
-        f"but this process has {len(devices)}; shrink the mesh or set one axis to -1.")
+        f"but {'this job' if jax.process_count() > 1 else 'this process'} has "
+        f"{len(devices)}; shrink the mesh or set one axis to -1.")
   return devices[:wanted]
 
 
@@ -183,7 +192,7 @@ def placement_from_config(parallel_cfg, num_slots: int, devices=None,
                                 str(e).split(": ", 1)[1]) from None
   if len(devices) == 1:
     return None
-  placement = Placement(parallel_lib.make_mesh(parallel_cfg.mesh, devices),
+  placement = Placement(parallel_lib.make_mesh(parallel_cfg.mesh, devices, ENGINE_DCN_AXES),
                         parallel_lib.rules_of(parallel_cfg))
   # With an axis of -1 the sizes are only known now.
   check_config(_resolved(parallel_cfg, placement.mesh), num_slots, prefix)

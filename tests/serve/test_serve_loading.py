@@ -156,6 +156,58 @@ def test_cli_serves_on_a_mesh(run_dir, served):
     process.wait(30)
 
 
+@pytest.mark.slow
+def test_cli_serves_one_engine_over_two_processes(run_dir, served):
+  """`c2jax serve` started once per process (JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES
+  / JAX_PROCESS_ID, 2 fake CPU devices each) runs one engine over the 4 devices, the
+  experts split across the processes: process 0 answers HTTP with the one-device
+  engine's greedy log-probs, process 1 opens no port and follows; when process 0 stops,
+  process 1 ends too."""
+  from tests.parallel.test_distributed import _free_port  # pylint: disable=g-import-not-at-top
+  from tests.subprocess_checks import child_env  # pylint: disable=g-import-not-at-top
+
+  port = _free_port()
+  group = [subprocess.Popen(
+      [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
+       f"--model={run_dir}", "--port=0", "--slots=2", "--max_length=160",
+       "--mesh=expert=2,tensor=2"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.getcwd(),
+      env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                    C2JAX_XLA_CACHE="off", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                    JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=rank)) for rank in (0, 1)]
+  leader, follower = group
+  try:
+    deadline, url, lines = time.time() + 300, None, []
+    while url is None:
+      line = leader.stdout.readline()
+      lines.append(line)
+      assert line or leader.poll() is None, "c2jax serve exited:\n" + "".join(lines)
+      assert time.time() < deadline, "c2jax serve did not start in time"
+      if " on http://" in line:
+        url = line.split(" on ")[1].split()[0]
+    assert any("engine over 4 devices, mesh {'expert': 2, 'tensor': 2}" in line
+               for line in lines), lines
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+    from tests.serve.conftest import USERS, messages  # pylint: disable=g-import-not-at-top
+    for user, reference in zip(USERS[:2], served.reference[:2]):
+      response = client.chat.completions.create(
+          model="tiny-run", messages=messages(user), temperature=0, max_tokens=10,
+          logprobs=True)
+      got = [entry.logprob for entry in response.choices[0].logprobs.content]
+      assert len(got) >= 1
+      np.testing.assert_allclose(got, reference.logprobs[:len(got)], atol=1e-4)
+    leader.terminate()
+    lead_out, _ = leader.communicate(timeout=120)
+    out, _ = follower.communicate(timeout=120)
+    assert follower.returncode == 0, (lead_out[-3000:], out[-3000:])
+    assert "process 1 of 2 follows process 0's engine" in out and " on http://" not in out
+  finally:
+    for process in group:
+      if process.poll() is None:
+        process.kill()
+        process.wait(30)
+
+
 def test_serves_a_qwen3_dense_hf_directory(served, tmp_path):
   """A dense Qwen3 (Qwen3ForCausalLM) HF directory loads and answers over HTTP, with the
   log-probs its engine (decode layout: per-layer arrays) computes for the greedy reply."""

@@ -1,0 +1,78 @@
+"""One JaxEngine over several JAX processes (2 fake CPU devices each), run by
+test_engine_processes: every process runs this file with JAX_COORDINATOR_ADDRESS /
+JAX_NUM_PROCESSES / JAX_PROCESS_ID set and ENGINE_MESH (JSON axis sizes).
+
+    python tests/rollout/engine_processes_checks.py   -> one JSON line per process
+
+Process 0 schedules the requests of engine_sharding_checks (greedy and seeded sampling,
+more requests than slots, a weight swap mid-generation), scores sequences, then stops
+the followers and runs the same on a one-device engine of its own; it prints the
+differences. The other processes follow (JaxEngine.follow), loading swapped weights by
+version, and print what they ran.
+"""
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from c2jax.parallel import distributed  # noqa: E402
+
+
+def main() -> None:
+  distributed.initialize(distributed.distributed_defaults())
+  assert len(jax.local_devices()) == 2  # the backend starts now, with 2 devices a process
+  # Imported after the backend started: the module sets XLA_FLAGS for its own runs.
+  from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
+  from tests.rollout import engine_sharding_checks as checks  # pylint: disable=g-import-not-at-top
+
+  cfg, params, updated = checks.make_model()
+  params = jax.tree.map(np.asarray, params)
+  host_updated = jax.tree.map(np.asarray, updated)
+  versions = {1: host_updated, 2: params}
+  sizes = json.loads(os.environ["ENGINE_MESH"])
+
+  def engine(par=None, weights_quant="none"):
+    return JaxEngine(cfg, params, num_slots=checks.SLOTS, max_length=checks.MAX_LENGTH,
+                     prefill_buckets=checks.BUCKETS, seed=0, parallel=par,
+                     decode_steps=checks.DECODE_STEPS, max_decode_steps=checks.DECODE_STEPS,
+                     weights_quant=weights_quant)
+
+  quant = os.environ.get("ENGINE_WEIGHTS_QUANT", "none")
+  spread = engine(checks.parallel_cfg(**sizes), quant)
+  if not spread.is_leader:
+    spread.follow(lambda version: versions[version])
+    print(json.dumps({"process": jax.process_index(), "followed": spread.version}))
+    return
+  generations, layouts = checks.run(spread, host_updated)
+  again, _ = checks.run(spread, params, 2)
+  sequences = [r.tokens for r in checks.requests()[1:4]]
+  scored = spread.logprobs(sequences)
+  top = spread.top_logprobs(checks.requests()[5].tokens, 3, temperature=0.7)
+  held = spread.resident_weights()
+  spread.stop_followers()
+
+  single = engine(weights_quant=quant)
+  reference, _ = checks.run(single, host_updated)
+  reference2, _ = checks.run(single, params, 2)
+  result = checks.compare(reference, generations, 0, 1)
+  result["second"] = checks.compare(reference2, again, 1, 2)
+  result["layouts"] = layouts
+  result["score_err"] = max(float(np.max(np.abs(a - b)))
+                            for a, b in zip(single.logprobs(sequences), scored))
+  top_ref = single.top_logprobs(checks.requests()[5].tokens, 3, temperature=0.7)
+  result["top_ids_equal"] = bool(np.array_equal(top[0], top_ref[0]))
+  result["processes"], result["devices"] = jax.process_count(), jax.device_count()
+  result["mesh"] = {k: v for k, v in spread.placement.mesh.shape.items() if v > 1}
+  result["held"] = held
+  print(json.dumps(result))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
