@@ -269,7 +269,11 @@ class JaxEngine(Engine):
   def param_like(self):
     """ShapeDtypeStructs of the engine's parameters, with their shardings: a template
     for weight loaders (c2jax.rollout.weights `like=`) so new versions arrive already laid
-    out as the engine places them (model.init's stacked tree)."""
+    out as the engine places them (model.init's stacked tree). Over several processes the
+    template has no shardings: placing an array on several processes' devices is a
+    collective, which they run together when the leader's swap is installed."""
+    if self._lockstep is not None:
+      return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), self._stacked_like)
     return self._stacked_like
 
   # ---- one program call, and the processes that follow it ----------------------------

@@ -54,6 +54,18 @@ def spans_processes(mesh) -> bool:
   return len({d.process_index for d in mesh.devices.flat}) > 1
 
 
+def share(key: str, value: str | None, timeout_s: float = 600.0) -> str:
+  """Process 0 publishes `value` under `key`; every process returns it (the others wait
+  up to `timeout_s`): what the processes of an engine must agree on before it exists
+  (e.g. the weight version it starts from)."""
+  client = _client()
+  key = f"{_PREFIX}/shared/{key}"
+  if jax.process_index() == 0:
+    client.key_value_set(key, str(value))
+    return str(value)
+  return client.blocking_key_value_get(key, int(timeout_s * 1000))
+
+
 class Lockstep:
   """The command channel of one engine: `send` on the leader, `receive` on followers.
 

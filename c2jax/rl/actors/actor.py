@@ -119,7 +119,10 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
   from c2jax.rollout import JaxEngine  # pylint: disable=g-import-not-at-top
 
   subscriber = weights_lib.WeightSubscriber(weights_dir)
-  params, version = _wait_for_weights(subscriber)
+  if cfg.actors.processes > 1:
+    params, version = _agreed_weights(subscriber)
+  else:
+    params, version = _wait_for_weights(subscriber)
   # Host arrays: the engine places them itself (sharded by actors.parallel).
   engine = JaxEngine(cfg.model, params, num_slots=cfg.actors.slots,
                      max_length=cfg.actors.max_length, version=version,
@@ -127,6 +130,39 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
                      parallel=cfg.actors.parallel,
                      num_draft_tokens=cfg.actors.num_draft_tokens,
                      weights_quant=cfg.actors.weights_quant)
+  if not engine.is_leader:
+    # A process other than 0 of a multi-process actor (config.actors.processes): it runs
+    # the engine programs process 0 runs, loading each version process 0 swaps in.
+    print(f"{actor_id}: process {_process()} follows process 0's engine", flush=True)
+    engine.follow(lambda version: subscriber.load(version))
+    return 0
+  try:
+    return _lead(cfg, dirs, pool, queue, tokenizer, actor_id, weights_dir, parent_pid, repos,
+                 engine, subscriber, version)
+  finally:
+    engine.stop_followers()
+
+
+def _process() -> str:
+  import jax  # pylint: disable=g-import-not-at-top
+
+  return f"{jax.process_index()} of {jax.process_count()}"
+
+
+def _agreed_weights(subscriber):
+  """The weights every process of a multi-process actor starts from: the version process 0
+  found first, loaded by each process from the weight directory."""
+  from c2jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  from c2jax.rollout import lockstep  # pylint: disable=g-import-not-at-top
+
+  found = _wait_for_weights(subscriber) if distributed.is_leader() else None
+  version = int(lockstep.share("actor/start_version", found and found[1]))
+  return (found if found is not None else (subscriber.load(version), version))
+
+
+def _lead(cfg, dirs, pool, queue, tokenizer, actor_id, weights_dir, parent_pid, repos, engine,
+          subscriber, version) -> int:
+  """The actor loop of `serve` on the process that schedules the engine."""
   # Later versions are read straight into the engine's layout (no whole copy on one device).
   sync = _WeightSync(engine, subscriber, engine.param_like(), cfg.actors.weight_poll_s)
   external = None
@@ -247,6 +283,10 @@ def main(argv: list[str]) -> int:
     if os.getppid() != args.parent_pid:
       return 1  # the parent died before we could arm the signal
   compile_cache.enable()  # actors start without the cli: every one would compile anew
+  # The processes of a multi-process actor (config.actors.processes, JAX_* set by the
+  # process backend) join before anything touches a device; alone, nothing happens.
+  from c2jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+  distributed.initialize(distributed.distributed_defaults())
   return run(args.workdir, args.actor_id, args.weights, args.parent_pid)
 
 
