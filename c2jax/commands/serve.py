@@ -137,6 +137,7 @@ def main(argv: list[str]) -> int:
     return 2
   if not engine.is_leader:
     return _follow(engine, cfg)
+  spread = engine.placement is not None and lockstep.spans_processes(engine.placement.mesh)
   if engine.placement is not None:
     mesh = engine.placement.mesh
     print(f"c2jax serve: engine over {mesh.devices.size} devices, mesh "
@@ -146,8 +147,9 @@ def main(argv: list[str]) -> int:
                         limits=validation.Limits(
                             max_body_bytes=int(cfg.limits.max_body_mb * 2**20)),
                         api_key=auth.resolve_key(cfg.limits.api_key or None),
-                        trace=profiling.StepTrace(profile_steps, profile_dir or "."))
-  if engine.placement is not None and lockstep.spans_processes(engine.placement.mesh):
+                        trace=profiling.StepTrace(profile_steps, profile_dir or "."),
+                        on_fatal=_stop_on_engine_failure if spread else None)
+  if spread:
     # uvicorn re-raises a SIGTERM once it has shut down: as an exception it reaches the
     # `finally` below, which stops the followers before this process, which holds the
     # job's coordination service, exits.
@@ -158,16 +160,45 @@ def main(argv: list[str]) -> int:
     follower = follow.WeightFollower(engine, cfg.follow.weights, cfg.follow.poll_s).start()
   try:
     server.serve_forever(service, cfg.host, cfg.port)
+  except SystemExit:
+    if not _FAILED:
+      raise
   finally:
     if follower is not None:
       follower.stop()
-    engine.stop_followers()
+    if not _FAILED:
+      engine.stop_followers()
+  if _FAILED:
+    # JAX's exit would wait at the distributed shutdown barrier for the lost process.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)  # pylint: disable=protected-access
   return 0
+
+
+# What failed of an engine over several processes (set on its engine thread).
+_FAILED: list[str] = []
+
+
+def _stop_on_engine_failure(error: Exception) -> None:
+  """An engine over several processes failed a program: a process is gone (its
+  collectives fail). Live and later requests get 503; the server stops, naming the
+  processes that no longer answer, and exits non-zero."""
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from c2jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+
+  lost = distributed.unreachable_peers()
+  named = ", ".join(f"process {rank}" for rank in lost) or "a process (none named)"
+  _FAILED.append(named)
+  print(f"c2jax serve: the engine over {jax.process_count()} processes failed: {named} "
+        f"no longer answers ({error}); stopping.", file=sys.stderr, flush=True)
+  os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _exit_on_signal(signum, frame) -> None:
   del frame
-  raise SystemExit(128 + signum)
+  raise SystemExit(1 if _FAILED else 128 + signum)
 
 
 def _follow(engine, cfg) -> int:

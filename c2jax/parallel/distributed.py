@@ -289,6 +289,16 @@ def _answer(server: socket.socket) -> None:
     connection.close()
 
 
+def unreachable_peers() -> list[int]:
+  """The processes whose peer-watch address does not answer right now (each probed once,
+  2 s at most): what a failed collective is most likely waiting for. [] without a
+  running peer watch."""
+  watch = PeerWatch.current
+  if watch is None:
+    return []
+  return [rank for rank in sorted(watch.peers) if not watch.answering(rank)]
+
+
 def local_address_towards(coordinator_address: str) -> str:
   """This host's address on the route to `coordinator_address` (host:port): the source
   address the kernel picks for it (a UDP connect sends nothing)."""

@@ -23,7 +23,7 @@ from c2jax.data.tokenizer import Tokenizer
 from c2jax.rollout import Engine, Request, SamplingParams
 from c2jax.serve import capture as capture_lib
 from c2jax.serve import prompts, schema, validation
-from c2jax.serve.engine_loop import EngineLoop, Stream
+from c2jax.serve.engine_loop import EngineLoop, EngineUnavailable, Stream
 
 _DISCONNECT_POLL_S = 0.25
 
@@ -47,13 +47,14 @@ class Service:
   def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, *,
                vocab_size: int, capture_path: str | None = None,
                limits: validation.Limits = validation.Limits(),
-               api_key: str | None = None, trace=None):
-    """trace: a c2jax.train.profiling.StepTrace of chosen engine steps (or None)."""
+               api_key: str | None = None, trace=None, on_fatal=None):
+    """trace: a c2jax.train.profiling.StepTrace of chosen engine steps (or None);
+    on_fatal: EngineLoop's (an engine over several processes stops the server)."""
     self.engine, self.tokenizer, self.model_name = engine, tokenizer, model_name
     self.vocab_size = vocab_size
     self.limits = limits
     self.api_key = api_key  # None: no authentication (auth.py)
-    self.loop = EngineLoop(engine, trace)
+    self.loop = EngineLoop(engine, trace, on_fatal)
     self.capture = capture_lib.CaptureWriter(capture_path) if capture_path else None
     self.turns = prompts.TurnMemory()
     self.created = int(time.time())
@@ -161,6 +162,9 @@ class Pending:
         error = event[1]
         if isinstance(error, ValueError):
           raise schema.APIError(400, str(error))
+        if isinstance(error, EngineUnavailable):
+          raise schema.APIError(503, str(error), kind="server_error",
+                                code="engine_unavailable")
         raise schema.APIError(500, f"the engine failed: {error}", kind="server_error")
       return event
 

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 
 from c2jax.rollout import Request
 from c2jax.serve import auth, completions, prompts, schema, tokenizer_routes, validation
+from c2jax.serve.engine_loop import EngineUnavailable
 from c2jax.serve.app import (Pending, Service, alternatives, checked_chat_prompt,
                              error_response, logprob_entries, new_id, read_json, sse, usage)
 from c2jax.serve.output import Output
@@ -258,6 +259,11 @@ def create_app(service: Service) -> fastapi.FastAPI:
   async def _http_error(_, error: HTTPException):
     kind = "not_found_error" if error.status_code == 404 else "invalid_request_error"
     return error_response(schema.APIError(error.status_code, str(error.detail), kind=kind))
+
+  @app.exception_handler(EngineUnavailable)
+  async def _engine_gone(_, error: EngineUnavailable):
+    return error_response(schema.APIError(503, str(error), kind="server_error",
+                                          code="engine_unavailable"))
 
   @app.exception_handler(Exception)
   async def _internal_error(_, error: Exception):

@@ -27,6 +27,11 @@ from c2jax.train import profiling
 Event = tuple
 
 
+class EngineUnavailable(RuntimeError):
+  """The engine cannot run any more (a process of an engine over several processes is
+  gone): the server answers 503 and stops."""
+
+
 class Stream:
   """One request's event channel. `deliver` is called on the engine thread; it must be
   cheap and thread-safe (the server passes loop.call_soon_threadsafe into an asyncio
@@ -46,10 +51,17 @@ class Stream:
 class EngineLoop:
   """Runs `engine` on a daemon thread until `stop()`."""
 
-  def __init__(self, engine: Engine, trace: profiling.StepTrace | None = None):
-    """trace: `c2jax serve --profile_steps`: a jax.profiler trace of those engine steps."""
+  def __init__(self, engine: Engine, trace: profiling.StepTrace | None = None,
+               on_fatal: Callable[[Exception], None] | None = None):
+    """trace: `c2jax serve --profile_steps`: a jax.profiler trace of those engine steps.
+    on_fatal: called (on the engine thread) when a step fails and the engine cannot go
+    on (an engine over several processes: a failed program means a process is gone);
+    live and later requests then get EngineUnavailable. Without it a failed step fails
+    its live requests and the loop goes on."""
     self.engine = engine
     self.trace = trace
+    self.on_fatal = on_fatal
+    self.failed: EngineUnavailable | None = None
     self._inbox: collections.deque[Stream] = collections.deque()
     self._cancels: collections.deque[Stream] = collections.deque()
     self._jobs: collections.deque = collections.deque()  # (fn, deliver) to run
@@ -77,6 +89,8 @@ class EngineLoop:
 
   def submit(self, stream: Stream) -> Stream:
     with self._wake:
+      if self.failed is not None:
+        raise self.failed
       if self._stopping:
         raise RuntimeError("the engine loop is stopped; start a new server.")
       self._inbox.append(stream)
@@ -94,6 +108,8 @@ class EngineLoop:
     """Runs fn(engine) on the engine thread between steps (e.g. scoring a prompt);
     delivers ("result", value) or ("error", exception)."""
     with self._wake:
+      if self.failed is not None:
+        raise self.failed
       if self._stopping:
         raise RuntimeError("the engine loop is stopped; start a new server.")
       self._jobs.append((fn, deliver))
@@ -151,6 +167,9 @@ class EngineLoop:
       # A failed step leaves the engine's state unknown: fail every live request loudly
       # rather than hang them, and keep the thread alive for the log line.
       logging.exception("engine step failed")
+      if self.on_fatal is not None:
+        self.failed = EngineUnavailable(f"the engine failed and the server is stopping: {e}")
+        e = self.failed
       for seq_id, stream in list(self._live.items()):
         stream.deliver(("error", e))
         self._live.pop(seq_id)
@@ -158,6 +177,8 @@ class EngineLoop:
           self.engine.cancel(seq_id)
         except ValueError:
           pass
+      if self.on_fatal is not None:
+        self.on_fatal(self.failed)
       return
     self.steps += 1
     if self.trace is not None:

@@ -163,28 +163,9 @@ def test_cli_serves_one_engine_over_two_processes(run_dir, served):
   experts split across the processes: process 0 answers HTTP with the one-device
   engine's greedy log-probs, process 1 opens no port and follows; when process 0 stops,
   process 1 ends too."""
-  from tests.parallel.test_distributed import _free_port  # pylint: disable=g-import-not-at-top
-  from tests.subprocess_checks import child_env  # pylint: disable=g-import-not-at-top
-
-  port = _free_port()
-  group = [subprocess.Popen(
-      [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
-       f"--model={run_dir}", "--port=0", "--slots=2", "--max_length=160",
-       "--mesh=expert=2,tensor=2"],
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.getcwd(),
-      env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                    C2JAX_XLA_CACHE="off", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                    JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=rank)) for rank in (0, 1)]
+  group, url, lines = _start_two_processes(run_dir)
   leader, follower = group
   try:
-    deadline, url, lines = time.time() + 300, None, []
-    while url is None:
-      line = leader.stdout.readline()
-      lines.append(line)
-      assert line or leader.poll() is None, "c2jax serve exited:\n" + "".join(lines)
-      assert time.time() < deadline, "c2jax serve did not start in time"
-      if " on http://" in line:
-        url = line.split(" on ")[1].split()[0]
     assert any("engine over 4 devices, mesh {'expert': 2, 'tensor': 2}" in line
                for line in lines), lines
     client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
@@ -201,6 +182,64 @@ def test_cli_serves_one_engine_over_two_processes(run_dir, served):
     out, _ = follower.communicate(timeout=120)
     assert follower.returncode == 0, (lead_out[-3000:], out[-3000:])
     assert "process 1 of 2 follows process 0's engine" in out and " on http://" not in out
+  finally:
+    for process in group:
+      if process.poll() is None:
+        process.kill()
+        process.wait(30)
+
+
+def _start_two_processes(run_dir):
+  """`c2jax serve` as processes 0 and 1 of one job (2 fake devices each) and the URL
+  process 0 serves."""
+  from tests.parallel.test_distributed import _free_port  # pylint: disable=g-import-not-at-top
+  from tests.subprocess_checks import child_env  # pylint: disable=g-import-not-at-top
+
+  port = _free_port()
+  group = [subprocess.Popen(
+      [sys.executable, "-c", "from c2jax.cli import run; run()", "serve",
+       f"--model={run_dir}", "--port=0", "--slots=2", "--max_length=160",
+       "--mesh=expert=2,tensor=2"],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.getcwd(),
+      env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                    C2JAX_XLA_CACHE="off", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                    JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=rank)) for rank in (0, 1)]
+  deadline, url, lines = time.time() + 300, None, []
+  try:
+    while url is None:
+      line = group[0].stdout.readline()
+      lines.append(line)
+      assert line or group[0].poll() is None, "c2jax serve exited:\n" + "".join(lines)
+      assert time.time() < deadline, "c2jax serve did not start in time"
+      if " on http://" in line:
+        url = line.split(" on ")[1].split()[0]
+  except BaseException:
+    for process in group:
+      process.kill()
+      process.wait(30)
+    raise
+  return group, url, lines
+
+
+@pytest.mark.slow
+def test_a_served_engine_losing_a_process_answers_503_and_stops_naming_it(run_dir):
+  """Process 1 of a two-process server is killed: the next request gets 503 (never
+  hangs), and process 0 stops with an error naming process 1."""
+  group, url, _ = _start_two_processes(run_dir)
+  leader, follower = group
+  try:
+    follower.kill()
+    follower.wait(30)
+    client = openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+    from tests.serve.conftest import USERS, messages  # pylint: disable=g-import-not-at-top
+    with pytest.raises(openai.APIStatusError) as err:
+      client.chat.completions.create(model="tiny-run", messages=messages(USERS[0]),
+                                     temperature=0, max_tokens=10)
+    assert err.value.status_code == 503, err.value
+    assert "engine_unavailable" in str(err.value.body)
+    out, _ = leader.communicate(timeout=120)
+    assert leader.returncode == 1, out[-3000:]
+    assert "failed: process 1 no longer answers" in out, out[-3000:]
   finally:
     for process in group:
       if process.poll() is None:
