@@ -9,8 +9,12 @@ routed experts held as `actors.weights_quant` says, and of its KV cache of `--sl
 `--max_length` (c2jax.plan.target.engine_state_bytes: each leaf's shard under the
 engine's shardings on the slice's compile-only devices; arithmetic, no compile). Prints a
 markdown table and whether weights + cache leave room on the chip (--hbm_gb, v5p's 95).
-The programs' own temporaries are `c2jax plan --memory`'s (the compile takes a while at
-this size).
+With --compile, each row's engine is also compiled for the slice (its prefill of up to 512
+tokens and its decode over every slot, cache of --max_length): the compiler's peak memory
+per chip and whether it fits; with --cost as well, a second compile with the layers
+unrolled (XLA costs a loop body once) gives the compiler's time estimate of one decode
+step and the tokens/s per chip it implies (estimates, not measured speed; each compile
+takes minutes at this size on a small machine).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ def parse_actor(text: str) -> tuple[str, dict[str, int]]:
   return target.strip(), sizes
 
 
-def rows(models, actors, quants, *, dtype: str, slots: int, max_length: int):
+def rows(models, actors, quants, *, dtype: str, slots: int, max_length: int,
+         compile_steps: bool = False, cost: bool = False):
   from c2jax import config as configlib  # pylint: disable=g-import-not-at-top
   from c2jax.plan import target as target_lib  # pylint: disable=g-import-not-at-top
   from c2jax.plan import topologies  # pylint: disable=g-import-not-at-top
@@ -51,10 +56,24 @@ def rows(models, actors, quants, *, dtype: str, slots: int, max_length: int):
         held = target_lib.engine_state_bytes(cfg.model, placement, slots=slots,
                                              max_length=max_length, weights_quant=quant)
         experts = held["weight_groups"]["routed experts"]["bytes_per_device"]
-        yield dict(model=variant, actor=name, chips=placement.mesh.size,
+        row = dict(model=variant, actor=name, chips=placement.mesh.size,
                    mesh={k: v for k, v in placement.mesh.shape.items() if v > 1},
                    weights_quant=quant, weights_gb=held["weights_bytes"] / 1e9,
                    experts_gb=experts / 1e9, cache_gb=held["cache_bytes"] / 1e9)
+        if compile_steps:
+          cfg.actors.weights_quant = quant
+          steps = target_lib.compile_engine_steps(
+              cfg, None, slots=slots, context=max_length - 512 - 1, prefill=512,
+              decode_steps=1, costed=cost, placement=placement, max_length=max_length,
+              weights_quant=quant)
+          reports = [target_lib.step_report(step, target, costed=cost) for step in steps]
+          decode = reports[1]
+          row.update(peak_gb=max(r["memory"]["total_gb"] for r in reports),
+                     fits=all(r["fits"] for r in reports),
+                     decode_ms=decode["cost_model_seconds"] and decode["cost_model_seconds"] * 1e3)
+          if row["decode_ms"]:
+            row["tokens_per_s_per_chip"] = slots / (row["decode_ms"] / 1e3) / row["chips"]
+        yield row
 
 
 def main(argv=None) -> None:
@@ -68,19 +87,32 @@ def main(argv=None) -> None:
   parser.add_argument("--slots", type=int, default=64)
   parser.add_argument("--max_length", type=int, default=16384)
   parser.add_argument("--hbm_gb", type=float, default=95.0)
+  parser.add_argument("--compile", action="store_true",
+                      help="also compile each engine: the compiler's memory and fits")
+  parser.add_argument("--cost", action="store_true",
+                      help="with --compile: the decode step's time estimate (one more "
+                      "compile, layers unrolled)")
   args = parser.parse_args(argv)
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # as c2jax plan --target does
   actors = [parse_actor(a) for a in args.actors.split(";")]
+  compiled = " compiled: peak per chip, fits, decode step |" if args.compile else ""
   print(f"| model | actor (chips, mesh) | routed experts | weights GB/chip (experts) | "
-        f"KV cache GB/chip ({args.slots} x {args.max_length}) | room on {args.hbm_gb:g} GB |")
-  print("|---|---|---|---|---|---|")
+        f"KV cache GB/chip ({args.slots} x {args.max_length}) | room on {args.hbm_gb:g} GB |"
+        + compiled)
+  print("|---|---|---|---|---|---|" + ("---|" if args.compile else ""))
   for row in rows(args.models.split(","), actors, args.quant.split(","), dtype=args.dtype,
-                  slots=args.slots, max_length=args.max_length):
+                  slots=args.slots, max_length=args.max_length, compile_steps=args.compile,
+                  cost=args.cost):
     room = args.hbm_gb - row["weights_gb"] - row["cache_gb"]
     quant = args.dtype if row["weights_quant"] == "none" else row["weights_quant"]
-    print(f"| {row['model']} | {row['actor']} ({row['chips']}, {row['mesh']}) | {quant} | "
-          f"{row['weights_gb']:.1f} ({row['experts_gb']:.1f}) | {row['cache_gb']:.1f} | "
-          f"{f'{room:.1f} GB' if room > 0 else 'does not fit'} |", flush=True)
+    line = (f"| {row['model']} | {row['actor']} ({row['chips']}, {row['mesh']}) | {quant} | "
+            f"{row['weights_gb']:.1f} ({row['experts_gb']:.1f}) | {row['cache_gb']:.1f} | "
+            f"{f'{room:.1f} GB' if room > 0 else 'does not fit'} |")
+    if args.compile:
+      speed = (f"{row['decode_ms']:.2f} ms, {row['tokens_per_s_per_chip']:,.0f} tokens/s/chip"
+               if row.get("decode_ms") else "no estimate")
+      line += f" {row['peak_gb']:.1f} GB, {'fits' if row['fits'] else 'does not fit'}, {speed} |"
+    print(line, flush=True)
 
 
 if __name__ == "__main__":
