@@ -21,7 +21,9 @@ Compiled functions have static shapes, so a run compiles a handful of programs:
            between these calls, so a swap waits at most `max_decode_steps` tokens.
 With `num_draft_tokens > 0` the decode step is speculative (see speculative.py): the
 model's MTP module drafts tokens that one forward over all slots verifies.
-With a `parallel` config the engine spans a mesh of local devices (see sharding.py):
+With a `parallel` config the engine spans a mesh of this process's devices, or under
+jax.distributed of every process's, process 0 scheduling and the others following it
+program by program (sharding.py, lockstep.py):
 parameters and caches are placed by the training logical rules, and every program keeps
 the state's shardings from step to step (and across weight swaps).
 How the engine keeps its weights and cache is one strategy it picks per platform
@@ -155,6 +157,7 @@ class JaxEngine(Engine):
     # program's inputs, the others follow (lockstep.py, `follow`).
     self._lockstep = (lockstep.Lockstep() if self.placement is not None
                       and lockstep.spans_processes(self.placement.mesh) else None)
+    self._broken = False  # a program failed over several processes
     if num_draft_tokens:
       speculative.check_drafter(cfg, params, num_draft_tokens)
     # Quantised experts run the sorted dispatch on the stacked tree (CPU decode's
@@ -279,8 +282,8 @@ class JaxEngine(Engine):
   # ---- one program call, and the processes that follow it ----------------------------
   @property
   def is_leader(self) -> bool:
-    """Whether this process schedules the engine: always, but on the followers of an
-    engine over several processes (process 0 leads)."""
+    """Whether this process schedules the engine: False only on the processes other than
+    0 of an engine over several processes (process 0 schedules; the others `follow`)."""
     return self._lockstep is None or self._lockstep.leader
 
   def _state(self) -> tuple:
@@ -306,7 +309,11 @@ class JaxEngine(Engine):
       self._lockstep.send(name, *args)
     program, stateful = self._program(name)
     state = self._state() if stateful else ()
-    out = program(self._params, *state, *args)
+    try:
+      out = program(self._params, *state, *args)
+    except Exception:
+      self._broken = self._lockstep is not None  # a process may be gone: never wait for it
+      raise
     out = out if isinstance(out, tuple) else (out,)
     if stateful:
       if self._num_draft:
@@ -356,9 +363,13 @@ class JaxEngine(Engine):
 
   def stop_followers(self) -> None:
     """Leader: ends the followers' `follow` loops (no program runs after it); returns
-    once every follower has left its loop."""
+    once every follower has left its loop, or at once after a failed program (a follower
+    may be gone)."""
     if self._lockstep is not None and self._lockstep.leader:
-      self._lockstep.stop()
+      if self._broken:
+        self._lockstep.send("stop")
+      else:
+        self._lockstep.stop()
 
   def _bucket(self, count: int) -> int:
     return next((b for b in self._buckets if b >= count), self._buckets[-1])

@@ -156,7 +156,7 @@ def _agreed_weights(subscriber):
   from c2jax.rollout import lockstep  # pylint: disable=g-import-not-at-top
 
   found = _wait_for_weights(subscriber) if distributed.is_leader() else None
-  version = int(lockstep.share("actor/start_version", found and found[1]))
+  version = int(lockstep.share("actor/start_version", None if found is None else found[1]))
   return (found if found is not None else (subscriber.load(version), version))
 
 
