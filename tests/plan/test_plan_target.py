@@ -327,19 +327,16 @@ def test_the_actor_engine_is_planned_on_its_own_mesh_with_the_fleet_line(v5p_dev
   text = capsys.readouterr().out
   assert "actor engine on v5p-8" in text and "on 2 of its 4 chips" in text
   assert expected.line() in text and "actor engine weights " in text
-  # The routed experts held int4 (actors.weights_quant): the TPU compiler takes the
-  # dequantising grouped matmul in both programs; they hold an eighth of float32's bytes
-  # plus a float32 scale per 32 values, still split over fsdp.
-  cfg.actors.weights_quant = "int4"
-  quantised = plan_target._plan_actors(cfg, v5p8, {"cost_model_seconds": 1e-3},
-                                       costed=False, cost_attention="as_configured")
-  held = quantised["weight_groups"]["routed experts"]
+  # The routed experts held int4 (actors.weights_quant): an eighth of float32's bytes
+  # plus a float32 scale per 32 values, still split over fsdp (the int4 engine's
+  # compile: test_actor_weights_table_counts_quantised_experts).
+  from c2jax.plan import target as target_lib
+  placement = target_lib.actor_placement(cfg, v5p8.devices())
+  held = target_lib.engine_state_bytes(cfg.model, placement, slots=2, max_length=64,
+                                       weights_quant="int4")["weight_groups"]["routed experts"]
   assert held["dtypes"] == ["float32", "int4"]
   assert held["bytes"] == experts["bytes"] // 8 + experts["bytes"] // 4 // 32 * 4
   assert held["bytes_per_device"] * 2 == held["bytes"]
-  assert all(quantised[name]["fits"] for name in ("prefill", "decode"))
-  assert "routed experts int4" in capsys.readouterr().out
-  cfg.actors.weights_quant = "none"
   # A mesh that cannot split the slots names the key.
   cfg.actors.slots = 3
   with pytest.raises(SystemExit, match="actors.parallel.mesh"):
@@ -377,7 +374,9 @@ def test_tokamax_attention_compiles_through_mosaic_per_shard(v5p_devices):
 
 def test_actor_weights_table_counts_quantised_experts(v5p_devices, capsys):
   """tools/compile/actor_weights: per-chip engine bytes by weights_quant on a v5p actor
-  mesh; the experts shrink by the formats' bytes per value (plus their scales)."""
+  mesh; the experts shrink by the formats' bytes per value (plus their scales); with
+  --compile the TPU compiler takes the int4 engine (the dequantising grouped matmul in
+  its prefill and decode) and it fits."""
   from tools.compile import actor_weights
 
   del v5p_devices

@@ -1,7 +1,8 @@
-"""`c2jax rl` with an actor of two JAX processes (config.actors.processes = 2, 2 fake CPU
-devices each; the actor's engine mesh expert=2 x tensor=2 spans both): process 0 rolls out,
-process 1 follows its engine. Killing the follower mid-rollout restarts the actor whole;
-its leased prompt goes back to the pool and no group is lost or trained twice."""
+"""`c2jax rl` with an actor of two JAX processes (config.actors.processes = 2, one CPU
+device each; the actor's engine mesh expert=2 spans both): process 0 rolls out, process 1
+follows its engine. Killing the follower mid-rollout restarts the actor whole; its leased
+prompt goes back to the pool and no group is lost or trained twice. (2 and 4 processes of
+2 devices, with tensor parallelism inside each: tests/rollout/test_engine_processes.py.)"""
 
 import json
 import os
@@ -34,10 +35,8 @@ def test_a_two_process_actor_rolls_out_and_restarts_whole(tmp_path):
              f"--workdir={workdir}", f"--config.data.cache_dir={data_cache}",
              "--config.data.vocab_size=1024", "--config.data.max_total_bytes=4000000",
              "--config.data.tokenizer_train_bytes=300000", f"--config.learner.steps={STEPS}",
-             "--config.actors.processes=2", "--config.actors.parallel.mesh.expert=2",
-             "--config.actors.parallel.mesh.tensor=2"]
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=2")
+             "--config.actors.processes=2", "--config.actors.parallel.mesh.expert=2"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
   log_path = tmp_path / "rl.log"
   with open(log_path, "ab") as log:
     learner = subprocess.Popen(command, cwd=REPO, env=env, stdout=log,
