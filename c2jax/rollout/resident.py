@@ -116,49 +116,45 @@ def scale_sharding(sharding, shape, block):
   return NamedSharding(sharding.mesh, P(*spec))
 
 
-@functools.partial(jax.jit, static_argnames=("scheme", "what"))
-def _quantize(w, scheme, what):
-  return weight_quant.quantize_weight(w, scheme, what)
-
-
-def quantize_resident(params, weights_quant: str):
-  """`params` (model.init's stacked tree of arrays, placed or not) with the routed experts
-  quantised by `weights_quant` ('none': unchanged), one leaf at a time (the peak is one
-  leaf's quantised copy beside the tree), each keeping its weight's sharding."""
+def _map_experts(params, weights_quant: str, quantize_leaf):
+  """`params` with each routed expert's leaf w replaced by quantize_leaf(w, what,
+  shardings): `what` names it, `shardings` is a WeightQuant of the values' and scales'
+  NamedShardings (None when w has none)."""
   check_weights_quant(weights_quant)
   if weights_quant == "none":
     return params
-
-  def leaf(path, w):
-    keys = _keys(path)
-    if not quantizes(keys):
-      return w
-    what = "/".join(keys)
-    q = _quantize(w, weights_quant, what)
-    sharding = getattr(w, "sharding", None)
-    if isinstance(sharding, NamedSharding):
-      q = jax.device_put(q, weight_quant.WeightQuant(
-          sharding, scale_sharding(sharding, w.shape, q.block), q.scheme, q.block))
-    return q
-
-  return jax.tree_util.tree_map_with_path(leaf, params)
-
-
-def abstract_resident(params, weights_quant: str):
-  """quantize_resident on ShapeDtypeStructs (with or without shardings): the tree an
-  engine holding `weights_quant` weights compiles against (plans)."""
-  check_weights_quant(weights_quant)
-  if weights_quant == "none":
-    return params
+  scheme = weight_quant.SCHEMES[weights_quant]
 
   def leaf(path, w):
     keys = _keys(path)
     if not quantizes(keys):
       return w
     what, sharding = "/".join(keys), getattr(w, "sharding", None)
-    block = quant_formats.block_of(weight_quant.SCHEMES[weights_quant], *w.shape[-2:], what)
-    return weight_quant.abstract_quantized(
-        w.shape, weights_quant, sharding=sharding,
-        scale_sharding=sharding and scale_sharding(sharding, w.shape, block), what=what)
+    block = quant_formats.block_of(scheme, *w.shape[-2:], what)
+    shardings = None
+    if isinstance(sharding, NamedSharding):
+      shardings = weight_quant.WeightQuant(
+          sharding, scale_sharding(sharding, w.shape, block), weights_quant, block)
+    return quantize_leaf(w, what, shardings)
 
   return jax.tree_util.tree_map_with_path(leaf, params)
+
+
+def quantize_resident(params, weights_quant: str):
+  """`params` (model.init's stacked tree of arrays, placed or not) with the routed experts
+  quantised by `weights_quant` ('none': unchanged), one leaf at a time (the peak is one
+  leaf's quantised copy beside the tree), each born with its weight's sharding."""
+  def quantize(w, what, shardings):
+    return jax.jit(functools.partial(weight_quant.quantize_weight, scheme_name=weights_quant,
+                                     what=what), out_shardings=shardings)(w)
+  return _map_experts(params, weights_quant, quantize)
+
+
+def abstract_resident(params, weights_quant: str):
+  """quantize_resident on ShapeDtypeStructs (with or without shardings): the tree an
+  engine holding `weights_quant` weights compiles against (plans)."""
+  def abstract(w, what, shardings):
+    return weight_quant.abstract_quantized(
+        w.shape, weights_quant, sharding=shardings and shardings.values,
+        scale_sharding=shardings and shardings.scales, what=what)
+  return _map_experts(params, weights_quant, abstract)
