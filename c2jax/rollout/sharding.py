@@ -46,8 +46,9 @@ ENGINE_DCN_AXES = ("data", "fsdp", "expert")
 
 def engine_devices(mesh_cfg, devices=None) -> list:
   """The devices an engine mesh of `mesh_cfg` uses (see the module docstring)."""
+  spread = devices is None and jax.process_count() > 1
   if devices is None:
-    devices = jax.devices() if jax.process_count() > 1 else jax.local_devices()
+    devices = jax.devices() if spread else jax.local_devices()
   devices = list(devices)
   sizes = [int(mesh_cfg[axis]) for axis in mesh_lib.MESH_AXES]
   if -1 in sizes:
@@ -58,7 +59,15 @@ def engine_devices(mesh_cfg, devices=None) -> list:
         "parallel.mesh", f"asks for {wanted} devices ({dict(zip(mesh_lib.MESH_AXES, sizes))}) "
         f"but {'this job' if jax.process_count() > 1 else 'this process'} has "
         f"{len(devices)}; shrink the mesh or set one axis to -1.")
-  return devices[:wanted]
+  chosen = devices[:wanted]
+  owners = {device.process_index for device in chosen}
+  if spread and len(owners) < jax.process_count():
+    raise configlib.ConfigError(
+        "parallel.mesh", f"asks for {wanted} of the job's {len(devices)} devices, which "
+        f"belong to processes {sorted(owners)} only; every process of a jax.distributed "
+        f"job runs the engine, so its mesh must take devices of all "
+        f"{jax.process_count()} processes (set one axis to -1, or start fewer processes).")
+  return chosen
 
 
 @dataclasses.dataclass(frozen=True)
