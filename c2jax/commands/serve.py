@@ -131,7 +131,8 @@ def main(argv: list[str]) -> int:
                        parallel=mesh, max_decode_steps=cfg.engine.max_decode_steps,
                        decode_steps=min(cfg.engine.max_decode_steps,
                                         jax_engine.DEFAULT_DECODE_STEPS),
-                       weights_quant=cfg.engine.weights_quant)
+                       weights_quant=cfg.engine.weights_quant,
+                       hang_timeout_s=cfg.engine.hang_timeout_s)
   except (FileNotFoundError, ValueError) as e:
     print(f"c2jax serve: {e}", file=sys.stderr)
     return 2
@@ -149,6 +150,9 @@ def main(argv: list[str]) -> int:
                         api_key=auth.resolve_key(cfg.limits.api_key or None),
                         trace=profiling.StepTrace(profile_steps, profile_dir or "."),
                         on_fatal=_stop_on_engine_failure if spread else None)
+  if spread:
+    # A program that never completes (a process stuck elsewhere): 503s, then the stop.
+    engine.on_hang = service.loop.fail
   if spread:
     # uvicorn re-raises a SIGTERM once it has shut down: as an exception it reaches the
     # `finally` below, which stops the followers before this process, which holds the
@@ -188,11 +192,17 @@ def _stop_on_engine_failure(error: Exception) -> None:
 
   from c2jax.parallel import distributed  # pylint: disable=g-import-not-at-top
 
-  lost = distributed.unreachable_peers()
-  named = ", ".join(f"process {rank}" for rank in lost) or "a process (none named)"
-  _FAILED.append(named)
-  print(f"c2jax serve: the engine over {jax.process_count()} processes failed: {named} "
-        f"no longer answers ({error}); stopping.", file=sys.stderr, flush=True)
+  from c2jax.rollout import lockstep  # pylint: disable=g-import-not-at-top
+
+  if isinstance(error.__cause__, lockstep.EngineHang):  # its message names the processes
+    _FAILED.append(", ".join(f"process {rank}" for rank in error.__cause__.processes))
+    print(f"c2jax serve: {error.__cause__}; stopping.", file=sys.stderr, flush=True)
+  else:
+    lost = distributed.unreachable_peers()
+    named = ", ".join(f"process {rank}" for rank in lost) or "a process (none named)"
+    _FAILED.append(named)
+    print(f"c2jax serve: the engine over {jax.process_count()} processes failed: {named} "
+          f"no longer answers ({error}); stopping.", file=sys.stderr, flush=True)
   os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -77,6 +77,10 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
       # process 0 rolling out and the others following its engine; if one dies, the whole
       # actor restarts and its leased prompt returns to the pool.
       processes=1,
+      # With processes > 1: seconds a program or weight swap of the actor's engine may take
+      # (its first, compiling call aside) before a process that holds it up is named and
+      # the actor exits, to be restarted whole (c2jax.rollout.lockstep.Watchdog).
+      hang_timeout_s=600.0,
       # Where published weights go: '' = <workdir>/weights, or a tensorstore URL
       # (gs://, s3://, file://) every actor can read; Ray actors on other machines need one.
       weights_dir=""))
@@ -132,6 +136,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
   engine_sharding.check_config(cfg.actors.parallel, cfg.actors.slots, "actors.parallel.")
   from c2jax_kernels import weight_quant  # pylint: disable=g-import-not-at-top
   configlib.check_choice(cfg, "actors.weights_quant", weight_quant.WEIGHT_QUANT_CHOICES)
+  configlib.check_positive(cfg, "actors.hang_timeout_s")
   configlib.check_positive(cfg, "actors.processes")
   if cfg.actors.processes > 1 and cfg.actors.backend != "process":
     raise configlib.ConfigError("actors.processes", f"is {cfg.actors.processes} with "

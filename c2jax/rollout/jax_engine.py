@@ -70,6 +70,10 @@ DEFAULT_MAX_DECODE_STEPS = 64
 # Padded tokens one batched prefill call may hold (requests admitted together, e.g. an RL
 # group's samples or concurrent server requests): 32 prompts of 64 tokens in one call.
 DEFAULT_MAX_PREFILL_TOKENS = 2048
+# Seconds a program (or weight swap) of an engine over several processes may take, its
+# first compiling call aside, before its watchdog names the process holding it up and
+# the process exits (lockstep.Watchdog).
+DEFAULT_HANG_TIMEOUT_S = 600.0
 
 
 def _top(cfg, k, params, tokens_1xC, temperature):
@@ -134,7 +138,10 @@ class JaxEngine(Engine):
   experts quantised (c2jax.rollout.resident.quantize_resident; every swap quantises the
   new weights again, so the sampler holds exactly quantise(published weights)), and their
   grouped matmuls dequantise a tile at a time (kernels.weight_quant). The engine then keeps
-  the stacked layout on every platform. `resident_weights()` reports what it holds."""
+  the stacked layout on every platform. `resident_weights()` reports what it holds.
+  `hang_timeout_s`: over several processes, the seconds a program or weight swap may take
+  (first compiling calls aside) before the watchdog names the process holding it up and
+  calls `on_hang` (default: print that, exit 1; lockstep.Watchdog)."""
 
   def __init__(self, cfg, params, *, num_slots: int, max_length: int, version: int = 0,
                prefill_buckets: Sequence[int] = DEFAULT_BUCKETS, num_draft_tokens: int = 0,
@@ -142,7 +149,7 @@ class JaxEngine(Engine):
                parallel=None, decode_steps: int | None = None,
                max_decode_steps: int | None = None, max_prefill_tokens: int | None = None,
                prefill_attention: str | None = "auto", prefill_block: int | None = None,
-               weights_quant: str = "none"):
+               weights_quant: str = "none", hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S):
     super().__init__(num_slots, max_length, detokenize, seed)
     self.weights_quant = resident.check_weights_quant(weights_quant)
     self.decode_steps, self.max_decode_steps = _decode_steps(decode_steps, max_decode_steps,
@@ -155,7 +162,8 @@ class JaxEngine(Engine):
     self.placement = sharding_lib.placement_from_config(parallel, num_slots)
     # A mesh over several processes' devices: process 0 schedules and publishes each
     # program's inputs, the others follow (lockstep.py, `follow`).
-    self._lockstep = (lockstep.Lockstep() if self.placement is not None
+    self._lockstep = (lockstep.Lockstep(hang_timeout_s=hang_timeout_s)
+                      if self.placement is not None
                       and lockstep.spans_processes(self.placement.mesh) else None)
     self._broken = False  # a program failed over several processes
     if num_draft_tokens:
@@ -309,21 +317,37 @@ class JaxEngine(Engine):
       self._lockstep.send(name, *args)
     program, stateful = self._program(name)
     state = self._state() if stateful else ()
-    try:
-      out = program(self._params, *state, *args)
-    except Exception:
-      self._broken = self._lockstep is not None  # a process may be gone: never wait for it
-      raise
-    out = out if isinstance(out, tuple) else (out,)
+    watched = (self._lockstep.running(f"program '{name}'", (name, *map(np.shape, args)))
+               if self._lockstep is not None else contextlib.nullcontext())
+    with watched:
+      try:
+        out = program(self._params, *state, *args)
+        out = out if isinstance(out, tuple) else (out,)
+        result = tuple(_host(x) for x in out[len(state):])
+      except Exception:
+        self._broken = self._lockstep is not None  # a process may be gone: never wait for it
+        raise
     if stateful:
       if self._num_draft:
         self._cache, self._mtp_cache, self._last_hidden = out[:3]
       else:
         self._cache = out[0]
-    result = tuple(_host(x) for x in out[len(state):])
     if self._lockstep is not None and self._lockstep.leader:
       self._lockstep.synced()
     return result
+
+  @property
+  def on_hang(self):
+    """What the hang watchdog of an engine over several processes calls with a
+    lockstep.EngineHang (settable; default lockstep.exit_on_hang); None otherwise."""
+    watchdog = self._lockstep.watchdog if self._lockstep is not None else None
+    return watchdog.on_hang if watchdog is not None else None
+
+  @on_hang.setter
+  def on_hang(self, fn) -> None:
+    if self._lockstep is None or self._lockstep.watchdog is None:
+      raise RuntimeError("on_hang: this engine runs in one process; it has no watchdog.")
+    self._lockstep.watchdog.on_hang = fn
 
   def step(self):
     """As Engine.step; on the leader of an engine over several processes a staged swap is
@@ -334,7 +358,8 @@ class JaxEngine(Engine):
         staged, self._staged = self._staged, None
       if staged is not None:
         self._lockstep.send("swap", staged[1])
-        self._set_params(staged[0])
+        with self._lockstep.running(f"installing weights version {staged[1]}", "install"):
+          self._set_params(staged[0])
         self._version = staged[1]
     return super().step()
 
@@ -356,7 +381,10 @@ class JaxEngine(Engine):
         if load_params is None:
           raise RuntimeError(f"the leader swapped in weights version {args[0]}; give "
                              "follow() a load_params(version) to load them here.")
-        self._set_params(load_params(args[0]))
+        with self._lockstep.running(f"loading weights version {args[0]}", collective=False):
+          params = load_params(args[0])
+        with self._lockstep.running(f"installing weights version {args[0]}", "install"):
+          self._set_params(params)
         self._version = args[0]
         continue
       self._call(op, *args)

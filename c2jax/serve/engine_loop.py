@@ -69,6 +69,7 @@ class EngineLoop:
     self._live: dict[int, Stream] = {}
     self._stopping = False
     self._thread = threading.Thread(target=self._run, name="c2jax-engine", daemon=True)
+    self._running_job: Callable[[Event], None] | None = None  # its deliver, while it runs
     self.steps = 0
 
   def start(self) -> "EngineLoop":
@@ -115,6 +116,25 @@ class EngineLoop:
       self._jobs.append((fn, deliver))
       self._wake.notify()
 
+  def fail(self, error: Exception) -> None:
+    """From another thread, while the engine thread is stuck inside the engine (an
+    engine over several processes whose watchdog found a program that never completes,
+    lockstep.EngineHang): the live, queued and running requests, and later ones, get
+    EngineUnavailable; then on_fatal."""
+    with self._wake:
+      self.failed = EngineUnavailable(f"the engine is stuck and the server is stopping: "
+                                      f"{error}")
+      self.failed.__cause__ = error
+      streams = list(self._live.values()) + list(self._inbox)
+      delivers = [d for _, d in self._jobs] + [self._running_job] * bool(self._running_job)
+      self._live, self._inbox, self._jobs = {}, collections.deque(), collections.deque()
+    for stream in streams:
+      stream.deliver(("error", self.failed))
+    for deliver in delivers:
+      deliver(("error", self.failed))
+    if self.on_fatal is not None:
+      self.on_fatal(self.failed)
+
   # ---- the engine thread ----------------------------------------------------------------
   def _run(self) -> None:
     while True:
@@ -128,10 +148,12 @@ class EngineLoop:
         cancels, self._cancels = self._cancels, collections.deque()
         jobs, self._jobs = self._jobs, collections.deque()
       for fn, deliver in jobs:
+        self._running_job = deliver
         try:
           deliver(("result", fn(self.engine)))
         except Exception as e:  # pylint: disable=broad-except
           deliver(("error", e))
+        self._running_job = None
       for stream in cancels:
         self._drop(stream)
       for stream in inbox:

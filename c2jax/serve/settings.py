@@ -50,6 +50,10 @@ def defaults() -> ml_collections.ConfigDict:
   # (groups along the inputs), dequantised a tile at a time; 'none' keeps the checkpoint's
   # dtype (c2jax.rollout.resident).
   c.engine.weights_quant = "none"
+  # An engine over several processes: seconds a program or weight swap may take (its first,
+  # compiling call aside) before the server answers 503, names the process holding it up
+  # and stops (c2jax.rollout.lockstep.Watchdog).
+  c.engine.hang_timeout_s = 600.0
 
   c.limits = ml_collections.ConfigDict()
   c.limits.max_body_mb = 8.0   # a larger request body is answered 413 before it is read
@@ -90,6 +94,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   configlib.check_positive(cfg, "engine.max_decode_steps")
   from c2jax_kernels import weight_quant  # pylint: disable=g-import-not-at-top
   configlib.check_choice(cfg, "engine.weights_quant", weight_quant.WEIGHT_QUANT_CHOICES)
+  configlib.check_positive(cfg, "engine.hang_timeout_s")
   configlib.check_positive(cfg, "limits.max_body_mb")
   configlib.check_positive(cfg, "follow.poll_s")
   profile_steps(cfg)

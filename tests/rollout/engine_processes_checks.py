@@ -1,6 +1,7 @@
 """One JaxEngine over several JAX processes (2 fake CPU devices each), run by
 test_engine_processes: every process runs this file with JAX_COORDINATOR_ADDRESS /
-JAX_NUM_PROCESSES / JAX_PROCESS_ID set and ENGINE_MESH (JSON axis sizes).
+JAX_NUM_PROCESSES / JAX_PROCESS_ID set and ENGINE_MESH (JSON axis sizes); optionally
+ENGINE_WEIGHTS_QUANT, ENGINE_MODEL=small (by hand), ENGINE_HANG_AT / ENGINE_HANG_TIMEOUT_S.
 
     python tests/rollout/engine_processes_checks.py   -> one JSON line per process
 
@@ -14,6 +15,7 @@ version, and print what they ran.
 import json
 import os
 import sys
+import time
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -42,12 +44,21 @@ def main() -> None:
     return JaxEngine(cfg, params, num_slots=checks.SLOTS, max_length=checks.MAX_LENGTH,
                      prefill_buckets=checks.BUCKETS, seed=0, parallel=par,
                      decode_steps=checks.DECODE_STEPS, max_decode_steps=checks.DECODE_STEPS,
-                     weights_quant=weights_quant)
+                     weights_quant=weights_quant,
+                     hang_timeout_s=float(os.environ.get("ENGINE_HANG_TIMEOUT_S", 600)))
 
   quant = os.environ.get("ENGINE_WEIGHTS_QUANT", "none")
   spread = engine(checks.parallel_cfg(**sizes), quant)
+  # ENGINE_HANG_AT=V: followers never finish loading weights version V (a stuck read).
+  hang_at = int(os.environ.get("ENGINE_HANG_AT", -1))
+
+  def load(version):
+    while version == hang_at:
+      time.sleep(1)
+    return versions[version]
+
   if not spread.is_leader:
-    spread.follow(lambda version: versions[version])
+    spread.follow(load)
     print(json.dumps({"process": jax.process_index(), "followed": spread.version}))
     return
   generations, layouts = checks.run(spread, host_updated)

@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 
 from c2jax import parallel  # noqa: E402
 from c2jax.model import mtp  # noqa: E402
+from c2jax.model import variants  # noqa: E402
 from c2jax.rollout import JaxEngine, Request, SamplingParams  # noqa: E402
 from tests.model.conftest import MLA_OVERRIDES, draw_params, random_params, tiny_cfg  # noqa: E402
 
@@ -44,6 +45,12 @@ def parallel_cfg(**sizes):
 
 
 def make_model():
+  """ENGINE_MODEL=small (by hand; too slow for the suite): the `small` variant (8 layers,
+  16 experts, vocabulary 16384; random weights, no MTP layer) in place of the test model."""
+  if os.environ.get("ENGINE_MODEL", "test") == "small":
+    cfg = variants.get("small", init_std=0.05)
+    params = random_params(cfg)
+    return cfg, params, jax.tree.map(lambda x: x * 1.05, params)
   # One MoE layer (MLA attention, router, routed + shared experts) and the MTP layer, in
   # place of a dense + MoE pair: compiled for one engine and three meshes.
   cfg = tiny_cfg(vocab_size=VOCAB, num_layers=1, first_k_dense=0, num_mtp_layers=1,

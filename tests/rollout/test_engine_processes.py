@@ -20,20 +20,24 @@ WORKER = pathlib.Path(__file__).with_name("engine_processes_checks.py")
 TIMEOUT_S = 420
 
 
-def launch(processes: int, mesh: dict, weights_quant: str = "none") -> list[dict]:
+def start(processes: int, mesh: dict, weights_quant: str = "none",
+          **env) -> list[subprocess.Popen]:
   from tests.parallel.test_distributed import _free_port  # pylint: disable=g-import-not-at-top
 
   port = _free_port()
-  group = [subprocess.Popen(
+  return [subprocess.Popen(
       [sys.executable, str(WORKER)], cwd=REPO, text=True, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       # No compilation cache: JAX writes it from process 0 only, and a process that
       # compiles while the others load waits past Gloo's rendezvous (as test_distributed).
       env=child_env(C2JAX_XLA_CACHE="off", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                     JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(rank),
-                    ENGINE_MESH=json.dumps(mesh), ENGINE_WEIGHTS_QUANT=weights_quant))
-           for rank in range(processes)]
-  return [json_result(p, TIMEOUT_S) for p in group]
+                    ENGINE_MESH=json.dumps(mesh), ENGINE_WEIGHTS_QUANT=weights_quant, **env))
+          for rank in range(processes)]
+
+
+def launch(processes: int, mesh: dict, weights_quant: str = "none") -> list[dict]:
+  return [json_result(p, TIMEOUT_S) for p in start(processes, mesh, weights_quant)]
 
 
 def assert_same_as_one_device(result):
@@ -55,6 +59,76 @@ def test_two_processes_expert_parallel_across_them_match_one_device():
   assert follower == {"process": 1, "followed": 2}
   experts = leader["held"]["routed experts"]
   assert experts["bytes_per_device"] * 4 == experts["bytes"]
+
+
+@pytest.mark.slow
+def test_a_follower_stuck_loading_weights_is_named_and_the_engine_exits():
+  """The follower never finishes loading weights version 2, so the leader waits inside
+  installing them (placing arrays over both processes is a collective): after the hang
+  timeout its watchdog names process 1 and what it is doing, and it exits 1; so does the
+  follower (its own watchdog, or the job's coordination service once process 0 is gone)."""
+  timeout_s = 8
+  group = start(2, {"expert": 2, "tensor": 2}, ENGINE_HANG_AT="2", ENGINE_HANG_TIMEOUT_S=str(timeout_s))
+  try:
+    outputs = [p.communicate(timeout=TIMEOUT_S) for p in group]
+  finally:
+    for p in group:
+      p.kill()
+  (_, leader_err), _ = outputs
+  assert group[0].returncode == 1, leader_err[-3000:]
+  assert group[1].returncode != 0
+  [line] = [l for l in leader_err.splitlines() if l.startswith("c2jax engine: ")]
+  assert "installing weights version 2" in line and "on process 0" in line, line
+  assert f"hang timeout {timeout_s} s" in line, line
+  assert "waiting for process 1: process 1 (" in line, line
+  assert "loading weights version 2" in line.split("waiting for process 1")[1], line
+
+
+def test_the_watchdog_names_who_is_elsewhere():
+  """Lockstep.Watchdog's diagnosis from the reports in the key-value store (a stand-in
+  client; the two-process test above runs the real one)."""
+  from c2jax.rollout import lockstep  # pylint: disable=g-import-not-at-top
+
+  class Store:
+    def __init__(self):
+      self.kv = {}
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+      assert allow_overwrite
+      self.kv[key] = value
+
+    def key_value_dir_get(self, prefix):
+      return [(k, v) for k, v in self.kv.items() if k.startswith(prefix)]
+
+  import time  # pylint: disable=g-import-not-at-top
+
+  store, hangs = Store(), []
+  dog = lockstep.Watchdog("t/e1", store, timeout_s=10.0, on_hang=hangs.append, poll_s=3600)
+  dog._processes = 4  # pylint: disable=protected-access
+  now = time.time()
+
+  def report(rank, what, command, at=now):
+    store.kv[f"t/e1/where/{rank:06d}"] = json.dumps(
+        {"what": what, "command": command, "for_s": 12.0, "at": at,
+         "host": "h", "pid": 100 + rank})
+
+  report(1, "program 'decode'", 7)
+  report(2, "loading weights version 3", 6)
+  report(3, "program 'decode'", 7, at=now - 3600 * 4)  # its reports stopped long ago
+  doing = ("program 'decode'", 7, time.monotonic() - 11, True, True)
+  hang = dog._diagnose(doing)  # pylint: disable=protected-access
+  assert hang.processes == [2, 3]
+  assert "process 2 (h, pid 102): loading weights version 3 (command 6)" in str(hang)
+  assert "process 3 (h, pid 103): silent for" in str(hang)
+  report(2, "program 'decode'", 7)
+  report(3, "program 'decode'", 7)
+  hang = dog._diagnose(doing)  # pylint: disable=protected-access
+  assert hang.processes == [0, 1, 2, 3] and "every process is inside it" in str(hang)
+  alone = dog._diagnose(("loading weights version 3", 6, time.monotonic(), True, False))  # pylint: disable=protected-access
+  assert alone.processes == [0] and "a step of this process alone" in str(alone)
+  with pytest.raises(ValueError, match="hang_timeout_s"):
+    lockstep.Watchdog("t/e2", store, timeout_s=0)
+  dog.stop()
 
 
 def test_an_engine_mesh_spreads_its_experts_across_processes():

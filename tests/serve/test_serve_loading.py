@@ -247,6 +247,54 @@ def test_a_served_engine_losing_a_process_answers_503_and_stops_naming_it(run_di
         process.wait(30)
 
 
+def test_a_stuck_engine_answers_503_to_the_waiting_and_later_requests(served):
+  """What `c2jax serve` does when the watchdog of its engine over several processes finds
+  a program that never completes (engine.on_hang = service.loop.fail, with the
+  lockstep.EngineHang naming the process): the request waiting inside the stuck step and
+  later ones get 503 engine_unavailable with that message, and on_fatal gets the hang (the
+  command then stops, exit 1; test_engine_processes runs the watchdog itself)."""
+  from concurrent import futures  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+
+  from c2jax.rollout import lockstep  # pylint: disable=g-import-not-at-top
+  from c2jax.serve import Running, Service  # pylint: disable=g-import-not-at-top
+  from tests.serve.conftest import VOCAB, USERS, ScriptedEngine, messages  # pylint: disable=g-import-not-at-top
+
+  inside, release = threading.Event(), threading.Event()
+
+  class Stuck(ScriptedEngine):
+    def _decode(self, batch):
+      inside.set()
+      release.wait(120)  # a collective waiting for a process that never comes
+      return super()._decode(batch)
+
+  fatal = []
+  running = Running(Service(Stuck([5, 6, 7]), served.tokenizer, "stuck", vocab_size=VOCAB,
+                            on_fatal=fatal.append))
+  client = openai.OpenAI(base_url=running.base_url, api_key="none", max_retries=0, timeout=60)
+  ask = lambda: client.chat.completions.create(model="stuck", messages=messages(USERS[0]),
+                                               max_tokens=5)
+  hang = lockstep.EngineHang("program 'decode' (engine command 9) has not completed in 600 s "
+                             "(hang timeout 600 s) on process 0, waiting for process 1", [1])
+  try:
+    with futures.ThreadPoolExecutor(1) as pool:
+      waiting = pool.submit(ask)
+      assert inside.wait(60)
+      running.service.loop.fail(hang)  # from the watchdog's thread
+      with pytest.raises(openai.APIStatusError) as err:
+        waiting.result(60)
+    with pytest.raises(openai.APIStatusError) as later:
+      ask()
+  finally:
+    release.set()
+    running.stop()
+  for error in (err.value, later.value):
+    assert error.status_code == 503 and "engine_unavailable" in str(error.body), error
+    assert "waiting for process 1" in str(error.body), error.body
+  [reported] = fatal
+  assert reported.__cause__ is hang
+
+
 def test_serves_a_qwen3_dense_hf_directory(served, tmp_path):
   """A dense Qwen3 (Qwen3ForCausalLM) HF directory loads and answers over HTTP, with the
   log-probs its engine (decode layout: per-layer arrays) computes for the greedy reply."""

@@ -129,7 +129,8 @@ def serve(cfg, dirs, pool, queue, tokenizer, actor_id: str, weights_dir: str,
                      detokenize=tokenizer.decode, seed=zlib.crc32(actor_id.encode()),
                      parallel=cfg.actors.parallel,
                      num_draft_tokens=cfg.actors.num_draft_tokens,
-                     weights_quant=cfg.actors.weights_quant)
+                     weights_quant=cfg.actors.weights_quant,
+                     hang_timeout_s=cfg.actors.hang_timeout_s)
   if not engine.is_leader:
     # A process other than 0 of a multi-process actor (config.actors.processes): it runs
     # the engine programs process 0 runs, loading each version process 0 swaps in.
