@@ -49,11 +49,9 @@ def main() -> None:
 
   quant = os.environ.get("ENGINE_WEIGHTS_QUANT", "none")
   spread = engine(checks.parallel_cfg(**sizes), quant)
-  # ENGINE_HANG_AT=V: followers never finish loading weights version V (a stuck read).
-  hang_at = int(os.environ.get("ENGINE_HANG_AT", -1))
 
   def load(version):
-    while version == hang_at:
+    while version not in versions:  # ENGINE_HANG_AT below: a read that never ends
       time.sleep(1)
     return versions[version]
 
@@ -67,7 +65,12 @@ def main() -> None:
   scored = spread.logprobs(sequences)
   top = spread.top_logprobs(checks.requests()[5].tokens, 3, temperature=0.7)
   held = spread.resident_weights()
-  spread.stop_followers()
+  # ENGINE_HANG_AT=V: the checks end with a swap to version V, which the followers never
+  # finish loading (a stuck read), so the leader waits inside installing it: the
+  # watchdog ends both (exit 1, naming the follower). Until then the followers wait.
+  hang_at = int(os.environ.get("ENGINE_HANG_AT", -1))
+  if hang_at < 0:
+    spread.stop_followers()
 
   single = engine(weights_quant=quant)
   reference, _ = checks.run(single, host_updated)
@@ -82,7 +85,11 @@ def main() -> None:
   result["processes"], result["devices"] = jax.process_count(), jax.device_count()
   result["mesh"] = {k: v for k, v in spread.placement.mesh.shape.items() if v > 1}
   result["held"] = held
-  print(json.dumps(result))
+  print(json.dumps(result), flush=True)
+  if hang_at >= 0:
+    spread.update_params(host_updated, hang_at)
+    spread.generate(checks.requests()[:1])
+    raise AssertionError(f"installing weights version {hang_at} completed")
 
 
 if __name__ == "__main__":

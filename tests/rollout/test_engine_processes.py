@@ -2,10 +2,10 @@
 devices each): process 0 schedules, the others follow program by program
 (c2jax.rollout.lockstep), and the tokens, log-probs and expert routing equal a one-device
 engine's, through in-flight weight swaps, scoring and top log-probs; with expert
-parallelism across the processes and tensor parallelism inside them."""
+parallelism across the processes and tensor parallelism inside them. A follower stuck
+loading weights is named by the leader's hang watchdog (lockstep.Watchdog)."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -13,15 +13,14 @@ import sys
 import pytest
 
 from tests.rollout.test_engine_sharding import TOLERANCE
-from tests.subprocess_checks import child_env, json_result
+from tests.subprocess_checks import child_env
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 WORKER = pathlib.Path(__file__).with_name("engine_processes_checks.py")
 TIMEOUT_S = 420
 
 
-def start(processes: int, mesh: dict, weights_quant: str = "none",
-          **env) -> list[subprocess.Popen]:
+def start(processes: int, mesh: dict, **env) -> list[subprocess.Popen]:
   from tests.parallel.test_distributed import _free_port  # pylint: disable=g-import-not-at-top
 
   port = _free_port()
@@ -32,12 +31,8 @@ def start(processes: int, mesh: dict, weights_quant: str = "none",
       # compiles while the others load waits past Gloo's rendezvous (as test_distributed).
       env=child_env(C2JAX_XLA_CACHE="off", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                     JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(rank),
-                    ENGINE_MESH=json.dumps(mesh), ENGINE_WEIGHTS_QUANT=weights_quant, **env))
+                    ENGINE_MESH=json.dumps(mesh), **env))
           for rank in range(processes)]
-
-
-def launch(processes: int, mesh: dict, weights_quant: str = "none") -> list[dict]:
-  return [json_result(p, TIMEOUT_S) for p in start(processes, mesh, weights_quant)]
 
 
 def assert_same_as_one_device(result):
@@ -47,41 +42,36 @@ def assert_same_as_one_device(result):
 
 
 @pytest.mark.slow
-def test_two_processes_expert_parallel_across_them_match_one_device():
-  leader, follower = launch(2, {"expert": 2, "tensor": 2})
+def test_two_processes_expert_parallel_across_them_match_one_device_then_a_hang_is_named():
+  """The checks, then a swap to version 3 whose weights the follower never finishes
+  loading, so the leader waits inside installing them (placing arrays over both processes
+  is a collective): after the hang timeout its watchdog names process 1 and what it is
+  doing, and it exits 1; so does the follower (its own watchdog, or the job's
+  coordination service once process 0 is gone)."""
+  timeout_s = 8
+  group = start(2, {"expert": 2, "tensor": 2}, ENGINE_HANG_AT="3",
+                ENGINE_HANG_TIMEOUT_S=str(timeout_s))
+  try:
+    (out, err), _ = [p.communicate(timeout=TIMEOUT_S) for p in group]
+  finally:
+    for p in group:
+      p.kill()
+  assert group[0].returncode == 1 and group[1].returncode != 0, err[-3000:]
+  leader = json.loads(out.strip().splitlines()[-1])
   assert (leader["processes"], leader["devices"]) == (2, 4)
   assert leader["mesh"] == {"expert": 2, "tensor": 2}
   assert_same_as_one_device(leader)
   assert_same_as_one_device(leader["second"])  # swapped back, as version 2
   assert leader["layouts"] == ["params=True,cache=True"]
   assert leader["score_err"] <= TOLERANCE and leader["top_ids_equal"]
-  # The follower ran every program and installed both swaps.
-  assert follower == {"process": 1, "followed": 2}
   experts = leader["held"]["routed experts"]
   assert experts["bytes_per_device"] * 4 == experts["bytes"]
-
-
-@pytest.mark.slow
-def test_a_follower_stuck_loading_weights_is_named_and_the_engine_exits():
-  """The follower never finishes loading weights version 2, so the leader waits inside
-  installing them (placing arrays over both processes is a collective): after the hang
-  timeout its watchdog names process 1 and what it is doing, and it exits 1; so does the
-  follower (its own watchdog, or the job's coordination service once process 0 is gone)."""
-  timeout_s = 8
-  group = start(2, {"expert": 2, "tensor": 2}, ENGINE_HANG_AT="2", ENGINE_HANG_TIMEOUT_S=str(timeout_s))
-  try:
-    outputs = [p.communicate(timeout=TIMEOUT_S) for p in group]
-  finally:
-    for p in group:
-      p.kill()
-  (_, leader_err), _ = outputs
-  assert group[0].returncode == 1, leader_err[-3000:]
-  assert group[1].returncode != 0
-  [line] = [l for l in leader_err.splitlines() if l.startswith("c2jax engine: ")]
-  assert "installing weights version 2" in line and "on process 0" in line, line
+  # The hang: named by the leader's watchdog.
+  [line] = [l for l in err.splitlines() if l.startswith("c2jax engine: ")]
+  assert "installing weights version 3" in line and "on process 0" in line, line
   assert f"hang timeout {timeout_s} s" in line, line
   assert "waiting for process 1: process 1 (" in line, line
-  assert "loading weights version 2" in line.split("waiting for process 1")[1], line
+  assert "loading weights version 3" in line.split("waiting for process 1")[1], line
 
 
 def test_the_watchdog_names_who_is_elsewhere():
