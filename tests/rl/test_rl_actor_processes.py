@@ -1,7 +1,8 @@
 """`c2jax rl` with an actor of two JAX processes (config.actors.processes = 2, one CPU
 device each; the actor's engine mesh expert=2 spans both): process 0 rolls out, process 1
 follows its engine. Killing the follower mid-rollout restarts the actor whole; its leased
-prompt goes back to the pool and no group is lost or trained twice. (2 and 4 processes of
+prompt goes back to the pool and no group is lost or trained twice; the sampler's log-probs
+of an on-policy group are the learner's (mismatch_p99). (2 and 4 processes of
 2 devices, with tensor parallelism inside each: tests/rollout/test_engine_processes.py.)"""
 
 import json
@@ -64,3 +65,8 @@ def test_a_two_process_actor_rolls_out_and_restarts_whole(tmp_path):
   assert not list((workdir / "pool" / "leased").rglob("*.json"))  # none held
   rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [row["step"] for row in rows if "loss" in row] == list(range(1, STEPS + 1))
+  # Step 1 trains a group sampled by version 0, the weights the learner steps from: the
+  # gap between the two-process engine's log-probs and the learner's is numerics alone.
+  first = next(row for row in rows if row["step"] == 1 and "loss" in row)
+  assert first["staleness_tokens"] == 0.0, first
+  assert first["mismatch_p99"] < 1e-5, first
