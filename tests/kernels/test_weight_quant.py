@@ -83,3 +83,39 @@ def test_bad_operands_are_named():
     wq.quantized_grouped_matmul(jnp.ones((4, 32)), w, jnp.array([2, 2]))
   with pytest.raises(ValueError, match="WeightQuant"):
     wq.quantized_grouped_matmul(jnp.ones((4, 64)), jnp.ones((2, 64, 32)), jnp.array([2, 2]))
+
+
+@pytest.mark.parametrize("dtype,scale_rtol", [(np.float32, 2**-23), (jnp.bfloat16, 2**-8)])
+def test_fp8_of_a_released_deepseek_checkpoint_keeps_its_values(dtype, scale_rtol):
+  """An engine holding a DeepSeek-V3 FP8 release as `weights_quant='fp8'` quantises the
+  weights the loader dequantised (in the run's dtype) again: each 128 x 128 block's
+  largest value was 448 x its scale, so the float8 values come back as stored and each
+  scale within the run dtype's rounding of that largest value (one float32 ulp; 2^-8 in
+  bfloat16), not bit for bit (the fixture was written by DeepSeek's reference code,
+  tests/fixtures/quant). (Kimi-K2.5's int4 release does not round-trip: its groups'
+  scales are amax / 7.5 with values down to -8, the engine's amax / 7.)"""
+  import json  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+
+  from c2jax.hf import quant_formats, quantized, safetensors_io  # pylint: disable=g-import-not-at-top
+
+  case = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "quant" / "deepseek_fp8"
+  _, reader = quantized.open_hf(case, json.loads((case / "config.json").read_text()),
+                                dtype=np.dtype(dtype))
+  stored = safetensors_io.SafetensorsReader(case)
+  released = {n.removesuffix(".weight"): (reader.read(n), stored.read(n),
+                                          stored.read(n + "_scale_inv"))
+              for n in reader.names() if ".experts." in n and reader.is_quantized(n)}
+  assert released
+  # And several blocks (384 x 256, [out, in] as DeepSeek stores them), written by
+  # hf.quant_formats.fp8_quantize (bit-compatible with DeepSeek's code, tests/hf).
+  w = np.random.default_rng(0).standard_normal((384, 256)).astype(np.float32)
+  q, scale = quant_formats.fp8_quantize(w, (128, 128))
+  released["blocks"] = (quant_formats.fp8_dequantize(q, scale, (128, 128), np.dtype(dtype)),
+                        q, scale)
+  for name, (dequantized, values, scales) in released.items():
+    held = wq.quantize_weight(jnp.asarray(dequantized).T, "fp8")  # [in, out]
+    np.testing.assert_array_equal(np.asarray(held.values).T.view(np.uint8),
+                                  values.view(np.uint8), err_msg=name)
+    np.testing.assert_allclose(np.asarray(held.scales).T, scales, rtol=scale_rtol, atol=0,
+                               err_msg=name)
