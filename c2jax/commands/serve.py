@@ -153,7 +153,6 @@ def main(argv: list[str]) -> int:
   if spread:
     # A program that never completes (a process stuck elsewhere): 503s, then the stop.
     engine.on_hang = service.loop.fail
-  if spread:
     # uvicorn re-raises a SIGTERM once it has shut down: as an exception it reaches the
     # `finally` below, which stops the followers before this process, which holds the
     # job's coordination service, exits.

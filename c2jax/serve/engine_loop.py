@@ -126,7 +126,9 @@ class EngineLoop:
                                       f"{error}")
       self.failed.__cause__ = error
       streams = list(self._live.values()) + list(self._inbox)
-      delivers = [d for _, d in self._jobs] + [self._running_job] * bool(self._running_job)
+      delivers = [d for _, d in self._jobs]
+      if self._running_job is not None:
+        delivers.append(self._running_job)
       self._live, self._inbox, self._jobs = {}, collections.deque(), collections.deque()
     for stream in streams:
       stream.deliver(("error", self.failed))
