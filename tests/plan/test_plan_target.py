@@ -372,6 +372,19 @@ def test_tokamax_attention_compiles_through_mosaic_per_shard(v5p_devices):
   assert text.count('custom_call_target="tpu_custom_call"') >= 2  # forward and backward
 
 
+def test_actor_weights_reports_a_program_the_compiler_cannot_fit():
+  from tools.compile import actor_weights
+
+  # The TPU compiler's words (libtpu 0.0.50.1, DeepSeek-V3 fp8 on v5p-32).
+  error = RuntimeError(
+      "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory on HBM, the total "
+      "memory required for HLO temporaries (109.14G) exceeds available HBM (95.73G). HLO "
+      "module: jit_prefill_chunk.\nSee https://openxla.org/xla/errors/error_1000 for more.")
+  assert actor_weights._out_of_memory(error) == (  # pylint: disable=protected-access
+      "jit_prefill_chunk needs 109.14 GB of temporaries, 95.73 GB available")
+  assert actor_weights._out_of_memory(ValueError("shapes")) is None  # pylint: disable=protected-access
+
+
 def test_actor_weights_table_counts_quantised_experts(v5p_devices, capsys):
   """tools/compile/actor_weights: per-chip engine bytes by weights_quant on a v5p actor
   mesh; the experts shrink by the formats' bytes per value (plus their scales); with

@@ -11,7 +11,8 @@ engine's shardings on the slice's compile-only devices; arithmetic, no compile).
 markdown table and whether weights + cache leave room on the chip (--hbm_gb, v5p's 95).
 With --compile, each row's engine is also compiled for the slice (its prefill of up to 512
 tokens and its decode over every slot, cache of --max_length): the compiler's peak memory
-per chip and whether it fits; with --cost as well, a second compile with the layers
+per chip and whether it fits (a program the compiler cannot fit in HBM is reported with
+its temporaries, not raised); with --cost as well, a second compile with the layers
 unrolled (XLA costs a loop body once) gives the compiler's time estimate of one decode
 step and the tokens/s per chip it implies (estimates, not measured speed; each compile
 takes minutes at this size on a small machine).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import re
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -62,10 +64,17 @@ def rows(models, actors, quants, *, dtype: str, slots: int, max_length: int,
                    experts_gb=experts / 1e9, cache_gb=held["cache_bytes"] / 1e9)
         if compile_steps:
           cfg.actors.weights_quant = quant
-          steps = target_lib.compile_engine_steps(
-              cfg, None, slots=slots, context=max_length - 512 - 1, prefill=512,
-              decode_steps=1, costed=cost, placement=placement, max_length=max_length,
-              weights_quant=quant)
+          try:
+            steps = target_lib.compile_engine_steps(
+                cfg, None, slots=slots, context=max_length - 512 - 1, prefill=512,
+                decode_steps=1, costed=cost, placement=placement, max_length=max_length,
+                weights_quant=quant)
+          except Exception as e:  # pylint: disable=broad-except
+            oom = _out_of_memory(e)
+            if oom is None:
+              raise
+            yield dict(row, fits=False, peak_gb=None, decode_ms=None, out_of_memory=oom)
+            continue
           reports = [target_lib.step_report(step, target, costed=cost) for step in steps]
           decode = reports[1]
           row.update(peak_gb=max(r["memory"]["total_gb"] for r in reports),
@@ -74,6 +83,18 @@ def rows(models, actors, quants, *, dtype: str, slots: int, max_length: int,
           if row["decode_ms"]:
             row["tokens_per_s_per_chip"] = slots / (row["decode_ms"] / 1e3) / row["chips"]
         yield row
+
+
+def _out_of_memory(error: Exception) -> str | None:
+  """The TPU compiler's 'ran out of memory' error, shortened (None for any other)."""
+  text = str(error)
+  if "RESOURCE_EXHAUSTED" not in text:
+    return None
+  found = re.search(r"temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)\. "
+                    r"HLO module: (\S+?)\.?(\s|$)", text)
+  if found is None:
+    return text.splitlines()[0][:200]
+  return f"{found[3]} needs {found[1]} GB of temporaries, {found[2]} GB available"
 
 
 def main(argv=None) -> None:
@@ -108,7 +129,9 @@ def main(argv=None) -> None:
     line = (f"| {row['model']} | {row['actor']} ({row['chips']}, {row['mesh']}) | {quant} | "
             f"{row['weights_gb']:.1f} ({row['experts_gb']:.1f}) | {row['cache_gb']:.1f} | "
             f"{f'{room:.1f} GB' if room > 0 else 'does not fit'} |")
-    if args.compile:
+    if args.compile and row["peak_gb"] is None:
+      line += f" does not compile: {row['out_of_memory']} |"
+    elif args.compile:
       speed = (f"{row['decode_ms']:.2f} ms, {row['tokens_per_s_per_chip']:,.0f} tokens/s/chip"
                if row.get("decode_ms") else "no estimate")
       line += f" {row['peak_gb']:.1f} GB, {'fits' if row['fits'] else 'does not fit'}, {speed} |"
