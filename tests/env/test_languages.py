@@ -58,10 +58,36 @@ def test_detect_ties_and_misses(tmp_path):
     ('node --test test/', 'node --test --test-reporter=tap test/', 'tap'),
     ('tsc -p . && NODE_ENV=test jest -w', 'npx jest --json', 'jest'),
     ('echo "Error: no test specified" && exit 1', 'node --test --test-reporter=tap', 'tap'),
+    # tape prints TAP by itself and expands the globs it is given, quoted or not.
+    ("nyc tape 'test/**/*.js'", "npx tape 'test/**/*.js'", 'tape'),
+    ('standard && tape test/*.js', "npx tape 'test/*.js'", 'tape'),
+    ('nyc --reporter text --reporter=html tape test.js | tap-spec', 'npx tape test.js', 'tape'),
+    ('c8 npx tape -r ./setup.js test', 'npx tape -r ./setup.js test', 'tape'),
+    ('nyc --reporter=lcov mocha --reporter dot', 'npx mocha --reporter json', 'mocha'),
 ])
 def test_node_test_command(tmp_path, script, command, parser):
   repo = _write(tmp_path, {'package.json': json.dumps({'scripts': {'test': script}})})
   assert node.test_command(repo) == (command, parser)
+
+
+def test_node_test_command_runs_a_node_script_that_loads_tape_under_tape(tmp_path):
+  def command(name, script, files):
+    scripts = {'test': script} if isinstance(script, str) else script
+    return node.test_command(_write(tmp_path / name, {
+        'package.json': json.dumps({'scripts': scripts}), **files}))
+  # minimist 1.2.8's scripts: the test script names another.
+  minimist = {'test': 'npm run tests-only', 'tests-only': "nyc tape 'test/**/*.js'"}
+  assert command('minimist', minimist, {}) == ("npx tape 'test/**/*.js'", 'tape')
+  required = "var test = require('tape');\ntest('pads', function (t) { t.end(); });\n"
+  assert command('file', 'node test', {'test.js': required}) == ('npx tape test.js', 'tape')
+  assert command('dir', 'node test', {'test/index.js': "import test from 'tape';\n"}) == (
+      'npx tape test/index.js', 'tape')
+  assert command('other', 'node spec.js', {'spec.js': required}) == ('npx tape spec.js',
+                                                                      'tape')
+  # A node script without tape (or a missing one) is no runner this module knows.
+  for name, files in (('no_tape', {'test.js': "require('assert');\n"}), ('missing', {})):
+    with pytest.raises(ValueError, match='where FILE requires tape'):
+      command(name, 'node test', files)
 
 
 @pytest.mark.parametrize('manager', ['npm run', 'yarn', 'pnpm'])
@@ -90,8 +116,9 @@ def test_other_test_commands(tmp_path):
     ('go', ['calc_test.go', 'x/y_test.go'], ['calc.go', 'x/y.go'], ['README.md']),
     ('rust', ['tests/api.rs', 'benches/b.rs'], ['src/lib.rs', 'crates/a/src/m.rs'],
      ['build.rs', 'examples/demo/src/main.rs']),
-    ('node', ['a.test.js', 'src/b.spec.ts', 'test/helper.js', '__tests__/c.jsx'],
-     ['src/index.js', 'lib/m.mjs', 'src/app.tsx'],
+    ('node', ['a.test.js', 'src/b.spec.ts', 'test/helper.js', '__tests__/c.jsx', 'test.js',
+              'tests.mjs'],
+     ['src/index.js', 'lib/m.mjs', 'src/app.tsx', 'lib/testing.js'],
      ['jest.config.js', 'types.d.ts', 'README.md']),
     ('python', ['tests/test_a.py', 'pkg/a_test.py', 'conftest.py'], ['pkg/a.py'],
      ['setup.py']),
@@ -117,6 +144,15 @@ def test_test_files_for(tmp_path):
                                  'test/b.test.js': "test('other', () => {});\n"})
   assert node.test_files_for(repo, ['adds > inner']) == ['test/a.test.js']
   assert node.test_files_for(repo, ['test/b.test.js > suite > t']) == ['test/b.test.js']
+  # tape: an id is one test's name, which may hold ' > ' itself; test.js is a test file.
+  repo = _write(tmp_path / 't', {
+      'test.js': "test('a > b', function (t) { t.end(); });\n",
+      'test/a.js': 'test("a", function (t) { t.end(); });\n',
+      'test/both.js': "test(`shared`, (t) => t.end());\ntest('a', (t) => t.end());\n",
+      'lib/shared.js': "exports.name = 'shared';\n"})
+  assert node.test_files_for(repo, ['a > b']) == ['test.js']
+  assert node.test_files_for(repo, ['a']) == ['test/a.js', 'test/both.js']
+  assert node.test_files_for(repo, ['shared', 'missing']) == ['test/both.js']
 
 
 # --- the textual mutator ---------------------------------------------------------------

@@ -71,6 +71,28 @@ EXPECTED = {
                                ('test/crash.test.js: its process exited with code 1',)),
     ('tap', 'timeout'): Expected({'fast': P}, False, ('final plan line',)),
     ('tap', 'empty'): Expected({}),
+    # 'shared name' passes in basic.js and fails in math.js: one id, its worst status.
+    # test.skip('skipped', ...) prints nothing; a reason follows a skipped test's name.
+    ('tape', 'mixed'): Expected({
+        'upper case': P, 'shared name': F, 'adds': P, 'subtracts wrongly': F,
+        'skipped with a reason not on this platform': S, 'todo that fails': S,
+        'one assertion skipped': P, 'only skipped assertions': S, 'with subtests': P,
+        'first': P, 'second # has a hash': F, 'no assertions': P,
+        'plans two, makes one': F}),
+    ('tape', 'crash'): Expected({'upper case': P, 'shared name': P, 'before the exit': P,
+                                 'exits the process': F}, False,
+                                ('exits the process started and never finished',
+                                 'final plan line')),
+    # process.exit(0): tape names each test that never ended, then closes its plan.
+    ('tape', 'exit_zero'): Expected({'before the exit': P, 'exits the process': F,
+                                     'after the exit': F}, False,
+                                    ('after the exit never ended',)),
+    ('tape', 'uncaught'): Expected({'upper case': P, 'shared name': P,
+                                    'schedules a throw': P, 'waits': F}, False,
+                                   ('waits started and never finished', 'final plan line')),
+    ('tape', 'timeout'): Expected({'fast': P, 'hangs': F}, False,
+                                  ('hangs started and never finished',)),
+    ('tape', 'empty'): Expected({}),
     ('jest', 'mixed'): Expected(_MIXED_JEST),
     ('jest', 'crash'): Expected({}, False, _NO_JSON),  # process.exit ends jest itself
     ('jest', 'timeout'): Expected({}, False, _NO_JSON),
@@ -221,6 +243,22 @@ def test_a_json_report_cut_in_the_middle_is_no_report():
   assert report.statuses == {} and not report.complete
 
 
+def test_tape_plan_and_streams_are_checked():
+  # An assertion line lost between the tests and the plan: the run is not whole.
+  log = _log('tape', 'mixed').replace('ok 14 should be truthy\n', '')
+  report = testlogs.parse('tape', log)
+  assert not report.complete
+  assert report.problems == ['tape: the plan announced 16 assertions, the log reports 15']
+  # A stream that stopped without its plan, then another tape run: the first's running
+  # test still fails.
+  report = testlogs.parse('tape', _log('tape', 'timeout') + _log('tape', 'empty'))
+  assert report.statuses == {'fast': P, 'hangs': F} and not report.complete
+  # Nothing from tape at all.
+  report = testlogs.parse('tape', '# looks like a test\nok 1 but no tape ran\n')
+  assert report.statuses == {} and not report.complete
+  assert 'no TAP output found' in report.problems[0]
+
+
 def test_newer_go_build_failure_events():
   # The form go 1.24+ writes (cmd/test2json's build-output / build-fail / FailedBuild);
   # the fixtures' go 1.19 writes the older plain-text form.
@@ -304,6 +342,10 @@ def test_grading_reads_the_tasks_parser():
   assert passed == {'tests/test_mixed.py::test_equal[x y-x y]': True,
                     'tests/test_mixed.py::test_known_bug': True,
                     'tests/test_mixed.py::test_fixed_bug': False}
+  task = _task('tape', ['exits the process', 'after the exit'], ['before the exit'])
+  passed, _ = reward.run_hidden_tests(_ScriptedSandbox(_log('tape', 'crash')), task)
+  assert passed == {'exits the process': False, 'after the exit': False,
+                    'before the exit': True}
 
 
 def test_an_empty_run_is_an_infra_error_unless_the_run_broke_or_is_a_pytest_script():

@@ -8,6 +8,7 @@ SWE-bench has one per repository family).
 Parsers (PARSERS, by the name a task's `test_parser` gives):
   pytest  pytest -rA summary lines and -v lines                    (pytest_log.py)
   tap     node --test --test-reporter=tap                          (tap.py)
+  tape    tape 'test/**/*.js': TAP, '# name' lines then assertions (tape.py)
   jest    jest --json                                              (json_reports.py)
   vitest  vitest run --reporter=json                               (json_reports.py)
   mocha   mocha --reporter json                                    (json_reports.py)
@@ -26,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from c2jax.env.testlogs import cargo, go, json_reports, pytest_log, tap
+from c2jax.env.testlogs import cargo, go, json_reports, pytest_log, tap, tape
 from c2jax.env.testlogs.report import (FAILED, PASSED, SKIPPED, STATUSES, NoTestsSeen,
                                        TestReport, require_tests)
 
@@ -34,6 +35,7 @@ from c2jax.env.testlogs.report import (FAILED, PASSED, SKIPPED, STATUSES, NoTest
 PARSERS: dict[str, Callable[[str], TestReport]] = {
     'pytest': pytest_log.parse,
     'tap': tap.parse,
+    'tape': tape.parse,
     'jest': json_reports.parse_jest,
     'vitest': json_reports.parse_vitest,
     'mocha': json_reports.parse_mocha,
