@@ -2,7 +2,9 @@
 
 The repository is copied into /workspace of a container made from `image` (default
 DEFAULT_IMAGE, the minimal Debian image with Python and pytest that tools/setup.sh builds
-locally; any image with /bin/sh, `timeout`, `kill` and the tasks' tools works).
+locally; any image with /bin/sh, `timeout`, `kill` and the tasks' tools works). With repo
+None nothing is copied: the workspace is what the image holds at /workspace (a task
+image of c2jax/env/images.py, whose /workspace links to the image's WORKDIR).
 
 Limits map to the engine's own: HostConfig Memory/MemorySwap (no swap), PidsLimit,
 NanoCpus, NetworkMode 'none', the fsize ulimit, and the disk quota StorageOpt size (the
@@ -61,6 +63,11 @@ _ENGINES_WITHOUT_QUOTA: set[str] = set()  # base URLs of engines that refused a 
 _ENGINE_CPUS: dict[str, float] = {}  # base URL -> the engine host's CPU count
 
 
+def sandbox_image() -> str:
+  """The image sandboxes start from unless told otherwise."""
+  return os.environ.get('C2JAX_DOCKER_IMAGE') or DEFAULT_IMAGE
+
+
 def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
   # Commands run as a root without CAP_DAC_OVERRIDE: they may change only files they own.
   info.uid = info.gid = 0
@@ -83,8 +90,8 @@ def _refuses_storage_size(error: docker.errors.APIError) -> bool:
 
 @sandbox_lib.register_backend('docker')
 class DockerSandbox(sandbox_lib.Sandbox):
-  """A container over a copy of `repo`. Extra args: image (else C2JAX_DOCKER_IMAGE, else
-  DEFAULT_IMAGE), base_url (else DOCKER_HOST)."""
+  """A container over a copy of `repo` (None: over the image's own /workspace). Extra
+  args: image (else C2JAX_DOCKER_IMAGE, else DEFAULT_IMAGE), base_url (else DOCKER_HOST)."""
 
   def __init__(self, repo, image: str | None = None, base_url: str | None = None,
                _client=None, **limits):
@@ -93,11 +100,12 @@ class DockerSandbox(sandbox_lib.Sandbox):
                                else docker.from_env())
     self._container = None
     self._owned_image = None  # a fork's snapshot image, removed when it closes
-    if isinstance(repo, str) and os.path.isdir(repo):
+    if repo is None:  # the image's own workspace
+      self._base = (image or sandbox_image(), None)
+    elif isinstance(repo, str) and os.path.isdir(repo):
       # Reset starts again from the image and the repository: no commit is needed unless
       # the sandbox is forked.
-      self._base = (image or os.environ.get('C2JAX_DOCKER_IMAGE') or DEFAULT_IMAGE,
-                    os.path.abspath(repo))
+      self._base = (image or sandbox_image(), os.path.abspath(repo))
     else:  # A snapshot image id from `snapshot()`.
       self._base = (repo, None)
     self._container = self._start(*self._base)
@@ -109,7 +117,10 @@ class DockerSandbox(sandbox_lib.Sandbox):
       raise RuntimeError(
           f'The docker engine has no image {image!r}: build the sandbox image with '
           '`bash tools/setup.sh` (as root), or pass image= (or set C2JAX_DOCKER_IMAGE) '
-          'to one that provides /bin/sh, timeout, kill and python.') from None
+          'to one that provides /bin/sh, timeout, kill and python. A task image '
+          '(c2jax-task:...) removed since its task was loaded is rebuilt by loading the '
+          'task folder again with build_images (c2jax eval: remove the run\'s '
+          'tasks/tasks.jsonl).') from None
     except docker.errors.APIError as e:
       raise sandbox_lib.SandboxError(f'docker could not inspect image {image!r}: {e}') from e
     memory = f'{self.limits.memory_mb}m'

@@ -8,6 +8,17 @@ the log parser `test_parser` names (c2jax.env.testlogs: pytest, node's TAP, jest
 vitest, mocha, go test -json, cargo test). A task whose tests are one script
 (Terminal-Bench, Harbor) keeps the default 'pytest' and lists one id, which passes when
 the command exits with 0 and prints no pytest result line.
+
+A Terminal-Bench / Harbor folder loaded with build_image has a docker `image` built from
+its Dockerfile (c2jax.env.images): its sandboxes start from it, the image's WORKDIR
+their workspace, and its tests run as the benchmarks run them: the tests folder (and
+Terminal-Bench's run-tests.sh) in a fresh /tests, the script run from the WORKDIR with
+TEST_DIR=/tests. Without an image they stay in the workspace (tests/, run-tests.sh) and
+run from there. Either way Harbor's reward file (/logs/verifier/reward.txt, or
+reward.json's "reward"; the folder is emptied first) is the verdict when the script
+writes one (1 passes), else the script's exit status; its log is printed with every
+line behind '| ', so that the pytest lines of the tests it runs are not read as the
+task's own test ids.
 """
 
 import dataclasses
@@ -23,6 +34,33 @@ from c2jax.env import testlogs
 # Plugin autoload off: entry-point plugins of a big environment cost seconds per run.
 PYTEST_COMMAND = ('PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -q '
                   '-p no:cacheprovider {tests}')
+
+# A built task's hidden tests are written here in the grader's workspace; its test
+# command moves them to /tests before running its script (see the module docstring).
+IMAGE_TESTS_DIR = '.c2jax_tests'
+_TO_TESTS_DIR = r"""rm -rf /tests && mkdir -p /tests && cp -R {hidden}/. /tests/ &&
+  rm -rf {hidden} || {{ echo 'c2jax: could not put the tests in /tests'; exit 1; }}
+"""
+# A folder task's test command: its script, then the verdict (see the module docstring).
+_SCRIPT_TEST_COMMAND = r"""{prepare}rm -rf /logs/verifier && mkdir -p /logs/verifier ||
+  {{ echo 'c2jax: could not make /logs/verifier'; exit 1; }}
+log=$(mktemp)
+{env}bash {script} > "$log" 2>&1
+code=$?
+sed 's/^/| /' "$log"
+rm -f "$log"
+if [ -s /logs/verifier/reward.txt ]; then
+  reward=$(tr -d ' \t\r\n' < /logs/verifier/reward.txt); from=reward.txt
+elif [ -s /logs/verifier/reward.json ]; then
+  reward=$(tr -d ' \t\r\n' < /logs/verifier/reward.json |
+           sed -n 's/.*"reward":\([-+.0-9eE]*\).*/\1/p'); from=reward.json
+else
+  echo "c2jax: {script} exited $code and wrote no reward file: its exit status decides"
+  exit $code
+fi
+echo "c2jax: /logs/verifier/$from says ${{reward:-no reward}} ({script} exited $code)"
+[ "$(echo "$reward" | sed 's/\.0*$//')" = 1 ]
+"""
 
 
 @dataclasses.dataclass
@@ -44,6 +82,11 @@ class Task:
   # The repository's language (c2jax.env.languages: its toolchain is mounted in the
   # task's bubblewrap sandboxes); '' for Python and hand-made tasks.
   language: str = ''
+  # A Terminal-Bench / Harbor folder's Dockerfile ('' = none), and the image built from
+  # it (c2jax.env.images; '' = not built): the docker backend starts the task's
+  # sandboxes from the image, its WORKDIR the workspace, instead of copying `repo` in.
+  dockerfile: str = ''
+  image: str = ''
 
   def __post_init__(self):
     if not self.fail_to_pass:
@@ -124,10 +167,17 @@ def _read_tree(folder: str, prefix: str) -> dict[str, str]:
   return out
 
 
-def load_task_folder(folder: str) -> Task:
-  """A Terminal-Bench (task.yaml, run-tests.sh, tests/) or Harbor (task.toml,
-  instruction.md, tests/test.sh) task folder. The workspace starts from `environment/`
-  when present (its Dockerfile, if any, is not built: the sandbox's own tools are used)."""
+def load_task_folder(folder: str, build_image: bool = False,
+                     base_images: dict[str, str] | None = None) -> Task:
+  """A Terminal-Bench (task.yaml, run-tests.sh, tests/, a Dockerfile at the root) or
+  Harbor (task.toml, instruction.md, tests/test.sh, environment/Dockerfile) task folder.
+
+  With build_image, the folder's Dockerfile is built (c2jax.env.images, once: a second
+  load finds the image; `base_images` extends the base-image table) and the task runs in
+  that image (see the module docstring). Without it, or without a Dockerfile, the
+  workspace starts from `environment/` (else empty) with the sandbox's own tools, and the
+  tests run in the workspace (`bash tests/test.sh`, `bash run-tests.sh`); the
+  Dockerfile, if any, is recorded but not built."""
   name = os.path.basename(os.path.normpath(folder))
   env_dir = os.path.join(folder, 'environment')
   if os.path.exists(os.path.join(folder, 'task.toml')):
@@ -135,21 +185,22 @@ def load_task_folder(folder: str) -> Task:
       config = tomllib.load(f)
     with open(os.path.join(folder, 'instruction.md')) as f:
       prompt = f.read()
-    command, meta = 'bash tests/test.sh', config.get('metadata', {})
-    hidden = _read_tree(os.path.join(folder, 'tests'), 'tests')
-    source = 'harbor'
+    script, meta, scripts = 'tests/test.sh', config.get('metadata', {}), {}
+    source, context = 'harbor', env_dir
   elif os.path.exists(os.path.join(folder, 'task.yaml')):
     with open(os.path.join(folder, 'task.yaml')) as f:
       config = yaml.safe_load(f)
     prompt, meta = config['instruction'], config
-    hidden = _read_tree(os.path.join(folder, 'tests'), 'tests')
     with open(os.path.join(folder, 'run-tests.sh')) as f:
-      hidden['run-tests.sh'] = f.read()
-    command, source = 'bash run-tests.sh', 'terminal-bench'
+      scripts = {'run-tests.sh': f.read()}
+    script, source, context = 'run-tests.sh', 'terminal-bench', folder
   else:
     raise FileNotFoundError(f'{folder} is not a task folder: expected task.toml + '
                             'instruction.md (Harbor) or task.yaml + run-tests.sh '
                             '(Terminal-Bench).')
+  tests = _read_tree(os.path.join(folder, 'tests'), '')
+  dockerfile = os.path.join(context, 'Dockerfile')
+  dockerfile = os.path.abspath(dockerfile) if os.path.isfile(dockerfile) else ''
   if not os.path.isdir(env_dir):
     env_dir = tempfile.mkdtemp(prefix=f'c2jax-{name}-empty-')
   metadata = {'source': source, 'category': meta.get('category'),
@@ -160,8 +211,24 @@ def load_task_folder(folder: str) -> Task:
       with open(os.path.join(folder, solution)) as f:
         metadata['solution_script'] = f.read()
       break
+  image = ''
+  if build_image and dockerfile:
+    from c2jax.env import images  # pylint: disable=g-import-not-at-top  # the docker SDK
+
+    built = images.build_task_image(context, name, base_images=base_images)
+    image = built.tag
+    metadata['image'] = {'from': built.bases, 'workdir': built.workdir}
+  if image:  # the tests go to /tests, as Terminal-Bench and Harbor put them
+    hidden = {os.path.join(IMAGE_TESTS_DIR, p): text for p, text in {**tests, **scripts}.items()}
+    command = _SCRIPT_TEST_COMMAND.format(
+        prepare=_TO_TESTS_DIR.format(hidden=IMAGE_TESTS_DIR), env='TEST_DIR=/tests ',
+        script='/tests/' + os.path.basename(script))
+  else:
+    hidden = {**{os.path.join('tests', p): text for p, text in tests.items()}, **scripts}
+    command = _SCRIPT_TEST_COMMAND.format(prepare='', env='', script=script)
   return Task(id=name, repo=env_dir, prompt=prompt, test_command=command,
-              fail_to_pass=[name], hidden_files=hidden, metadata=metadata)
+              fail_to_pass=[name], hidden_files=hidden, metadata=metadata,
+              dockerfile=dockerfile, image=image)
 
 
 def is_task_folder(folder: str) -> bool:
@@ -169,15 +236,19 @@ def is_task_folder(folder: str) -> bool:
           os.path.exists(os.path.join(folder, 'task.yaml')))
 
 
-def load_task_folders(path: str) -> list[Task]:
+def load_task_folders(path: str, build_images: bool = False,
+                      base_images: dict[str, str] | None = None,
+                      limit: int = 0) -> list[Task]:
   """One Harbor / Terminal-Bench task folder, or every task folder directly inside
-  `path` (a benchmark checkout's tasks/ directory), sorted by name."""
+  `path` (a benchmark checkout's tasks/ directory), sorted by name; the first `limit`
+  (0: all). build_images and base_images: load_task_folder's."""
   if is_task_folder(path):
-    return [load_task_folder(path)]
-  if not os.path.isdir(path):
+    folders = [path]
+  elif not os.path.isdir(path):
     raise FileNotFoundError(f'{path!r} is not a directory of Harbor / Terminal-Bench tasks.')
-  folders = sorted(os.path.join(path, d) for d in os.listdir(path)
-                   if is_task_folder(os.path.join(path, d)))
+  else:
+    folders = sorted(os.path.join(path, d) for d in os.listdir(path)
+                     if is_task_folder(os.path.join(path, d)))
   if not folders:
     raise FileNotFoundError(f'{path} holds no task folders (task.toml or task.yaml).')
-  return [load_task_folder(f) for f in folders]
+  return [load_task_folder(f, build_images, base_images) for f in folders[:limit or None]]

@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import ml_collections
 
+from c2jax import config as configlib
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
 from c2jax.eval import base_suites, targeted
@@ -129,12 +130,40 @@ def _swebench(args, out_dir):
   return tasks[:args.limit] if args.limit else tasks
 
 
-@register_suite("terminal_bench", defaults=_args(path="", limit=0), oracle=True)
+def _check_terminal_bench(cfg) -> None:
+  """build_images needs the docker backend; base_images entries are 'FROM=IMAGE'."""
+  from c2jax.env import images  # pylint: disable=g-import-not-at-top  # the docker SDK
+
+  args = cfg.suite.args
+  if not args.path:
+    raise configlib.ConfigError("suite.args.path", "is empty; set it to a Harbor / "
+                                "Terminal-Bench task folder or a folder of them.")
+  try:
+    images.parse_base_images(args.base_images)
+  except ValueError as e:
+    raise configlib.ConfigError("suite.args.base_images", str(e)) from None
+  if args.build_images and cfg.agent.backend != "docker":
+    raise configlib.ConfigError(
+        "suite.args.build_images", f"is True but agent.backend is {cfg.agent.backend!r}, "
+        "which cannot start a sandbox from an image; set --config.agent.backend=docker, or "
+        "build_images=False (each task then runs in a copy of its environment/ folder with "
+        "the sandbox's own tools, not in its Dockerfile's image).")
+
+
+@register_suite("terminal_bench", defaults=_args(path="", limit=0, build_images=False,
+                                                 base_images=()),
+                oracle=True, check=_check_terminal_bench)
 def _terminal_bench(args, out_dir):
   """Harbor / Terminal-Bench task folders: `path` is one task folder or a folder of
-  them. The oracle runs each task's reference solution (solution.sh / solution/solve.sh)."""
-  tasks = tasks_lib.load_task_folders(args.path)
-  return tasks[:args.limit] if args.limit else tasks
+  them. With build_images (agent.backend='docker'), each folder's Dockerfile is built and
+  its tasks run in that image (c2jax/env/images.py; base_images: 'FROM=LOCAL_IMAGE'
+  entries ahead of its base table). The oracle runs each task's reference solution
+  (solution.sh / solution/solve.sh)."""
+  from c2jax.env import images  # pylint: disable=g-import-not-at-top  # the docker SDK
+
+  return tasks_lib.load_task_folders(args.path, build_images=args.build_images,
+                                     base_images=images.parse_base_images(args.base_images),
+                                     limit=args.limit)
 
 
 @register_suite("eager_editing", defaults=_args(count=16, seed=0), oracle=True)
