@@ -5,7 +5,11 @@ Variants (the suite; its arguments are config.suite.args):
   revert_restore         functions of PyPI packages reverted and restored (--config.suite.args.packages)
   swebench               SWE-bench-format JSONL: --config.suite.args.path=FILE and
                          --config.suite.args.repos_root=DIR (checkouts per instance_id)
-                         or --config.suite.args.repo_dir=CLONE (base commits exported)
+                         or --config.suite.args.repo_dir=CLONE (base commits exported);
+                         a suite built from packages needs neither (made from them)
+  multilang              swebench over configs/suites/multilang.jsonl: Go, Rust, node
+                         and Python tasks from released packages (docs/tasks.md); the
+                         summary has accuracy per language
   terminal_bench         Harbor / Terminal-Bench task folders: --config.suite.args.path=DIR
   eager_editing          questions that must be answered without editing any file
   instruction_following  bug fixes under explicit, graded constraints
@@ -26,28 +30,36 @@ The base-model suites default to policy.kind='engine' and one greedy sample per 
       --config.policy.run=RUN --config.suite.args.repo=HELD_OUT_REPO
 """
 
+import os
+
 import ml_collections
 
 from c2jax.agent import config as agent_config
 from c2jax.eval import policies, runner, suites
 
 TEST_ARGS = ("procgen", "eager_editing", "instruction_following", "procgen,tiny",
-             "state_tracking,run=runs/tiny/pretrain", "state_tracking,tiny,run=runs/x")
+             "state_tracking,run=runs/tiny/pretrain", "state_tracking,tiny,run=runs/x",
+             "multilang", "multilang,tiny")
+# Variants that are a suite with set arguments: name -> (suite, its arguments).
+PRESETS = {"multilang": ("swebench", {"path": os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "suites", "multilang.jsonl")})}
 
 
 def get_config(arg: str = "procgen"):
   parts = [p for p in (arg or "procgen").split(",") if p]
   suite, options = parts[0], set(p for p in parts[1:] if not p.startswith("run="))
   runs = [p[len("run="):] for p in parts[1:] if p.startswith("run=")]
+  suite, preset = PRESETS.get(suite, (suite, {}))
   if suite not in suites.suite_names():
     raise ValueError(f"configs/eval.py: unknown suite {suite!r}; choose one of "
-                     f"{suites.suite_names()}.")
+                     f"{suites.suite_names() + sorted(PRESETS)}.")
   unknown = sorted(options - {"tiny"})
   if unknown:
     raise ValueError(f"configs/eval.py: unknown option(s) {unknown}; the options are 'tiny' "
                      "and 'run=RUN_DIR'.")
   c = ml_collections.ConfigDict()
   c.suite = ml_collections.ConfigDict({"name": suite, "args": suites.get_suite(suite).defaults()})
+  c.suite.args.update(preset)
   c.policy = policies.default_config()
   c.agent = agent_config.default_config()
   c.eval = runner.default_config()

@@ -48,4 +48,6 @@ def main(argv) -> int:
   overall = summary.get("metrics") or summary["overall"]  # a scored suite's own metrics
   print(json.dumps({k: v for k, v in overall.items() if not isinstance(v, dict)},
                    default=float))
+  if "by_language" in overall:
+    print(json.dumps({"by_language": overall["by_language"]}, default=float))
   return 0

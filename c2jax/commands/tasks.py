@@ -1,5 +1,9 @@
 """`c2jax tasks install --repo DIR|SDIST` and `c2jax tasks build --repo DIR --out suite.jsonl`.
 
+--repo is a checkout, an sdist, or a released package (c2jax/env/packages: npm:NAME
+[@VERSION], deb:PACKAGE[=VERSION] for Debian's golang-*-dev and librust-*-dev source
+packages with their Debian dependencies vendored, pypi:NAME[==VERSION]), fetched once
+into --packages_dir as a git repository whose HEAD becomes the records' base_commit.
 The repository's language is detected from the marker at its root (pyproject.toml /
 setup.py / setup.cfg: python, go.mod: go, Cargo.toml: rust, package.json: node) or
 forced with --language.
@@ -28,10 +32,16 @@ from absl import flags
 
 from c2jax.env import install as install_lib
 from c2jax.env import languages
+from c2jax.env import packages
 from c2jax.env import task_builder
 from c2jax.env import testlogs
 
-_REPO = flags.DEFINE_string('repo', None, 'Repository folder or source distribution (.tar.gz).')
+_REPO = flags.DEFINE_string(
+    'repo', None, 'Repository folder, source distribution (.tar.gz), or a released '
+    'package: npm:NAME[@VERSION], deb:PACKAGE[=VERSION] (Debian golang-*-dev / '
+    'librust-*-dev), pypi:NAME[==VERSION], or an npm .tgz / Debian .deb file.')
+_PACKAGES = flags.DEFINE_string('packages_dir', packages.DEFAULT_CACHE,
+                                'Where fetched packages are kept (by exact version).')
 _OUT = flags.DEFINE_string('out', None, '`build`: the suite JSONL to write.')
 _LANGUAGE = flags.DEFINE_enum('language', 'auto', ['auto', *languages.LANGUAGES],
                               'The repository\'s language; auto: detected from its root.')
@@ -82,16 +92,22 @@ def main(argv: list[str]) -> int:
   if argv[1] == 'build' and not _OUT.value:
     print(f'c2jax tasks build: --out is required.\n{USAGE}', file=sys.stderr)
     return 2
+  package, repo = None, _REPO.value
   try:
-    language = (languages.detect(_REPO.value) if _LANGUAGE.value == 'auto'
+    if packages.is_spec(repo):
+      package = packages.fetch(repo, cache_dir=_PACKAGES.value, timeout_s=_TIMEOUT.value)
+      repo = package.path
+      print(json.dumps({'package': package.spec, 'path': package.path,
+                        'base_commit': package.base_commit, 'steps': package.steps}))
+    language = (languages.detect(repo) if _LANGUAGE.value == 'auto'
                 else languages.get(_LANGUAGE.value))
     config = _config()
-  except (ValueError, FileNotFoundError) as e:
+  except (ValueError, FileNotFoundError, packages.FetchError) as e:
     print(f'c2jax tasks: {e}', file=sys.stderr)
     return 2
   if language.prepare is not None:
-    return _build_without_install(argv[1], language)
-  result = install_lib.install(_REPO.value, config, force=_FORCE.value)
+    return _build_without_install(argv[1], language, repo, package)
+  result = install_lib.install(repo, config, force=_FORCE.value)
   print(result.report() + (' [cached]' if result.cached else ''))
   if not result.ok:
     return 1
@@ -99,7 +115,7 @@ def main(argv: list[str]) -> int:
     records = task_builder.build_suite(
         result, _OUT.value, kinds=tuple(_KINDS.value), max_tasks=_MAX_TASKS.value,
         max_candidates=_MAX_CANDIDATES.value, seed=_SEED.value, timeout_s=_TIMEOUT.value,
-        memory_mb=_MEMORY.value)
+        memory_mb=_MEMORY.value, package=package)
     print(json.dumps({'suite': _OUT.value, 'tasks': len(records),
                       'by_kind': {k: sum(r['created_by'] == k for r in records)
                                   for k in task_builder.KINDS}}))
@@ -110,20 +126,21 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def _build_without_install(command: str, language: languages.Language) -> int:
+def _build_without_install(command: str, language: languages.Language, repo: str,
+                           package: packages.Package | None) -> int:
   """Go, Rust, node: the build fetches what the tests need itself."""
   if command == 'install':
-    print(f'c2jax tasks install: {_REPO.value} is a {language.name} repository; '
+    print(f'c2jax tasks install: {repo} is a {language.name} repository; '
           '`c2jax tasks build` prepares it (install is for Python).', file=sys.stderr)
     return 2
   report = languages.report_path(_OUT.value)
   try:
     records = languages.build_suite(
-        _REPO.value, _OUT.value, language=language.name, kinds=tuple(_KINDS.value),
+        repo, _OUT.value, language=language.name, kinds=tuple(_KINDS.value),
         max_tasks=_MAX_TASKS.value,
         max_candidates=_MAX_CANDIDATES.value, seed=_SEED.value, timeout_s=_TIMEOUT.value,
-        memory_mb=_MEMORY.value)
-  except ValueError as e:  # the repository or the flags do not fit
+        memory_mb=_MEMORY.value, package=package)
+  except (ValueError, RuntimeError) as e:  # the repository, its fetch or the flags
     print(f'c2jax tasks build: {e}', file=sys.stderr)
     return 2
   except testlogs.NoTestsSeen as e:

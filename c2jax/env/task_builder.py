@@ -6,9 +6,13 @@
 Every candidate edit (bug_injection.mutations: a planted bug; revert: a function body
 replaced by `raise NotImplementedError`, as revert_restore.py does for pinned sdists) is
 applied in a fork of a sandbox that starts from the repository's environment layer, and
-the tests run: baseline-passing tests that now fail are FAIL_TO_PASS, the rest
-PASS_TO_PASS. An edit no test catches, or one that breaks every test (the module no
-longer imports), is discarded. Each task's repository is the edited tree without the
+the tests run, twice for each tree: tests that passed in both baseline runs and fail
+in both edited runs are FAIL_TO_PASS, those that pass in all four PASS_TO_PASS, and an
+id whose result differs between two runs of one tree is flaky and in neither. Then the
+task is graded as grading will run it (its ids named on pytest's command line, in that
+order), twice on the edited tree and twice on the untouched one: an id that changes
+there (a test that needs the rest of the suite, or its order) goes. An edit no test
+catches, or one that breaks every test (the module no longer imports), is discarded. Each task's repository is the edited tree without the
 test files that hold its FAIL_TO_PASS tests; those come back as `test_patch` at grading.
 `patch` is the gold fix (the edit reversed). Records carry c2jax's `environment` (the
 layer) and `test_command`, which load_swebench_jsonl reads.
@@ -22,6 +26,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 
 from c2jax.env import bubblewrap, bug_injection, revert_restore
@@ -65,6 +70,20 @@ def _candidates(repo: str, kinds, seed: int):
     yield from (candidate for candidate in group if candidate is not None)
 
 
+def _run_twice(sandbox, command: str, tests: list[str] | None = None):
+  """(ids that passed in both runs, in the first run's order; ids that passed in
+  either; the last output) of the test command run twice, over `tests` (in grading's
+  order) or every test. An id that passes in one run only is flaky: never a test to
+  count on either way."""
+  selected = ' '.join(shlex.quote(t) for t in tests) if tests else ''
+  first, second = (verify.parse(r.text, r.exit_code) for r in
+                   (sandbox.run_shell(command.replace('{tests}', selected))
+                    for _ in range(2)))
+  again = set(second.passed)
+  return ([t for t in first.passed if t in again], set(first.passed) | again,
+          second.output)
+
+
 def _first_failure(output: str) -> str:
   lines = [line for line in output.splitlines() if line.startswith('E ')]
   return '\n'.join(lines[:8])
@@ -83,9 +102,11 @@ def _statement(kind, module, func, fail_to_pass, output) -> str:
 
 def build_suite(install_result, out_path: str, kinds=KINDS, max_tasks: int = 8,
                 max_candidates: int = 40, seed: int = 0, timeout_s: float = 600.0,
-                memory_mb: int = 4096) -> list[dict]:
+                memory_mb: int = 4096, package=None) -> list[dict]:
   """Writes the suite to out_path (JSONL) and each task's repository under
-  `<out_path without .jsonl>.repos/<instance_id>`; returns the records."""
+  `<out_path without .jsonl>.repos/<instance_id>`; returns the records. `package`
+  (c2jax.env.packages.Package): the sdist was fetched as that package, whose exact
+  spec the records name as `repo`."""
   if not install_result.ok:
     raise ValueError(f'{install_result.repo} is not installed (its install failed: '
                      f'{install_result.error[-300:]}); fix the install first.')
@@ -94,32 +115,40 @@ def build_suite(install_result, out_path: str, kinds=KINDS, max_tasks: int = 8,
     raise ValueError(f'Unknown task kind(s) {bad or kinds}; choose from {KINDS}.')
   repo, layer, command = install_result.repo, install_result.layer, install_result.test_command
   repos_root = re.sub(r'\.jsonl$', '', out_path) + '.repos'
-  name = re.sub(r'[^A-Za-z0-9_.-]', '_', os.path.basename(os.path.normpath(repo)))
+  label = package.name if package else os.path.basename(os.path.normpath(repo))
+  name = re.sub(r'[^A-Za-z0-9_.-]', '_', label)
+  origin = package.spec if package else os.path.basename(os.path.normpath(repo))
   records = []
   with bubblewrap.BubblewrapSandbox(repo, env_layer=layer, timeout_s=timeout_s,
                                     memory_mb=memory_mb) as base:
-    run = base.run_shell(command.replace('{tests}', ''))
-    baseline = verify.parse(run.text, run.exit_code)
-    passing = baseline.passed
+    passing, _, _ = _run_twice(base, command)
     if not passing:
-      raise RuntimeError(f'No test of {repo} passes in its environment layer; nothing can '
-                         'tell a planted bug from the baseline.')
+      raise RuntimeError(f'No test of {repo} passes twice in a row in its environment '
+                         'layer; nothing can tell a planted bug from the baseline.')
     for number, (kind, rel, func, original, edited) in enumerate(
         _candidates(repo, kinds, seed)):
       if len(records) >= max_tasks or number >= max_candidates:
         break
       with base.fork() as trial:
         trial.write_file(rel, edited.encode())
-        run = trial.run_shell(command.replace('{tests}', ''))
-        after = verify.parse(run.text, run.exit_code)
-      now_passing = set(after.passed)
-      fail_to_pass = [t for t in passing if t not in now_passing]
-      if not fail_to_pass or (len(fail_to_pass) == len(passing) > 1):
+        both, either, output = _run_twice(trial, command)
+        fail_to_pass = [t for t in passing if t not in either]
+        pass_to_pass = [t for t in passing if t in both]
+        if not fail_to_pass or (len(fail_to_pass) == len(passing) > 1):
+          continue
+        # As grading runs them (these ids, in this order) the edit must still fail its
+        # FAIL_TO_PASS ids and the untouched tree pass them all: a test that depends on
+        # the others' order, or on the whole suite running, goes.
+        graded_both, graded_either, _ = _run_twice(trial, command, fail_to_pass + pass_to_pass)
+      gold, _, _ = _run_twice(base, command, fail_to_pass + pass_to_pass)
+      fail_to_pass = [t for t in fail_to_pass if t not in graded_either and t in gold]
+      pass_to_pass = [t for t in pass_to_pass if t in graded_both and t in gold]
+      if not fail_to_pass:
         continue
       instance_id = re.sub(r'[^A-Za-z0-9_.-]', '_', f'{name}.{kind}.{func}.{len(records)}')
       records.append(_write_task(
           instance_id, kind, repo, rel, func, original, edited, fail_to_pass,
-          [t for t in passing if t in now_passing], after.output, repos_root, layer, command))
+          pass_to_pass, output, repos_root, layer, command, origin))
   os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
   with open(out_path + '.tmp', 'w') as f:
     for record in records:
@@ -129,7 +158,7 @@ def build_suite(install_result, out_path: str, kinds=KINDS, max_tasks: int = 8,
 
 
 def _write_task(instance_id, kind, repo, rel, func, original, edited, fail_to_pass,
-                pass_to_pass, output, repos_root, layer, command) -> dict:
+                pass_to_pass, output, repos_root, layer, command, origin) -> dict:
   task_repo = os.path.join(repos_root, instance_id)
   shutil.rmtree(task_repo, ignore_errors=True)
   shutil.copytree(repo, task_repo, symlinks=True,
@@ -143,10 +172,11 @@ def _write_task(instance_id, kind, repo, rel, func, original, edited, fail_to_pa
     os.remove(os.path.join(task_repo, test_file))
   module = rel[:-3].replace('/', '.').removeprefix('src.').removesuffix('.__init__')
   return {
-      'instance_id': instance_id, 'repo': os.path.basename(os.path.normpath(repo)),
+      'instance_id': instance_id, 'repo': origin,
       'base_commit': '', 'version': '', 'created_by': kind,
       'problem_statement': _statement(kind, module, func, fail_to_pass, output),
       'patch': unified_diff(edited, original, rel), 'test_patch': test_patch,
       'FAIL_TO_PASS': json.dumps(fail_to_pass), 'PASS_TO_PASS': json.dumps(pass_to_pass),
-      'environment': layer, 'test_command': command,
+      'environment': layer, 'test_command': command, 'test_parser': 'pytest',
+      'language': 'python',
   }

@@ -81,6 +81,22 @@ def task_metrics(samples: list[dict], ks: Sequence[int]) -> dict:
   return out
 
 
+def _grouped(scored: list[dict], infra: list[dict], field: str) -> dict:
+  """Accuracy (over scored episodes), episodes, tasks and infrastructure errors per
+  value of a record field."""
+  groups: dict[str, list[dict]] = collections.defaultdict(list)
+  for r in scored + infra:
+    groups[str(r.get(field))].append(r)
+  out = {}
+  for value, rs in sorted(groups.items()):
+    scores = [float(r["score"]) for r in rs if not r.get("infra_error")]
+    out[value] = {"episodes": len(scores),
+                  "accuracy": float(np.mean(scores)) if scores else None,
+                  "tasks": len({r["task_id"] for r in rs}),
+                  "infra_errors": sum(bool(r.get("infra_error")) for r in rs)}
+  return out
+
+
 def summarize(records: Iterable[dict], ks: Sequence[int] = (1,)) -> dict:
   """Overall and per-task metrics of a results file's records (last record per
   (task, sample) wins; callers pass the deduplicated list)."""
@@ -109,11 +125,9 @@ def summarize(records: Iterable[dict], ks: Sequence[int] = (1,)) -> dict:
     overall[field] = _stat([r.get(field) for r in scored])
   costs = [r.get("cost") for r in scored + infra if r.get("cost") is not None]
   overall["total_cost"] = float(sum(costs)) if costs else None
-  categories: dict[str, list[float]] = collections.defaultdict(list)
-  for r in scored:
-    categories[str(r.get("category"))].append(float(r["score"]))
-  overall["by_category"] = {c: {"episodes": len(s), "accuracy": float(np.mean(s))}
-                            for c, s in sorted(categories.items())}
+  overall["by_category"] = _grouped(scored, infra, "category")
+  if any(r.get("language") for r in records):  # tasks of several languages
+    overall["by_language"] = _grouped(scored, infra, "language")
   reasons = collections.Counter(r.get("finish_reason") for r in scored)
   overall["finish_reasons"] = dict(sorted((str(k), v) for k, v in reasons.items()))
   return {"overall": overall, "per_task": per_task}

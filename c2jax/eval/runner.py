@@ -97,6 +97,7 @@ def _record(job, outcome, policy_label, suite_name, reward, attempts) -> dict:
   task = job.task
   base = {"task_id": task.id, "sample": job.sample, "seed": job.seed, "suite": suite_name,
           "policy": policy_label, "category": task.metadata.get("category"),
+          "language": task.language or None,
           "attempts": attempts, "finished_at": round(time.time(), 3)}
   if isinstance(outcome, BaseException):
     return dict(base, infra_error=f"{type(outcome).__name__}: {outcome}"[:2000],

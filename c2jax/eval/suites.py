@@ -27,8 +27,10 @@ from collections.abc import Callable
 import ml_collections
 
 from c2jax import config as configlib
+from c2jax.env import packages
 from c2jax.env import procgen
 from c2jax.env import tasks as tasks_lib
+from c2jax.env.packages import instances
 from c2jax.eval import base_suites, targeted
 
 KINDS = ("agent", "scored")
@@ -113,20 +115,29 @@ def _revert_restore(args, out_dir):
 
 @register_suite("swebench", defaults=_args(path="", repos_root="", repo_dir="",
                                            test_command=tasks_lib.PYTEST_COMMAND,
+                                           packages_dir=packages.DEFAULT_CACHE,
                                            limit=0), oracle=True)
 def _swebench(args, out_dir):
   """SWE-bench-format JSONL (instance_id, repo, base_commit, patch, test_patch,
   FAIL_TO_PASS, PASS_TO_PASS, version) over checkouts in repos_root/<instance_id>, or
-  snapshots exported at each base_commit from one local clone, repo_dir."""
+  snapshots exported at each base_commit from one local clone, repo_dir, or, for a
+  suite `c2jax tasks build` made from released packages (every `repo` an npm:, deb: or
+  pypi: spec), neither: the checkouts are made from the packages, once, under
+  packages_dir (c2jax/env/packages/instances.py)."""
   from c2jax.eval import swebench  # pylint: disable=g-import-not-at-top
 
-  if not args.path or bool(args.repos_root) == bool(args.repo_dir):
+  path = args.path
+  if path and not args.repos_root and not args.repo_dir and instances.is_package_suite(path):
+    path, root = instances.materialise(path, cache_dir=args.packages_dir)
+  elif not path or bool(args.repos_root) == bool(args.repo_dir):
     raise ValueError("suite swebench needs config.suite.args.path (the JSONL) and exactly "
                      "one of suite.args.repos_root (checkouts per instance_id) or "
-                     "suite.args.repo_dir (a git clone to export base commits from).")
-  root = args.repos_root or swebench.export_snapshots(args.path, args.repo_dir,
-                                                      os.path.join(out_dir, "repos"))
-  tasks = tasks_lib.load_swebench_jsonl(args.path, root, args.test_command)
+                     "suite.args.repo_dir (a git clone to export base commits from); "
+                     "a suite built from packages (npm:, deb:, pypi: repos) needs neither.")
+  else:
+    root = args.repos_root or swebench.export_snapshots(path, args.repo_dir,
+                                                        os.path.join(out_dir, "repos"))
+  tasks = tasks_lib.load_swebench_jsonl(path, root, args.test_command)
   return tasks[:args.limit] if args.limit else tasks
 
 

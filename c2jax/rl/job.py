@@ -87,9 +87,11 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   # Each actor's engine mesh over its own process's devices (c2jax.rollout.sharding):
   # all axes 1 is one device; e.g. actors.parallel.mesh.fsdp=8 shards it over 8.
   c.actors.parallel = engine_sharding.engine_parallel_defaults()
+  # packages_dir: where a suite built from released packages has its packages and
+  # instance checkouts made ('' = ~/.cache/c2jax/packages; c2jax/env/packages).
   c.tasks = ml_collections.ConfigDict(dict(
       source="procgen", difficulties=(1, 2, 3, 4), train_count=64, heldout_count=16,
-      seed=0, path="", repos_root=""))
+      seed=0, path="", repos_root="", packages_dir=""))
   # at_start: evaluate the starting policy before the first step (the baseline).
   c.eval = ml_collections.ConfigDict(dict(every=10, samples=4, temperature=1.0, slots=16,
                                           at_start=True))

@@ -110,3 +110,18 @@ def spun_cpu_seconds(box, cpus) -> float:
   used = float(result.text.split('cpu ')[1].split()[0])
   assert used <= cpus * 2 + 0.15, f'{used:.2f} CPU s under a quota of {cpus} cores in 2 s'
   return used
+
+
+def grade(task, patch: str = ''):
+  """The task graded as the RL loop grades it, in the bubblewrap sandbox it starts for
+  the task (its language's toolchain mounted), after applying `patch` (e.g. the gold
+  one) when given."""
+  from c2jax.env import reward  # pylint: disable=g-import-not-at-top
+  from c2jax.env import sandbox as sandbox_lib  # pylint: disable=g-import-not-at-top
+
+  with sandbox_lib.make_task_sandbox('bubblewrap', task, timeout_s=120) as box:
+    if patch:
+      box.write_file('gold.patch', patch.encode())
+      applied = box.run_shell('patch -p1 < gold.patch && rm gold.patch')
+      assert applied.exit_code == 0, applied.text
+    return reward.grade(box, task)

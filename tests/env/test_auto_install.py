@@ -41,12 +41,30 @@ def test_host_patterns():
   assert not egress.host_allowed('pythonhosted.org.evil', hosts)
 
 
+# Passes in the file's order and fails once test_z_total has run: grading names
+# FAIL_TO_PASS ids first, so under a bug in `total` it would fail the gold patch.
+_ORDER_TESTS = '''from calc import total
+
+STATE = []
+
+
+def test_a_before_total():
+  assert STATE == []
+
+
+def test_z_total():
+  STATE.append(1)
+  assert total([1, 2]) == 3
+'''
+
+
 @pytest.mark.slow
 def test_install_pure_python_then_build_tasks(tmp_path, cache):
   repo = _repo(tmp_path / 'calc', 'calc', [])
+  write_tree(repo, {'tests/test_order.py': _ORDER_TESTS})
   result = install(repo, InstallConfig(cache_dir=cache))
   assert result.ok, result.report()
-  assert result.verification['passed'] == 4 and result.verification['collected'] == 4
+  assert result.verification['passed'] == 6 and result.verification['collected'] == 6
   assert install(repo, InstallConfig(cache_dir=cache)).cached  # by repository hash
 
   out = str(tmp_path / 'suite.jsonl')
@@ -54,6 +72,12 @@ def test_install_pure_python_then_build_tasks(tmp_path, cache):
   assert {r['created_by'] for r in records} == {'mutate', 'revert'}
   tasks = tasks_lib.load_swebench_jsonl(out, str(tmp_path / 'suite.repos'))
   assert len(tasks) == len(records) >= 2
+  # Graded as grading runs them, the order-dependent test is not a PASS_TO_PASS test of
+  # a task whose FAIL_TO_PASS tests run test_z_total first.
+  in_total = [t for t in tasks if 'tests/test_order.py::test_z_total' in t.fail_to_pass]
+  assert in_total
+  assert all('tests/test_order.py::test_a_before_total' not in t.pass_to_pass
+             for t in in_total)
   for task in tasks:
     assert task.environment == result.layer
     # The tests that catch the bug are hidden from the agent's repository.

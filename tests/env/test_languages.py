@@ -6,13 +6,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
-from c2jax.env import reward, tasks, testlogs
-from c2jax.env import sandbox as sandbox_lib
+from c2jax.env import tasks, testlogs
 from c2jax.env.languages import LANGUAGES, build_suite, detect, get, mutate, report_path
 from c2jax.env.languages import go, node, revert, rust
+from env_testlib import grade as _grade
 
 
 def _write(root, files: dict[str, str]) -> str:
@@ -84,6 +85,12 @@ def test_node_test_command_runs_a_node_script_that_loads_tape_under_tape(tmp_pat
       'npx tape test/index.js', 'tape')
   assert command('other', 'node spec.js', {'spec.js': required}) == ('npx tape spec.js',
                                                                       'tape')
+  # object-keys 1.1.1's: a manager flag before the script's name, and a test file that
+  # loads tape through a local file it requires.
+  object_keys = {'test': 'npm run --silent tests-only', 'tests-only': 'node test/index.js'}
+  assert command('chain', object_keys, {
+      'test/index.js': "require('./shim');\n", 'test/shim.js': required}) == (
+          'npx tape test/index.js', 'tape')
   # A node script without tape (or a missing one) is no runner this module knows.
   for name, files in (('no_tape', {'test.js': "require('assert');\n"}), ('missing', {})):
     with pytest.raises(ValueError, match='where FILE requires tape'):
@@ -396,17 +403,6 @@ _CASES = {
 }
 
 
-def _grade(task, patch: str) -> reward.Grade:
-  """Graded in the sandbox the RL loop and `c2jax eval` start for the task (its language's
-  toolchain mounted where it lives outside /usr: rustup's)."""
-  with sandbox_lib.make_task_sandbox('bubblewrap', task, timeout_s=120) as sandbox:
-    if patch:
-      sandbox.write_file('gold.patch', patch.encode())
-      applied = sandbox.run_shell('patch -p1 < gold.patch && rm gold.patch')
-      assert applied.exit_code == 0, applied.text
-    return reward.grade(sandbox, task)
-
-
 def _skip_without(name, tools):
   missing = [t for t in tools + ('bwrap',) if shutil.which(t) is None]
   if missing:
@@ -532,6 +528,31 @@ def test_build_refuses_python_and_reports_a_run_without_tests(tmp_path):
   with pytest.raises(testlogs.NoTestsSeen, match='No test of'):
     build_suite(repo, out, timeout_s=60)
   assert json.loads(open(report_path(out)).read())['baseline']['passed'] == 0
+
+
+def test_an_edit_that_hangs_the_tests_is_dropped_in_a_bounded_time(tmp_path, monkeypatch):
+  if shutil.which('node') is None or shutil.which('bwrap') is None:
+    pytest.skip('node or bwrap not installed')
+  from c2jax.env.languages import build
+  monkeypatch.setattr(build, 'CANDIDATE_TIMEOUT_FLOOR_S', 3.0)
+  # The loop's step made `i - 1` or `i + 0` never ends.
+  repo = _write(tmp_path / 'js', {
+      'package.json': json.dumps({'scripts': {'test': 'node --test'}}),
+      'lib/steps.js': ('function steps(n) {\n  let i = 0;\n  while (i < n) {\n'
+                       '    i = i + 1;\n  }\n  return i;\n}\nmodule.exports = { steps };\n'),
+      'test/steps.test.js': ("const test = require('node:test');\n"
+                             "const assert = require('node:assert');\n"
+                             "const { steps } = require('../lib/steps');\n"
+                             "test('steps', () => assert.strictEqual(steps(3), 3));\n")})
+  out = str(tmp_path / 'out.jsonl')
+  started = time.monotonic()
+  build_suite(repo, out, kinds=('mutate',), max_tasks=10, timeout_s=120)
+  report = json.loads(open(report_path(out)).read())
+  assert report['baseline']['candidate_timeout_s'] == 3.0
+  (hung,) = [c for c in report['candidates'] if c['line'] == 4]
+  assert hung['after'].strip() in ('i = i - 1;', 'i = i + 0;') and not hung['kept']
+  assert hung['reason'].startswith('the tests did not end within 3 s')
+  assert time.monotonic() - started < 60  # not the 120 s of timeout_s, twice
 
 
 # --- the command line --------------------------------------------------------------------

@@ -61,5 +61,20 @@ def test_summarize_excludes_infra_errors_and_computes_pass_and_best_of_k():
   assert per_task["b"]["best_of_2"] == 0.0
   assert overall["completion_tokens"]["median"] == 10
   assert overall["total_cost"] == pytest.approx(0.5 * 10)  # infra attempts cost too
-  assert overall["by_category"] == {"A": {"episodes": 5, "accuracy": 0.4},
-                                    "B": {"episodes": 4, "accuracy": 0.0}}
+  assert overall["by_category"] == {
+      "A": {"episodes": 5, "accuracy": 0.4, "tasks": 1, "infra_errors": 0},
+      "B": {"episodes": 4, "accuracy": 0.0, "tasks": 1, "infra_errors": 1}}
+  assert "by_language" not in overall  # no record names a language
+
+
+def test_summarize_reports_accuracy_per_language():
+  records = [dict(_record(t, s, score), language=language)
+             for t, language, score in (("g1", "go", 1.0), ("g2", "go", 0.0),
+                                        ("r1", "rust", 1.0), ("p1", None, 0.0))
+             for s in range(2)]
+  records.append(dict(_record("r2", 0, None, infra=True), language="rust"))
+  by_language = metrics.summarize(records)["overall"]["by_language"]
+  assert by_language == {
+      "go": {"episodes": 4, "accuracy": 0.5, "tasks": 2, "infra_errors": 0},
+      "rust": {"episodes": 2, "accuracy": 1.0, "tasks": 2, "infra_errors": 1},
+      "None": {"episodes": 2, "accuracy": 0.0, "tasks": 1, "infra_errors": 0}}

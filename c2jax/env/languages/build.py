@@ -16,6 +16,8 @@ a SWE-bench-format suite and a build report.
    statement that fails), interleaved. A test whose status differs between the two
    runs of one tree is flaky and counts for nothing. FAIL_TO_PASS: passed in both base
    runs, failed (not skipped) in both edited runs; PASS_TO_PASS: passed in all four.
+   An edited tree's run gets candidate_timeout (5x the base runs' slowest, at least
+   30 s): an edit that hangs the tests is dropped after one such run.
 3. A candidate is kept when it has FAIL_TO_PASS tests. Unlike task_builder.py's Python
    rule, one that fails every test is kept: a test counts only when the log reports it
    failed by its own id, and an edit that breaks the build (a compile error, a module
@@ -39,12 +41,18 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import tempfile
+import time
 
 from c2jax.env import bubblewrap, task_builder, testlogs
 from c2jax.env.languages import base, mutate, registry, revert
 
 _diff, _added_file_diff = task_builder.unified_diff, task_builder.added_file_diff
+# An edited tree's tests get this many times the unchanged tree's slowest run, and at
+# least the floor (a cold build cache, a loaded machine), before the edit is dropped.
+CANDIDATE_TIMEOUT_FACTOR = 5.0
+CANDIDATE_TIMEOUT_FLOOR_S = 30.0
 
 
 def report_path(out_path: str) -> str:
@@ -59,15 +67,31 @@ def _stable(first: testlogs.TestReport, second: testlogs.TestReport):
   return stable, sorted(ids - set(stable))
 
 
-def _run_twice(sandbox, command: str, parser: str) -> dict:
+def _run_twice(sandbox, command: str, parser: str, timeout_s: float | None = None) -> dict:
   """The tests of one tree, run twice: the statuses both runs agree on, the flaky ids,
-  what the parser found odd, whether any test was seen, the last run's output."""
-  results = [sandbox.run_shell(command) for _ in range(2)]
-  first, second = (testlogs.parse(parser, result.text) for result in results)
+  what the parser found odd, whether any test was seen, the last run's output, the
+  slowest run's seconds, and whether a run timed out (then there is no second run:
+  it would only time out again)."""
+  results, seconds = [], 0.0
+  for _ in range(2):
+    started = time.monotonic()
+    results.append(sandbox.run_shell(command, timeout_s=timeout_s))
+    seconds = max(seconds, time.monotonic() - started)
+    if results[-1].timed_out:
+      break
+  first, second = (testlogs.parse(parser, results[k].text) for k in (0, -1))
   statuses, flaky = _stable(first, second)
   return {'statuses': statuses, 'flaky': flaky,
           'problems': list(dict.fromkeys(first.problems + second.problems)),
-          'seen': bool(first.statuses or second.statuses), 'output': results[-1].text}
+          'seen': bool(first.statuses or second.statuses), 'output': results[-1].text,
+          'seconds': seconds, 'timed_out': results[-1].timed_out}
+
+
+def candidate_timeout(baseline_s: float, timeout_s: float) -> float:
+  """How long an edited tree's tests may run: CANDIDATE_TIMEOUT_FACTOR times the
+  unchanged tree's slowest run, at least CANDIDATE_TIMEOUT_FLOOR_S, at most timeout_s.
+  An edit that makes a test loop for ever is dropped in that time, not timeout_s."""
+  return min(timeout_s, max(CANDIDATE_TIMEOUT_FLOOR_S, CANDIDATE_TIMEOUT_FACTOR * baseline_s))
 
 
 def _candidates(repo: str, language: base.Language, kinds, seed: int) -> list[mutate.Edit]:
@@ -97,6 +121,9 @@ def _task_kind(edit: mutate.Edit) -> str:
 def _verdict(passing: list[str], after: dict) -> tuple[list[str], list[str], str]:
   """(FAIL_TO_PASS, PASS_TO_PASS, why it is dropped or '')."""
   statuses, problems = after['statuses'], '; '.join(after['problems'])
+  if after['timed_out']:
+    return [], [], (f'the tests did not end within {after["seconds"]:.0f} s (the edit '
+                    'hangs them; see candidate_timeout)')
   if not after['seen']:
     return [], [], f'the test run named no test ({problems or "no result in the log"})'
   fail_to_pass = [t for t in passing if statuses.get(t) == testlogs.FAILED]
@@ -109,10 +136,14 @@ def _verdict(passing: list[str], after: dict) -> tuple[list[str], list[str], str
 
 def build_suite(repo: str, out_path: str, language: str | None = None,
                 kinds=task_builder.KINDS, max_tasks: int = 8, max_candidates: int = 40,
-                seed: int = 0, timeout_s: float = 600.0, memory_mb: int = 4096) -> list[dict]:
+                seed: int = 0, timeout_s: float = 600.0, memory_mb: int = 4096,
+                package=None) -> list[dict]:
   """Writes the suite to out_path (JSONL), each task's repository under `<out_path
   without .jsonl>.repos/<instance_id>` and the build report next to the suite; returns
-  the records."""
+  the records. `package` (c2jax.env.packages.Package): the checkout was fetched as that
+  package; records name its exact spec as `repo` and the report says how it was made.
+  A checkout that is a git repository with no uncommitted change gives its HEAD as
+  each record's `base_commit`."""
   entry = registry.get(language) if language else registry.detect(repo)
   if entry.prepare is None:
     raise ValueError(f'{repo} is a {entry.name} repository, which `c2jax tasks install` '
@@ -128,17 +159,35 @@ def build_suite(repo: str, out_path: str, language: str | None = None,
   try:
     tree = os.path.join(scratch, 'repo')
     shutil.copytree(repo, tree, symlinks=True, ignore=shutil.ignore_patterns('.git'))
-    report = {'repo': os.path.abspath(repo), 'language': entry.name,
-              'prepare': entry.prepare(tree, timeout_s), 'candidates': []}
+    report = {'repo': os.path.abspath(repo), 'language': entry.name}
+    if package is not None:
+      report['package'] = package.to_json()
+    report['prepare'] = entry.prepare(tree, timeout_s)
+    report['candidates'] = []
+    origin = {'name': package.name if package else os.path.basename(os.path.normpath(repo)),
+              'repo': package.spec if package else os.path.basename(os.path.normpath(repo)),
+              'base_commit': _clean_head(repo, timeout_s)}
     records = _build(tree, entry, out_path, report, kinds, max_tasks, max_candidates, seed,
-                     timeout_s, memory_mb, name=os.path.basename(os.path.normpath(repo)))
+                     timeout_s, memory_mb, origin)
   finally:
     shutil.rmtree(scratch, ignore_errors=True)
   return records
 
 
+def _clean_head(repo: str, timeout_s: float) -> str:
+  """HEAD of a git checkout without uncommitted changes ('' otherwise)."""
+  if not os.path.isdir(os.path.join(repo, '.git')):
+    return ''
+  def git(*args):
+    return subprocess.run(['git', '-C', repo, *args], capture_output=True, text=True,
+                          timeout=timeout_s, check=False)
+  head, status = git('rev-parse', 'HEAD'), git('status', '--porcelain')
+  return head.stdout.strip() if head.returncode == 0 and not status.stdout.strip() else ''
+
+
 def _build(tree, entry, out_path, report, kinds, max_tasks, max_candidates, seed,
-           timeout_s, memory_mb, name) -> list[dict]:
+           timeout_s, memory_mb, origin) -> list[dict]:
+  name = origin['name']
   command, parser = entry.test_command(tree)
   report.update(test_command=command, test_parser=parser)
   repos_root = re.sub(r'\.jsonl$', '', out_path) + '.repos'
@@ -148,10 +197,12 @@ def _build(tree, entry, out_path, report, kinds, max_tasks, max_candidates, seed
     run_command = f'{entry.build_cache_env} {command}'.strip()
     baseline = _run_twice(sandbox, run_command, parser)
     passing = sorted(t for t, s in baseline['statuses'].items() if s == testlogs.PASSED)
+    limit = candidate_timeout(baseline['seconds'], timeout_s)
     report['baseline'] = {
         'passed': len(passing), 'flaky': baseline['flaky'], 'problems': baseline['problems'],
         'not_passing': sorted(t for t, s in baseline['statuses'].items()
-                              if s != testlogs.PASSED)}
+                              if s != testlogs.PASSED),
+        'seconds': round(baseline['seconds'], 2), 'candidate_timeout_s': round(limit, 1)}
     if not passing:
       _write(out_path, records, report)
       raise testlogs.NoTestsSeen(
@@ -163,7 +214,7 @@ def _build(tree, entry, out_path, report, kinds, max_tasks, max_candidates, seed
         break
       with sandbox.fork() as trial:
         trial.write_file(edit.file, edit.mutated.encode())
-        after = _run_twice(trial, run_command, parser)
+        after = _run_twice(trial, run_command, parser, timeout_s=limit)
       fail_to_pass, pass_to_pass, dropped = _verdict(passing, after)
       tried = {'file': edit.file, 'line': edit.line, 'kind': edit.kind,
                'function': edit.function, 'before': edit.before, 'after': edit.after,
@@ -174,7 +225,7 @@ def _build(tree, entry, out_path, report, kinds, max_tasks, max_candidates, seed
       where = edit.function or f'L{edit.line}'
       instance_id = re.sub(r'[^A-Za-z0-9_.-]', '_',
                            f'{name}.{_task_kind(edit)}.{edit.file}.{where}.{len(records)}')
-      records.append(_write_task(instance_id, name, entry, tree, edit, fail_to_pass,
+      records.append(_write_task(instance_id, origin, entry, tree, edit, fail_to_pass,
                                  pass_to_pass, repos_root, command, parser))
       report['candidates'].append({**tried, 'kept': True, 'instance_id': instance_id,
                                    'fail_to_pass': len(fail_to_pass),
@@ -207,7 +258,7 @@ def _statement(entry, edit: mutate.Edit, fail_to_pass: list[str], command: str) 
           'do not edit the tests.')
 
 
-def _write_task(instance_id, name, entry, tree, edit, fail_to_pass, pass_to_pass,
+def _write_task(instance_id, origin, entry, tree, edit, fail_to_pass, pass_to_pass,
                 repos_root, command, parser) -> dict:
   task_repo = os.path.join(repos_root, instance_id)
   shutil.rmtree(task_repo, ignore_errors=True)
@@ -219,7 +270,8 @@ def _write_task(instance_id, name, entry, tree, edit, fail_to_pass, pass_to_pass
     test_patch += _added_file_diff(base.read(tree, test_file), test_file)
     os.remove(os.path.join(task_repo, test_file))
   return {
-      'instance_id': instance_id, 'repo': name, 'base_commit': '', 'version': '',
+      'instance_id': instance_id, 'repo': origin['repo'],
+      'base_commit': origin['base_commit'], 'version': '',
       'created_by': _task_kind(edit), 'language': entry.name,
       'problem_statement': _statement(entry, edit, fail_to_pass, command),
       'patch': _diff(edit.mutated, edit.original, edit.file), 'test_patch': test_patch,

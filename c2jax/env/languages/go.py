@@ -46,9 +46,12 @@ def prepare(repo: str, timeout_s: float) -> list[str]:
 
 
 def test_command(repo: str) -> tuple[str, str]:
-  # go uses vendor/ by itself when it is there (go.mod's go >= 1.14). -count=1: a
-  # result replayed from go's test cache would hide a flaky test.
-  return 'GOPROXY=off go test -json -count=1 ./...', 'go'
+  # -mod=vendor: go uses vendor/ by itself only when go.mod's go is >= 1.14 (Debian's
+  # GOPATH-era packages say less). -count=1: a result replayed from go's test cache
+  # would hide a flaky test.
+  vendored = os.path.isfile(os.path.join(repo, 'vendor', 'modules.txt'))
+  return ('GOPROXY=off ' + ('GOFLAGS=-mod=vendor ' if vendored else '')
+          + 'go test -json -count=1 ./...'), 'go'
 
 
 def is_test_file(rel: str) -> bool:

@@ -63,6 +63,7 @@ _PACKAGE_MANAGERS = ('npm', 'yarn', 'pnpm')
 _LOADS_TAPE = re.compile(r"""\brequire\(\s*['"]tape['"]\s*\)"""
                          r"""|\bimport\s*\(\s*['"]tape['"]\s*\)"""
                          r"""|\bimport\s+(?:[\w${},*\s]+?\s+from\s*)?['"]tape['"]""")
+_LOCAL_REQUIRE = re.compile(r"""\brequire\(\s*['"](\.{1,2}/[^'"]+)['"]\s*\)""")
 # Flags of a script that would fight the reporter or never end; `True`: takes a value.
 _DROPPED_FLAGS = {'--reporter': True, '-R': True, '--test-reporter': True, '--watch': False,
                   '-w': False, '--json': False, '--verbose': False, '--watchAll': False,
@@ -115,13 +116,33 @@ def _command_words(part: str) -> list[str]:
 
 def _tape_script(repo: str, script: str) -> str | None:
   """The file `node SCRIPT` runs (SCRIPT, SCRIPT.js or SCRIPT/index.js, as node resolves
-  it), repository-relative, when that file loads tape; else None."""
+  it), repository-relative, when it loads tape, itself or through the repository's own
+  files it requires (test/index.js requiring './shim', which requires tape); else None."""
+  first = _resolve(repo, script)
+  seen, queue = set(), [first] if first else []
+  while queue and len(seen) < 50:
+    rel = queue.pop(0)
+    if rel in seen:
+      continue
+    seen.add(rel)
+    text = base.read(repo, rel)
+    if _LOADS_TAPE.search(text):
+      return first
+    for local in _LOCAL_REQUIRE.findall(text):
+      found = _resolve(repo, os.path.join(os.path.dirname(rel), local))
+      if found:
+        queue.append(found)
+  return None
+
+
+def _resolve(repo: str, script: str) -> str | None:
+  """SCRIPT, SCRIPT.js or SCRIPT/index.js inside the repository, as node finds it."""
   for rel in (script, script + '.js', os.path.join(script, 'index.js')):
     rel = os.path.normpath(rel)
     if rel.startswith('..') or os.path.isabs(rel):
       return None
     if os.path.isfile(os.path.join(repo, rel)):
-      return rel if _LOADS_TAPE.search(base.read(repo, rel)) else None
+      return rel
   return None
 
 
@@ -131,8 +152,12 @@ def _runner_call(repo: str, script: str, scripts: dict, depth: int = 0
   `npm run NAME` / `yarn NAME` / `pnpm NAME` into the scripts they name."""
   for part in _SHELL_OPERATORS.split(script):
     words = _command_words(part)
-    if words[:2] in (['npm', 'run'], ['yarn', 'run'], ['pnpm', 'run']):
-      words = words[:1] + words[2:]
+    if words and words[0] in _PACKAGE_MANAGERS:
+      # `npm run --silent NAME`: the manager's own flags come before the script's name.
+      rest = words[2:] if words[1:2] == ['run'] else words[1:]
+      while rest and rest[0].startswith('-'):
+        rest = rest[1:]
+      words = words[:1] + rest
     if (len(words) > 1 and words[0] in _PACKAGE_MANAGERS and words[1] in scripts
         and depth < 5):
       try:

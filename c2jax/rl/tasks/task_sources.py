@@ -5,7 +5,9 @@
   swebench        SWE-bench JSONL at `path`, checkouts in `repos_root/<instance_id>`
   harbor          Harbor / Terminal-Bench task folders at `path`
   suite           a suite from `c2jax tasks build` (`path`; repositories beside it in
-                  `<path without .jsonl>.repos` unless `repos_root` says otherwise)
+                  `<path without .jsonl>.repos` unless `repos_root` says otherwise;
+                  a suite built from packages without them gets its checkouts made
+                  from the packages: c2jax/env/packages/instances.py)
 File sources are shuffled with `tasks.seed`; the first `heldout_count` are held out and
 up to `train_count` of the rest feed the pool.
 """
@@ -17,7 +19,9 @@ import random
 import re
 
 from c2jax import config as configlib
+from c2jax.env import packages
 from c2jax.env import tasks as tasks_lib
+from c2jax.env.packages import instances
 
 SOURCES = ("procgen", "revert_restore", "swebench", "harbor", "suite")
 
@@ -45,6 +49,10 @@ def load(tasks_cfg) -> list[tasks_lib.Task]:
     return tasks_lib.load_swebench_jsonl(path, tasks_cfg.repos_root)
   if source == "suite":
     root = tasks_cfg.repos_root or re.sub(r"\.jsonl$", "", path) + ".repos"
+    if not os.path.isdir(root) and instances.is_package_suite(path):
+      # A suite built from released packages: checkouts made from them (cached).
+      path, root = instances.materialise(
+          path, cache_dir=getattr(tasks_cfg, "packages_dir", "") or packages.DEFAULT_CACHE)
     return tasks_lib.load_swebench_jsonl(path, root)
   raise ValueError(f"tasks.source {source!r} is not loaded from a path; one of {SOURCES}.")
 

@@ -1,0 +1,66 @@
+"""The committed multi-language suite (configs/suites/multilang.jsonl): what it holds,
+that its records are what tools/tasks/build_multilang.py lists, and that instances of it
+made from their packages (the Go and Rust ones whose Debian packages are committed
+fixtures, so offline) fail as given and pass with their gold patch."""
+
+import collections
+import json
+import os
+import shutil
+
+import pytest
+
+from c2jax.env import packages, tasks
+from c2jax.env.packages import instances
+from tools.tasks import build_multilang
+from env_testlib import grade
+
+REPO = os.path.join(os.path.dirname(__file__), '..', '..')
+SUITE = os.path.join(REPO, build_multilang.SUITE)
+FIXTURES = os.path.join(os.path.dirname(__file__), '..', 'fixtures', 'packages')
+
+
+def _records():
+  with open(SUITE) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def test_the_suite_is_forty_instances_in_four_languages_from_its_builds():
+  records = _records()
+  by_language = collections.Counter(r['language'] for r in records)
+  assert len(records) >= 40 and len(by_language) >= 4, by_language
+  assert all(count >= 8 for count in by_language.values()), by_language
+  assert len({r['instance_id'] for r in records}) == len(records)
+  built = collections.Counter(r['repo'] for r in records)
+  assert built == {spec: tasks for spec, tasks, _ in build_multilang.BUILDS}
+  for record in records:
+    assert packages.is_spec(record['repo'])
+    assert record['environment'] == ''  # a machine's venv path is never committed
+    assert json.loads(record['FAIL_TO_PASS'])
+    assert record['patch'].startswith('--- a/')
+    if not record['repo'].startswith('pypi:'):
+      assert len(record['base_commit']) == 40
+    # The task loader takes every record as it is.
+    tasks.Task(id=record['instance_id'], repo='.', prompt=record['problem_statement'],
+               test_command=record['test_command'], test_parser=record['test_parser'],
+               fail_to_pass=json.loads(record['FAIL_TO_PASS']), language=record['language'])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('deb, tools', [
+    ('golang-github-google-shlex-dev_0.0~git20191202.e7afc7f-1_all.deb', ('go',)),
+    ('librust-strsim-dev_0.10.0-1_amd64.deb', ('cargo',))])
+def test_committed_instances_are_made_from_their_packages_and_grade(tmp_path, deb, tools):
+  missing = [t for t in tools + ('bwrap',) if shutil.which(t) is None]
+  if missing:
+    pytest.skip(f'{missing} not installed')
+  cache = str(tmp_path / 'cache')
+  package = packages.fetch(os.path.join(FIXTURES, deb), cache_dir=cache)
+  record = next(r for r in _records() if r['repo'] == package.spec)
+  assert record['base_commit'] == package.base_commit  # the committed fixture is that version
+  one = str(tmp_path / 'one.jsonl')
+  with open(one, 'w') as f:
+    f.write(json.dumps(record) + '\n')
+  (task,) = tasks.load_swebench_jsonl(*instances.materialise(one, cache_dir=cache, log=None))
+  assert grade(task, '').reward == 0.0
+  assert grade(task, record['patch']).reward == 1.0
