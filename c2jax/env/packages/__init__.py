@@ -100,12 +100,19 @@ def fetch(spec: str, cache_dir: str = DEFAULT_CACHE, timeout_s: float = 600.0) -
   staging = tempfile.mkdtemp(prefix='.fetch-', dir=os.path.dirname(folder))
   try:
     package = source.materialise(exact, resolved, staging, timeout_s)
-    # Paths were made under staging; the finished folder takes its place whole.
+    # Paths were made under staging; the finished folder, its record included, takes
+    # its place whole (a fetch killed half way leaves only a .fetch- folder).
+    package = dataclasses.replace(package, path=package.path.replace(staging, folder, 1))
+    with open(os.path.join(staging, 'package.json.c2jax'), 'w') as f:
+      json.dump(package.to_json(), f, indent=1)
     os.rename(staging, folder)
+  except OSError:
+    shutil.rmtree(staging, ignore_errors=True)
+    cached = _load_cached(folder)  # another process fetched it meanwhile
+    if cached is None:
+      raise
+    return cached
   except BaseException:
     shutil.rmtree(staging, ignore_errors=True)
     raise
-  package = dataclasses.replace(package, path=package.path.replace(staging, folder, 1))
-  with open(os.path.join(folder, 'package.json.c2jax'), 'w') as f:
-    json.dump(package.to_json(), f, indent=1)
   return package
