@@ -54,7 +54,10 @@ from c2jax.env import limits as limits_lib
 from c2jax.env import sandbox_base as sandbox_lib
 
 DEFAULT_IMAGE = 'c2jax-sandbox:bookworm'
-_WRAPPER = 'timeout -s KILL "$0" "$@"; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
+# stderr joins stdout in one pipe, so the output keeps the order the command wrote it in
+# (docker's two streams do not: cargo's `Running <test binary>` headers, on stderr, came
+# after the results they head, on stdout, and test ids went to the wrong binary).
+_WRAPPER = 'timeout -s KILL "$0" "$@" 2>&1; rc=$?; kill -9 -1 2>/dev/null; exit $rc'
 # Process 1 keeps the container alive between commands, survives their `kill -9 -1`
 # (the kernel spares a namespace's init) and reaps the orphans they leave: `sleep
 # infinity` alone would let zombies pile up until they fill the pids limit.

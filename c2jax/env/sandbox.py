@@ -38,7 +38,10 @@ def make_task_sandbox(backend: str, task, **limits) -> Sandbox:
   """A sandbox over `task.repo`, starting from the task's environment layer if it has one
   (a venv made by `c2jax tasks install`; bubblewrap only). A bubblewrap sandbox of a task
   in another language (task.language: Go, Rust, node) also sees that language's
-  toolchain where it lives outside /usr (rustup's, under the home folder).
+  toolchain where it lives outside /usr (rustup's, under the home folder). On the docker
+  backend such a task (and a Python task with a layer) starts from its environment
+  image instead (c2jax.env.env_images: the sandbox image plus the host's toolchain or
+  the layer and its interpreter), unless the caller names an image.
 
   A task with a docker image (task.image: its Terminal-Bench / Harbor Dockerfile, built by
   c2jax.env.images) starts from that image on the docker backend, its workspace the
@@ -60,6 +63,13 @@ def make_task_sandbox(backend: str, task, **limits) -> Sandbox:
         'missing. To run it as its benchmark does, load it with build_images (c2jax eval: '
         '--config.agent.backend=docker --config.suite.args.build_images=true).',
         task.id, task.dockerfile, backend, task.repo)
+  if backend == 'docker' and 'image' not in limits:
+    # The task's toolchain (or venv layer) in an environment image, built once.
+    from c2jax.env import env_images  # pylint: disable=g-import-not-at-top
+
+    tag = env_images.image_for(task)
+    if tag:
+      return make_sandbox(backend, task.repo, **dict(limits, image=tag))
   if getattr(task, 'environment', ''):
     if backend != 'bubblewrap':
       raise ValueError(f'Task {task.id!r} runs in the environment layer {task.environment}, '

@@ -112,14 +112,14 @@ def spun_cpu_seconds(box, cpus) -> float:
   return used
 
 
-def grade(task, patch: str = ''):
-  """The task graded as the RL loop grades it, in the bubblewrap sandbox it starts for
-  the task (its language's toolchain mounted), after applying `patch` (e.g. the gold
-  one) when given."""
+def grade(task, patch: str = '', backend: str = 'bubblewrap'):
+  """The task graded as the RL loop grades it, in the sandbox it starts for the task
+  (bubblewrap: its language's toolchain mounted; docker: its environment image), after
+  applying `patch` (e.g. the gold one) when given."""
   from c2jax.env import reward  # pylint: disable=g-import-not-at-top
   from c2jax.env import sandbox as sandbox_lib  # pylint: disable=g-import-not-at-top
 
-  with sandbox_lib.make_task_sandbox('bubblewrap', task, timeout_s=120) as box:
+  with sandbox_lib.make_task_sandbox(backend, task, timeout_s=300) as box:
     if patch:
       box.write_file('gold.patch', patch.encode())
       applied = box.run_shell('patch -p1 < gold.patch && rm gold.patch')

@@ -52,6 +52,13 @@ def test_exec_files_and_listing(dbox):
   assert dbox.run_shell('echo more >> deep/new.txt && cat deep/new.txt').text == 'himore\n'
 
 
+def test_output_keeps_the_order_stdout_and_stderr_were_written_in(dbox):
+  # Test logs interleave the two (cargo's `Running <binary>` headers go to stderr, the
+  # results they head to stdout): the parsers read them in the order they were written.
+  result = dbox.run_shell('for i in $(seq 1 300); do echo out$i; echo err$i >&2; done')
+  assert result.text == ''.join(f'out{i}\nerr{i}\n' for i in range(1, 301))
+
+
 def test_timeout_and_leftover_processes(docker_engine, dbox):
   name, _, fake = docker_engine
   start = time.monotonic()

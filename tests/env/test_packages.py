@@ -47,7 +47,8 @@ def test_an_npm_tarball_is_a_repository_with_a_fixed_commit(tmp_path):
 
 
 def test_a_debian_go_package_from_before_modules_gets_a_go_mod(tmp_path):
-  package = packages.fetch(OLD_GO_DEB, cache_dir=str(tmp_path))
+  # A path relative to the working directory, as on a command line.
+  package = packages.fetch(os.path.relpath(OLD_GO_DEB), cache_dir=str(tmp_path))
   assert package.spec == 'deb:golang-github-dustin-go-humanize-dev=1.0.0-3'
   with open(os.path.join(package.path, 'go.mod')) as f:
     assert f.read() == 'module github.com/dustin/go-humanize\n\ngo 1.16\n'

@@ -41,8 +41,9 @@ def resolve(rest: str, timeout_s: float) -> tuple[str, str]:
 
 
 def identify_file(path: str, timeout_s: float) -> tuple[str, str]:
+  path = os.path.abspath(path)
   fields = run(['dpkg-deb', '-f', path, 'Package', 'Version'],
-                        os.path.dirname(os.path.abspath(path)), timeout_s,
+                        os.path.dirname(path), timeout_s,
                         f'read the control fields of {path}')
   meta = dict(line.split(': ', 1) for line in fields.splitlines() if ': ' in line)
   if 'Package' not in meta or 'Version' not in meta:
