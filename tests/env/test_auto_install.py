@@ -9,7 +9,7 @@ import pytest
 from c2jax.env import bubblewrap, reward, sandbox, task_builder
 from c2jax.env import tasks as tasks_lib
 from c2jax.env.install import AllowlistProxy, InstallConfig, install
-from env_testlib import calc_repo as _repo, write_tree
+from env_testlib import calc_repo as _repo, grade, real_docker_engine, write_tree
 
 
 @pytest.fixture(scope='module')
@@ -90,6 +90,13 @@ def test_install_pure_python_then_build_tasks(tmp_path, cache):
       assert box.run_shell('patch -p1 < gold.patch && rm gold.patch').exit_code == 0
       after = reward.grade(box, task)
     assert after.reward == 1.0, after.output
+  # In the docker engine the layer runs from an environment image (the layer and the
+  # interpreter it was made with: c2jax/env/env_images.py), the test ids unchanged.
+  if not real_docker_engine():
+    task = tasks[0]
+    assert grade(task, '', 'docker').reward == 0.0
+    solved = grade(task, task.metadata['gold_patch'], 'docker')
+    assert solved.reward == 1.0, solved.output[-2000:]
 
 
 def test_install_with_a_registry_dependency(tmp_path, cache):

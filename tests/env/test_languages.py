@@ -13,7 +13,7 @@ import pytest
 from c2jax.env import tasks, testlogs
 from c2jax.env.languages import LANGUAGES, build_suite, detect, get, mutate, report_path
 from c2jax.env.languages import go, node, revert, rust
-from env_testlib import grade as _grade
+from env_testlib import grade as _grade, real_docker_engine
 
 
 def _write(root, files: dict[str, str]) -> str:
@@ -514,8 +514,16 @@ def test_revert_build_and_grade(tmp_path, name):
   removed = [line[1:].strip() for line in record['patch'].splitlines()
              if line.startswith('-') and not line.startswith('---')]
   assert removed == [LANGUAGES[name].revert.stub]  # the gold patch takes the stub out
-  _check_task(name, record, _load(out)[record['instance_id']], fail_to_pass, hidden,
-              pass_to_pass_count)
+  task = _load(out)[record['instance_id']]
+  _check_task(name, record, task, fail_to_pass, hidden, pass_to_pass_count)
+  # In the docker engine, from the language's environment image (c2jax/env/env_images.py:
+  # the host's toolchain on the sandbox image, built once); Go's runs in
+  # test_multilang_suite.py.
+  if name != 'go' and not real_docker_engine():
+    unsolved = _grade(task, '', 'docker')
+    assert unsolved.reward == 0.0 and not any(unsolved.passed[t] for t in fail_to_pass)
+    solved = _grade(task, record['patch'], 'docker')
+    assert solved.reward == 1.0, solved.output[-2000:]
 
 
 def test_build_refuses_python_and_reports_a_run_without_tests(tmp_path):
