@@ -2,6 +2,8 @@
 themselves are built and used by the docker gradings of tests/env/test_languages.py
 (Rust, node), test_multilang_suite.py (Go) and test_auto_install.py (a Python layer)."""
 
+import json
+
 import pytest
 
 from c2jax.env import env_images, tasks
@@ -41,3 +43,6 @@ def test_a_missing_image_is_an_infrastructure_error_of_the_episode(tmp_path, mon
   overall = summary['overall']
   assert overall['infra_errors'] == 1 and overall['episodes'] == 0
   assert overall['by_language']['go']['infra_errors'] == 1
+  # It failed making the Go environment image, before any container started.
+  (record,) = [json.loads(line) for line in (tmp_path / 'run' / 'results.jsonl').open()]
+  assert 'EnvImageError' in record['infra_error'] and 'tools/setup.sh' in record['infra_error']
