@@ -24,7 +24,9 @@ Caching. The tag is `c2jax-task:<folder name>-<hash>`, the hash over the build c
 Dockerfile and the ids of the local base images: a second load of an unchanged folder
 finds the tag and builds nothing (`TaskImage.built` False); an edited folder or a rebuilt
 base gives a new tag. Images stay in the engine; remove them with
-`docker images c2jax-task -q | xargs -r docker rmi`.
+`docker images c2jax-task -q | xargs -r docker rmi`. The untagged images the engine's
+builder leaves for a multi-stage build's earlier stages are removed after the build (so a
+rebuild after an edit runs those stages again).
 
 The workspace. Terminal-Bench and Harbor Dockerfiles set a WORKDIR (usually /app), COPY
 the task's files into it, and their tests run there. c2jax's sandboxes work in
@@ -345,9 +347,11 @@ def _tag(name: str, digest: str) -> str:
 
 
 def _stream_build(client, context: str, files: list[str], dockerfile_text: str, tag: str,
-                  where: str, tail_steps: int) -> None:
-  """Builds, keeping the streamed log; a failure names its step and ends with the log."""
+                  where: str, tail_steps: int) -> list[str]:
+  """Builds, keeping the streamed log; a failure names its step and ends with the log.
+  Returns the (short) ids of the images that ended the stages before the last one."""
   log, step, number, steps = [], '', 0, 0
+  stage_ends, last_id, in_stage = [], None, False
   with tempfile.TemporaryFile() as context_tar:
     _context_tar(context, files, dockerfile_text, context_tar)
     try:
@@ -358,6 +362,12 @@ def _stream_build(client, context: str, files: list[str], dockerfile_text: str, 
         log.append(text)
         if match := re.match(r'Step (\d+)/(\d+) : (.*)', text):
           step, number, steps = match.group(0), int(match.group(1)), int(match.group(2))
+          if match.group(3).upper().startswith('FROM '):
+            if in_stage and last_id:
+              stage_ends.append(last_id)
+            in_stage = True
+        elif match := re.match(r' ---> ([0-9a-f]{12,})\s*$', text):
+          last_id = match.group(1)
         if 'error' in chunk or 'errorDetail' in chunk:
           message = chunk.get('error') or chunk['errorDetail'].get('message', '')
           raise ImageBuildError(_failure(where, message, step, number, steps, tail_steps,
@@ -365,6 +375,22 @@ def _stream_build(client, context: str, files: list[str], dockerfile_text: str, 
     except docker.errors.APIError as e:  # refused before any step ran (a parse error)
       raise ImageBuildError(_failure(where, e.explanation or str(e), step, number, steps,
                                      tail_steps, log)) from e
+  return stage_ends
+
+
+def _remove_stage_images(client, image_ids: list[str], bases: list[str | None]) -> None:
+  """Removes the untagged images the legacy builder leaves for a multi-stage build's
+  earlier stages (never a base, a tagged image, or one a later stage builds on: the
+  engine refuses that, and the refusal is ignored)."""
+  for image_id in image_ids:
+    try:
+      attrs = client.api.inspect_image(image_id)
+      if attrs['Id'] in bases or [t for t in attrs.get('RepoTags') or []
+                                  if t != '<none>:<none>']:
+        continue
+      client.api.remove_image(attrs['Id'])
+    except docker.errors.APIError as e:  # gone already, or in use
+      logging.info('Left the stage image %s: %s', image_id, e)
 
 
 def _failure(where, message, step, number, steps, tail_steps, log) -> str:
@@ -405,7 +431,8 @@ def build_task_image(context: str, name: str, dockerfile: str = 'Dockerfile', *,
     built = _local_id(client, tag) is None
     if built:
       logging.info('Building %s as %s', where, tag)
-      _stream_build(client, context, files, text, tag, where, tail_steps)
+      stage_ends = _stream_build(client, context, files, text, tag, where, tail_steps)
+      _remove_stage_images(client, stage_ends, ids)
     config = client.images.get(tag).attrs.get('Config') or {}
   finally:
     if own_client:

@@ -69,9 +69,11 @@ def test_specs_that_name_nothing_fetchable(tmp_path):
                         ('pypi:a b', 'NAME or NAME==VERSION')):
     with pytest.raises(ValueError, match=message):
       packages.fetch(spec, cache_dir=str(tmp_path))
-  bad = tmp_path / 'bad.tgz'
-  subprocess.run(['tar', 'czf', str(bad), '-C', str(tmp_path), '.'], check=True,
-                 capture_output=True)
+  (tmp_path / 'not-a-package').mkdir()
+  (tmp_path / 'not-a-package' / 'README').write_text('no package/package.json here\n')
+  bad = tmp_path / 'bad.tgz'  # (outside the folder it archives: tar would read itself)
+  subprocess.run(['tar', 'czf', str(bad), '-C', str(tmp_path / 'not-a-package'), '.'],
+                 check=True, capture_output=True)
   with pytest.raises(packages.FetchError, match='not an `npm pack` tarball'):
     packages.fetch(str(bad), cache_dir=str(tmp_path / 'cache'))
 

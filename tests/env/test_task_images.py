@@ -9,6 +9,7 @@ import pathlib
 import shutil
 import uuid
 
+import docker
 import pytest
 
 from c2jax import config as configlib
@@ -131,7 +132,8 @@ def test_a_terminal_bench_folder_with_a_mapped_base(real_docker, tmp_path):
                                '  assert open("/app/out.txt").read() == "built\\n"\n',
       'solution.sh': 'cp /opt/built.txt out.txt\n'})
   table = {'my-org/runner:*': docker_backend.sandbox_image()}
-  dangling = lambda: {i.id for i in real_docker.images.list(filters={'dangling': True})}
+  # Ids only: listing Image objects inspects each, racing other tests' removals.
+  dangling = lambda: set(real_docker.api.images(filters={'dangling': True}, quiet=True))
   before = dangling()
   task = tasks.load_task_folder(folder, build_image=True, base_images=table)
   try:
@@ -145,10 +147,19 @@ def test_a_terminal_bench_folder_with_a_mapped_base(real_docker, tmp_path):
                                     [task, empty], tmp_path / 'run', progress=False)
     assert {t: m['accuracy'] for t, m in summary['per_task'].items()} == {
         'tb-stages': 1.0, 'empty': 0.0}
+    # The first stage's image, which the engine's builder leaves untagged, is gone.
+    assert not [image for image in dangling() - before if any(
+        'echo built > /built.txt' in (layer.get('CreatedBy') or '')
+        for layer in _history(real_docker, image))]
   finally:
     real_docker.images.remove(task.image, force=True)
-    for image in dangling() - before:  # the first stage's image, left by the engine
-      real_docker.images.remove(image, force=True)
+
+
+def _history(client, image: str) -> list[dict]:
+  try:
+    return client.api.history(image)
+  except docker.errors.NotFound:  # another test's image, removed meanwhile
+    return []
 
 
 def test_an_unknown_base_is_a_clear_error(real_docker, tmp_path):
