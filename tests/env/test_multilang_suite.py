@@ -5,9 +5,11 @@ fixtures, so offline) fail as given and pass with their gold patch, in bubblewra
 the docker engine from their language's environment image."""
 
 import collections
+from concurrent import futures
 import json
 import os
 import shutil
+import subprocess
 
 import pytest
 
@@ -19,6 +21,7 @@ from env_testlib import grade, real_docker_engine
 REPO = os.path.join(os.path.dirname(__file__), '..', '..')
 SUITE = os.path.join(REPO, build_multilang.SUITE)
 FIXTURES = os.path.join(os.path.dirname(__file__), '..', 'fixtures', 'packages')
+_SHLEX = 'golang-github-google-shlex-dev_0.0~git20191202.e7afc7f-1_all.deb'
 
 
 def _records():
@@ -73,3 +76,29 @@ def test_committed_instances_are_made_from_their_packages_and_grade(tmp_path, de
   # toolchain and `patch`, built once: c2jax/env/env_images.py).
   assert grade(task, '', backend).reward == 0.0
   assert grade(task, record['patch'], backend).reward == 1.0
+
+
+def test_processes_making_the_same_checkouts_at_once_agree(tmp_path):
+  # Actors of one host starting on the same suite: each checkout is made once, whole,
+  # and every caller gets the same JSONL (a lock per checkout, private staging folders).
+  if shutil.which('git') is None:
+    pytest.skip('git not installed')
+  cache = str(tmp_path / 'cache')
+  package = packages.fetch(os.path.join(FIXTURES, _SHLEX), cache_dir=cache)
+  records = [r for r in _records() if r['repo'] == package.spec]
+  suite = str(tmp_path / 'shlex.jsonl')
+  with open(suite, 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in records)
+  with futures.ThreadPoolExecutor(4) as pool:
+    made = list(pool.map(lambda _: instances.materialise(suite, cache_dir=cache, log=None),
+                         range(4)))
+  assert len(set(made)) == 1
+  jsonl, root = made[0]
+  assert sorted(t.id for t in tasks.load_swebench_jsonl(jsonl, root)) == sorted(
+      r['instance_id'] for r in records)
+  assert not [n for n in os.listdir(root) if n.startswith('.')]  # no staging left behind
+  for record in records:  # the gold patch reversed exactly once: it applies forward
+    check = subprocess.run(['git', 'apply', '--check', '-'], input=record['patch'],
+                           cwd=os.path.join(root, record['instance_id']), text=True,
+                           capture_output=True, check=False)
+    assert check.returncode == 0, check.stderr

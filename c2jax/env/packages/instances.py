@@ -18,12 +18,16 @@ back at grading. That is the builder's task repository, file for file.
 
 Checkouts live under `<cache_dir>/instances/<instance_id>` with a note of what made them
 (base commit, patch hash) beside, so a suite rebuilt with other edits under the same ids
-is made again; the returned JSONL is the suite with each Python instance's environment
-layer filled in (a path of this machine, so the committed file leaves it empty).
+is made again. Processes of one host may make the same suite at once (actors starting
+together): a lock per checkout makes each once, in a private staging folder. The returned
+JSONL is the suite with each Python instance's environment layer filled in (a path of
+this machine, so the committed file leaves it empty).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -71,7 +75,11 @@ def _prepared(package: packages.Package, language: str, timeout_s: float) -> str
   try:
     shutil.copytree(package.path, tree, symlinks=True, ignore=shutil.ignore_patterns('.git'))
     languages.get(language).prepare(tree, timeout_s)
-    os.rename(tree, folder)
+    try:
+      os.rename(tree, folder)
+    except OSError:
+      if not os.path.isdir(folder):  # else another process prepared it first
+        raise
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return folder
@@ -87,9 +95,21 @@ def _python_base(package: packages.Package, timeout_s: float) -> tuple[str, str]
   return result.repo, result.layer
 
 
+@contextlib.contextmanager
+def _locked(path: str):
+  """An exclusive lock on `path` between processes of this host (actors making the
+  same suite's checkouts at once)."""
+  with open(path, 'a') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _make(record: dict, base: str, dest: str, timeout_s: float) -> None:
-  staging = dest + '.partial'
-  shutil.rmtree(staging, ignore_errors=True)
+  staging = tempfile.mkdtemp(prefix='.partial-', dir=os.path.dirname(dest))
+  os.rmdir(staging)  # copytree makes it
   shutil.copytree(base, staging, symlinks=True,
                   ignore=shutil.ignore_patterns('.git', '__pycache__', '.pytest_cache'))
   proc = subprocess.run(['git', 'apply', '-R', '--whitespace=nowarn', '-'], cwd=staging,
@@ -140,20 +160,30 @@ def materialise(path: str, cache_dir: str = packages.DEFAULT_CACHE,
     base, layer = bases[record['repo']]
     if layer:
       record['environment'] = layer
-    if os.path.isdir(dest) and os.path.isfile(note_path):
-      with open(note_path) as f:
-        if json.load(f) == note:
-          continue
-    _make(record, base, dest, timeout_s)
-    with open(note_path, 'w') as f:
-      json.dump(note, f)
+    if _made(dest, note_path, note):
+      continue
+    with _locked(dest + '.lock'):
+      if _made(dest, note_path, note):  # by another process while this one waited
+        continue
+      _make(record, base, dest, timeout_s)
+      with open(note_path + '.tmp', 'w') as f:
+        json.dump(note, f)
+      os.replace(note_path + '.tmp', note_path)
     made += 1
   if made and log:
     log(f'made {made} of {len(records)} instance checkouts under {root}')
   digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()[:12]
   local = os.path.join(root, f'{os.path.basename(path).removesuffix(".jsonl")}-{digest}.jsonl')
-  with open(local + '.tmp', 'w') as f:
+  fd, tmp = tempfile.mkstemp(prefix='.suite-', dir=root)
+  with os.fdopen(fd, 'w') as f:
     for record in records:
       f.write(json.dumps(record) + '\n')
-  os.replace(local + '.tmp', local)
+  os.replace(tmp, local)
   return local, root
+
+
+def _made(dest: str, note_path: str, note: dict) -> bool:
+  if not (os.path.isdir(dest) and os.path.isfile(note_path)):
+    return False
+  with open(note_path) as f:
+    return json.load(f) == note
