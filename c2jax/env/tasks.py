@@ -21,9 +21,12 @@ line behind '| ', so that the pytest lines of the tests it runs are not read as 
 task's own test ids.
 """
 
+import atexit
 import dataclasses
+import functools
 import json
 import os
+import shutil
 import tempfile
 import tomllib
 
@@ -202,7 +205,7 @@ def load_task_folder(folder: str, build_image: bool = False,
   dockerfile = os.path.join(context, 'Dockerfile')
   dockerfile = os.path.abspath(dockerfile) if os.path.isfile(dockerfile) else ''
   if not os.path.isdir(env_dir):
-    env_dir = tempfile.mkdtemp(prefix=f'c2jax-{name}-empty-')
+    env_dir = _empty_folder()
   metadata = {'source': source, 'category': meta.get('category'),
               'difficulty': meta.get('difficulty')}
   # The reference solution (never shown to the agent): what an oracle runs.
@@ -229,6 +232,15 @@ def load_task_folder(folder: str, build_image: bool = False,
   return Task(id=name, repo=env_dir, prompt=prompt, test_command=command,
               fail_to_pass=[name], hidden_files=hidden, metadata=metadata,
               dockerfile=dockerfile, image=image)
+
+
+@functools.cache
+def _empty_folder() -> str:
+  """The repository of a task folder without an environment folder: one empty folder per
+  process (the sandbox copies it, so no task writes into it), removed at exit."""
+  folder = tempfile.mkdtemp(prefix='c2jax-empty-repo-')
+  atexit.register(shutil.rmtree, folder, True)
+  return folder
 
 
 def is_task_folder(folder: str) -> bool:

@@ -2,6 +2,9 @@
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
 
 import pytest
 
@@ -117,3 +120,11 @@ def test_terminal_bench_and_harbor_folders_grade_by_exit_status(tmp_path, box):
     assert reward.grade(box, task).reward == 1.0
   with pytest.raises(FileNotFoundError, match='is not a task folder'):
     tasks.load_task_folder(str(tmp_path))
+  # A folder without an environment folder starts from one empty folder per process,
+  # gone when the process ends (not one left in /tmp per load).
+  assert os.listdir(t1.repo) == [] and tasks.load_task_folder(tb).repo == t1.repo
+  shown = subprocess.run(
+      [sys.executable, '-c', 'import sys; from c2jax.env import tasks; '
+       'print(tasks.load_task_folder(sys.argv[1]).repo)', tb],
+      capture_output=True, text=True, check=True).stdout.strip()
+  assert shown.startswith(tempfile.gettempdir()) and not os.path.exists(shown)
