@@ -19,7 +19,7 @@ def download(names: list[str], into: str, timeout_s: float) -> list[str]:
   os.makedirs(into, exist_ok=True)
   before = set(os.listdir(into))
   run(['apt-get', 'download', '-q', *names], into, timeout_s,
-               f'download {", ".join(names)} from the Debian archive')
+      f'download {", ".join(names)} from the Debian archive')
   return sorted(os.path.join(into, f) for f in set(os.listdir(into)) - before
                 if f.endswith('.deb'))
 
@@ -34,7 +34,7 @@ def available(name: str, timeout_s: float) -> bool:
   """Whether apt can download the package `name` (a real one, not only provided)."""
   try:
     out = run(['apt-cache', 'policy', name], tempfile.gettempdir(), timeout_s,
-                       f'look {name} up')
+              f'look {name} up')
   except FetchError:
     return False
   found = re.search(r'Candidate:\s*(\S+)', out)
@@ -45,9 +45,9 @@ def dependency_closure(name: str, prefix: str, timeout_s: float) -> list[str]:
   """The packages `name` depends on, recursively, whose names start with `prefix`
   (virtual packages resolved to their providers by apt), without `name` itself."""
   out = run(['apt-cache', 'depends', '--recurse', '--no-recommends',
-                      '--no-suggests', '--no-conflicts', '--no-breaks', '--no-replaces',
-                      '--no-enhances', name], tempfile.gettempdir(), timeout_s,
-                     f'list the dependencies of {name}')
+             '--no-suggests', '--no-conflicts', '--no-breaks', '--no-replaces',
+             '--no-enhances', name], tempfile.gettempdir(), timeout_s,
+            f'list the dependencies of {name}')
   found = {line.strip() for line in out.splitlines()
            if line and not line[0].isspace() and line.startswith(prefix)}
   return sorted(found - {name})

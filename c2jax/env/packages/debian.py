@@ -30,12 +30,12 @@ def resolve(rest: str, timeout_s: float) -> tuple[str, str]:
     raise ValueError(f'deb:{rest}: {name!r} is not a Debian package name.')
   if not version:
     out = run(['apt-cache', 'policy', name], tempfile.gettempdir(), timeout_s,
-                       f'find {name} in the apt lists')
+              f'find {name} in the apt lists')
     found = re.search(r'Candidate:\s*(\S+)', out)
     if found is None or found.group(1) == '(none)':
       raise FetchError(f'deb:{name}: apt knows no installable version of it '
-                                '(run `apt-get update`, or check the name with '
-                                '`apt-cache search`).')
+                       '(run `apt-get update`, or check the name with '
+                       '`apt-cache search`).')
     version = found.group(1)
   return f'deb:{name}={version}', f'{name}={version}'
 
@@ -43,8 +43,8 @@ def resolve(rest: str, timeout_s: float) -> tuple[str, str]:
 def identify_file(path: str, timeout_s: float) -> tuple[str, str]:
   path = os.path.abspath(path)
   fields = run(['dpkg-deb', '-f', path, 'Package', 'Version'],
-                        os.path.dirname(path), timeout_s,
-                        f'read the control fields of {path}')
+               os.path.dirname(path), timeout_s,
+               f'read the control fields of {path}')
   meta = dict(line.split(': ', 1) for line in fields.splitlines() if ': ' in line)
   if 'Package' not in meta or 'Version' not in meta:
     raise FetchError(f'{path} is not a Debian package (no Package / Version).')
@@ -77,4 +77,4 @@ def materialise(exact: str, resolved: str, folder: str, timeout_s: float) -> Pac
   commit = run(['git', 'rev-parse', 'HEAD'], repo, timeout_s, 'read the commit')
   shutil.rmtree(os.path.join(folder, 'unpacked'), ignore_errors=True)
   return Package(spec=exact, name=label, path=repo, base_commit=commit.strip(),
-                          steps=tuple(steps + dependency_steps))
+                 steps=tuple(steps + dependency_steps))

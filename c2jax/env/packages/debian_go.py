@@ -47,7 +47,7 @@ def _module_root(src: str) -> tuple[str, str]:
     shallowest = [common] if common not in ('', '.') else shallowest
   if len(shallowest) > 1:
     raise FetchError(f'{src} holds several Go modules at the same depth '
-                              f'({shallowest}); c2jax cannot tell which is the package.')
+                     f'({shallowest}); c2jax cannot tell which is the package.')
   return shallowest[0].replace(os.sep, '/'), os.path.join(src, shallowest[0])
 
 
@@ -159,5 +159,5 @@ def make_repository(name: str, root: str, repo: str, debs: str, timeout_s: float
     steps.append(f'not in Debian\'s dependencies of {name}: {", ".join(missing)} '
                  '(listed in vendor/modules.txt without packages)')
   commit_all(repo, f'vendor/ from Debian: {", ".join(closure) or "none"}'
-                      + (f'; missing {", ".join(missing)}' if missing else ''))
+             + (f'; missing {", ".join(missing)}' if missing else ''))
   return label, steps

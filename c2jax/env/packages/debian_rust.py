@@ -196,7 +196,7 @@ def make_repository(name: str, root: str, repo: str, debs: str, timeout_s: float
   for _ in range(MAX_ROUNDS):
     try:
       run(['cargo', 'generate-lockfile', '--offline'], repo, timeout_s,
-                   'resolve the crate\'s dependencies from vendor/')
+          'resolve the crate\'s dependencies from vendor/')
       break
     except FetchError as e:
       message = str(e)
@@ -207,13 +207,13 @@ def make_repository(name: str, root: str, repo: str, debs: str, timeout_s: float
       wanted, requirement = missing.group(1), ''
     else:
       raise FetchError(f'{exact}: cargo cannot resolve the crate\'s '
-                                f'dependencies from Debian\'s packages:\n{message}')
+                       f'dependencies from Debian\'s packages:\n{message}')
     fresh = [c for c in _candidates(wanted, requirement)
              if c not in tried and apt.available(c, timeout_s)]
     if fresh:
       tried.add(fresh[0])
       added += _add_crates(apt.download([fresh[0]], os.path.join(debs, 'deps'),
-                                           timeout_s), vendor, scratch, timeout_s)
+                                        timeout_s), vendor, scratch, timeout_s)
       continue
     by = _REQUIRED_BY.search(message)
     with open(manifest_path, encoding='utf-8') as f:
@@ -230,7 +230,7 @@ def make_repository(name: str, root: str, repo: str, debs: str, timeout_s: float
     dropped.append(wanted)
   else:
     raise FetchError(f'{exact}: dependencies still unresolved after '
-                              f'{MAX_ROUNDS} rounds.')
+                     f'{MAX_ROUNDS} rounds.')
   shutil.rmtree(scratch, ignore_errors=True)
   steps = [f'vendored {len(added)} crate(s) from Debian: {", ".join(sorted(added))}']
   if dropped:
@@ -239,7 +239,7 @@ def make_repository(name: str, root: str, repo: str, debs: str, timeout_s: float
     if pruned:
       steps.append(f'deleted the targets that use them: {", ".join(pruned)}')
       run(['cargo', 'generate-lockfile', '--offline'], repo, timeout_s,
-                   'resolve the crate\'s dependencies again without those targets')
+          'resolve the crate\'s dependencies again without those targets')
   commit_all(repo, 'vendor/ and Cargo.lock from Debian' +
-                      (f'; dropped {", ".join(dropped)} (not in Debian)' if dropped else ''))
+             (f'; dropped {", ".join(dropped)} (not in Debian)' if dropped else ''))
   return label, steps

@@ -36,13 +36,13 @@ def resolve(rest: str, timeout_s: float) -> tuple[str, str]:
   if not re.fullmatch(r'(@[\w.-]+/)?[\w.-]+', name):
     raise ValueError(f'npm:{rest}: {name!r} is not an npm package name.')
   out = run(['npm', 'view', f'{name}@{wanted or "latest"}', 'version', '--json'],
-                     tempfile.gettempdir(), timeout_s, f'find {name} on the npm registry')
+            tempfile.gettempdir(), timeout_s, f'find {name} on the npm registry')
   found = json.loads(out) if out.strip() else None
   if isinstance(found, list):
     found = max(found, key=_version_key) if found else None
   if not found:
     raise FetchError(f'npm:{rest}: the npm registry has no version of {name} '
-                              f'matching {wanted or "latest"!r}.')
+                     f'matching {wanted or "latest"!r}.')
   return f'npm:{name}@{found}', f'{name}@{found}'
 
 
@@ -53,7 +53,7 @@ def _unpack(tarball: str, dest: str) -> None:
     roots = {m.name.split('/')[0] for m in members}
     if len(roots) != 1:
       raise FetchError(f'{tarball} is not an npm package tarball (it has '
-                                f'{len(roots)} top-level entries, npm pack makes one).')
+                       f'{len(roots)} top-level entries, npm pack makes one).')
     root = roots.pop() + '/'
     kept = []
     for member in members:
@@ -72,7 +72,7 @@ def identify_file(path: str, timeout_s: float) -> tuple[str, str]:
                      if m.name.count('/') == 1 and m.name.endswith('/package.json')), None)
     if manifest is None:
       raise FetchError(f'{path} holds no package.json at its top folder; it is '
-                                'not an `npm pack` tarball.')
+                       'not an `npm pack` tarball.')
     meta = json.load(tar.extractfile(manifest))
   return f'npm:{meta["name"]}@{meta["version"]}', os.path.abspath(path)
 
@@ -86,7 +86,7 @@ def materialise(exact: str, resolved: str, folder: str, timeout_s: float) -> Pac
     steps.append(f'unpacked {os.path.basename(resolved)}')
   else:
     out = run(['npm', 'pack', resolved, '--json', '--pack-destination', folder],
-                       folder, timeout_s, f'download {resolved} from the npm registry')
+              folder, timeout_s, f'download {resolved} from the npm registry')
     tarball = os.path.join(folder, json.loads(out)[0]['filename'])
     steps.append(f'npm pack {resolved}')
   repo = os.path.join(folder, 'repo')
@@ -94,4 +94,4 @@ def materialise(exact: str, resolved: str, folder: str, timeout_s: float) -> Pac
   _unpack(tarball, repo)
   commit = commit_all(repo, f'{exact} as published')
   return Package(spec=exact, name=name_version.lstrip('@').replace('/', '-'),
-                          path=repo, base_commit=commit, steps=tuple(steps))
+                 path=repo, base_commit=commit, steps=tuple(steps))
