@@ -89,9 +89,13 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
   c.actors.parallel = engine_sharding.engine_parallel_defaults()
   # packages_dir: where a suite built from released packages has its packages and
   # instance checkouts made ('' = ~/.cache/c2jax/packages; c2jax/env/packages).
+  # build_images (source 'harbor', agent.backend 'docker'): each task folder's Dockerfile
+  # is built by the docker engine and its episodes run in that image (c2jax/env/images.py;
+  # base_images: 'FROM=LOCAL_IMAGE' entries ahead of its base-image table).
   c.tasks = ml_collections.ConfigDict(dict(
       source="procgen", difficulties=(1, 2, 3, 4), train_count=64, heldout_count=16,
-      seed=0, path="", repos_root="", packages_dir=""))
+      seed=0, path="", repos_root="", packages_dir="", build_images=False,
+      base_images=()))
   # at_start: evaluate the starting policy before the first step (the baseline).
   c.eval = ml_collections.ConfigDict(dict(every=10, samples=4, temperature=1.0, slots=16,
                                           at_start=True))
@@ -147,7 +151,7 @@ def validate(cfg, num_devices: int | None = None) -> None:
   from c2jax.rl.tasks import task_sources  # pylint: disable=g-import-not-at-top
 
   configlib.check_choice(cfg, "tasks.source", task_sources.SOURCES)
-  task_sources.validate(cfg.tasks)
+  task_sources.validate(cfg.tasks, cfg.agent.backend)
   from c2jax.env import procgen  # pylint: disable=g-import-not-at-top
 
   bad = sorted(set(cfg.tasks.difficulties) - set(procgen.CATEGORIES))

@@ -206,3 +206,42 @@ def test_the_engine_is_needed_only_to_build(tmp_path, monkeypatch):
   assert tasks.load_task_folder(folder).image == ''
   with pytest.raises(images.ImageBuildError, match='needs a docker engine, and none answers'):
     tasks.load_task_folder(folder, build_image=True)
+
+
+def test_rl_task_source_builds_the_folders_images(real_docker, tmp_path):
+  # `c2jax rl --config.tasks.source=harbor --config.tasks.build_images=true` on docker:
+  # the episodes start from the folder's image, its FROM mapped by tasks.base_images.
+  from c2jax.rl import job
+  from c2jax.rl.tasks import task_sources
+  folder = write_tree(tmp_path / 'tb-rl', {
+      'task.yaml': 'instruction: Say what /app/ready.txt holds.\n',
+      'Dockerfile': 'FROM my-org/tools:2\nWORKDIR /app\nRUN echo ready > /app/ready.txt\n',
+      'run-tests.sh': 'test -f /app/ready.txt\n'})
+  cfg = job.job_defaults('tiny')
+  cfg.tasks.source, cfg.tasks.path, cfg.tasks.build_images = 'harbor', str(folder), True
+  cfg.tasks.base_images = (f'my-org/tools:*={docker_backend.sandbox_image()}',)
+  task_sources.validate(cfg.tasks, 'docker')
+  (task,) = task_sources.load(cfg.tasks)
+  try:
+    assert task.image.startswith(images.REPOSITORY + ':tb-rl-')
+    assert task.metadata['image']['from'] == {'my-org/tools:2': docker_backend.sandbox_image()}
+    with sandbox.make_task_sandbox('docker', task) as box:
+      assert box.run_shell('cat ready.txt').text.strip() == 'ready'
+  finally:
+    real_docker.images.remove(task.image, force=True)
+
+
+def test_rl_task_image_settings_are_checked():
+  from c2jax.rl import job
+  from c2jax.rl.tasks import task_sources
+  cfg = job.job_defaults('tiny')
+  cfg.tasks.source, cfg.tasks.path, cfg.tasks.build_images = 'harbor', '.', True
+  with pytest.raises(configlib.ConfigError, match=r"tasks.build_images.*agent.backend is "
+                     r"'bubblewrap'.*--config.agent.backend=docker"):
+    task_sources.validate(cfg.tasks, 'bubblewrap')
+  cfg.tasks.base_images = ('python:3.11',)
+  with pytest.raises(configlib.ConfigError, match=r"tasks.base_images.*is not FROM=IMAGE"):
+    task_sources.validate(cfg.tasks, 'docker')
+  cfg.tasks.source = 'suite'
+  with pytest.raises(configlib.ConfigError, match=r"tasks.build_images.*source 'harbor'"):
+    task_sources.validate(cfg.tasks, 'docker')
