@@ -13,12 +13,25 @@
 #      driver, enforces them only on xfs with project quotas, which many kernels lack.
 #      Log: /var/log/c2jax-dockerd.log.
 #   3. Builds the sandbox image $C2JAX_DOCKER_IMAGE (default c2jax-sandbox:bookworm) unless
-#      it exists: a minimal Debian root file system (mmdebstrap's essential variant from
-#      the apt sources' mirror, with python3, pytest and procps; about 150 MB), imported
-#      with `docker import`; no image registry is needed.
+#      it exists at this script's recipe ($RECIPE, its c2jax.sandbox label): a minimal
+#      Debian root file system (mmdebstrap's minbase variant from the apt sources' mirror:
+#      apt, useradd; with python3, pytest, pip and procps, pip allowed to install into the
+#      system Python as in the python:3 images; the host's added CA certificates trusted;
+#      about 200 MB), imported with
+#      `docker import`; no image registry is needed. Task Dockerfiles' RUN steps use apt-get
+#      and pip in it as they would in their python / debian / ubuntu bases.
 set -uo pipefail
 
 IMAGE=${C2JAX_DOCKER_IMAGE:-c2jax-sandbox:bookworm}
+# The image's recipe: a change to the build below bumps it, and an image of an older
+# recipe is built again.
+RECIPE=2
+# The CA certificates added to this host (update-ca-certificates' own folder) are trusted
+# in the image too, so that RUN steps reach the registries through the same TLS proxy the
+# host goes through.
+LOCAL_CAS=/usr/local/share/ca-certificates
+CA_HOOK='if ls '$LOCAL_CAS'/*.crt >/dev/null 2>&1; then mkdir -p "$1'$LOCAL_CAS'" &&
+  cp '$LOCAL_CAS'/*.crt "$1'$LOCAL_CAS'/" && chroot "$1" update-ca-certificates >/dev/null; fi'
 DATA_ROOT=/var/lib/c2jax-docker
 DISK_IMAGE=/var/lib/c2jax-docker.btrfs
 LOG=/var/log/c2jax-dockerd.log
@@ -85,8 +98,13 @@ start_engine() {
 
 build_image() {
   if docker image inspect "$IMAGE" >/dev/null 2>&1; then
-    say "image $IMAGE exists"
-    return 0
+    local recipe
+    recipe=$(docker image inspect -f '{{index .Config.Labels "c2jax.sandbox"}}' "$IMAGE" 2>/dev/null)
+    if [ "$recipe" = "$RECIPE" ]; then
+      say "image $IMAGE exists"
+      return 0
+    fi
+    say "image $IMAGE is of an older recipe (${recipe:-none}, now $RECIPE); building it again"
   fi
   if ! command -v mmdebstrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] &&
      command -v apt-get >/dev/null 2>&1; then
@@ -100,15 +118,21 @@ build_image() {
   local log start=$SECONDS
   log=$(mktemp /var/tmp/c2jax-image-XXXXXX.log)
   say "building $IMAGE from $(mirror) (mmdebstrap; a minute or more)"
-  # Essential packages plus what sandboxed commands need; no documentation, and no fsync
-  # (a throwaway tree: dpkg's syncing is most of its time on a busy disk).
-  if ! mmdebstrap --variant=essential --include=python3,python3-pytest,python-is-python3,procps \
+  # Debian's minbase (essential packages, apt, the required ones such as passwd) plus what
+  # sandboxed commands and task Dockerfiles need; no documentation, and no fsync (a
+  # throwaway tree: dpkg's syncing is most of its time on a busy disk). Without
+  # EXTERNALLY-MANAGED, `pip install` goes into the system Python, as in python:3 images.
+  if ! mmdebstrap --variant=minbase \
+       --include=python3,python3-pytest,python-is-python3,python3-pip,ca-certificates,procps \
        --dpkgopt=force-unsafe-io --dpkgopt='path-exclude=/usr/share/doc/*' \
        --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
-       --dpkgopt='path-exclude=/usr/share/info/*' --customize-hook='mkdir -p "$1/workspace"' \
+       --dpkgopt='path-exclude=/usr/share/info/*' \
+       --customize-hook='mkdir -p "$1/workspace"; rm -f "$1"/usr/lib/python3*/EXTERNALLY-MANAGED' \
+       --customize-hook="$CA_HOOK" \
        bookworm - "$(mirror)" 2>"$log" |
      docker import \
        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+       --change "LABEL c2jax.sandbox=$RECIPE" \
        --change 'WORKDIR /workspace' --change 'CMD ["/bin/sh"]' - "$IMAGE" >/dev/null; then
     say "building $IMAGE failed (see $log)"
     docker image rm "$IMAGE" >/dev/null 2>&1

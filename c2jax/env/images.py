@@ -9,7 +9,8 @@ this order: an entry of `base_images` (a FROM reference or glob -> a local image
 `terminal_bench` suite's `base_images` argument, 'FROM=IMAGE' strings); the image itself,
 when the engine has it (used as is); the built-in table below, whose bases map to the
 sandbox image that tools/setup.sh builds (C2JAX_DOCKER_IMAGE, else
-c2jax-sandbox:bookworm: Debian bookworm's python3 3.11 with pytest, no apt-get or pip);
+c2jax-sandbox:bookworm: Debian bookworm's python3 3.11 with pytest, apt-get, useradd
+and pip, which installs into the system Python as in the python:3 images);
 else BaseImageError names the base, the table and what to do. A FROM naming an earlier
 stage, `scratch`, or a global ARG with a default is understood; the rewritten FROM
 lines are the only change to the task's own instructions.

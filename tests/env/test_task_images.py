@@ -211,11 +211,21 @@ def test_the_engine_is_needed_only_to_build(tmp_path, monkeypatch):
 def test_rl_task_source_builds_the_folders_images(real_docker, tmp_path):
   # `c2jax rl --config.tasks.source=harbor --config.tasks.build_images=true` on docker:
   # the episodes start from the folder's image, its FROM mapped by tasks.base_images.
+  # The sandbox image (tools/setup_docker.sh) stands in for python / debian / ubuntu
+  # bases: apt-get and useradd are there, and pip installs from the registry into the
+  # system Python (behind the host's TLS proxy too: the image trusts the host's added
+  # CAs). `apt-get update && apt-get install` works as well; not run here (the Debian
+  # index is ~9 MB).
   from c2jax.rl import job
   from c2jax.rl.tasks import task_sources
   folder = write_tree(tmp_path / 'tb-rl', {
       'task.yaml': 'instruction: Say what /app/ready.txt holds.\n',
-      'Dockerfile': 'FROM my-org/tools:2\nWORKDIR /app\nRUN echo ready > /app/ready.txt\n',
+      'Dockerfile': (
+          'FROM my-org/tools:2\n'
+          'RUN apt-get --version && useradd -m agent && mkdir /app && \\\n'
+          '    echo ready > /app/ready.txt && chown -R agent /app && \\\n'
+          '    pip install --no-cache-dir --disable-pip-version-check six==1.16.0\n'
+          'WORKDIR /app\nUSER agent\n'),
       'run-tests.sh': 'test -f /app/ready.txt\n'})
   cfg = job.job_defaults('tiny')
   cfg.tasks.source, cfg.tasks.path, cfg.tasks.build_images = 'harbor', str(folder), True
@@ -226,7 +236,9 @@ def test_rl_task_source_builds_the_folders_images(real_docker, tmp_path):
     assert task.image.startswith(images.REPOSITORY + ':tb-rl-')
     assert task.metadata['image']['from'] == {'my-org/tools:2': docker_backend.sandbox_image()}
     with sandbox.make_task_sandbox('docker', task) as box:
-      assert box.run_shell('cat ready.txt').text.strip() == 'ready'
+      shown = box.run_shell('cat ready.txt; python3 -c "import six; print(six.__version__)"; '
+                            'whoami').text.split()
+    assert shown == ['ready', '1.16.0', 'agent']
   finally:
     real_docker.images.remove(task.image, force=True)
 
@@ -245,3 +257,4 @@ def test_rl_task_image_settings_are_checked():
   cfg.tasks.source = 'suite'
   with pytest.raises(configlib.ConfigError, match=r"tasks.build_images.*source 'harbor'"):
     task_sources.validate(cfg.tasks, 'docker')
+
