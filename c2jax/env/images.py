@@ -128,6 +128,23 @@ def parse_base_images(entries: Sequence[str]) -> dict[str, str]:
   return table
 
 
+def settings_problem(build_images: bool, base_images: Sequence[str],
+                     backend: str) -> tuple[str, str] | None:
+  """(the setting, what is wrong with it and what to do) where a run's task-image settings
+  cannot work (a malformed base_images entry, build_images off docker), else None."""
+  try:
+    parse_base_images(base_images)
+  except ValueError as e:
+    return 'base_images', str(e)
+  if build_images and backend != 'docker':
+    return 'build_images', (
+        f"is True but agent.backend is {backend!r}, which cannot start a sandbox from an "
+        "image; set --config.agent.backend=docker, or build_images=False (each task then "
+        "runs in a copy of its environment/ folder with the sandbox's own tools, not in its "
+        "Dockerfile's image).")
+  return None
+
+
 def normalize_reference(ref: str) -> str:
   """'name:tag' without a digest or Docker Hub's implied prefixes: docker.io/library/
   python:3.11-slim@sha256:... -> python:3.11-slim; a missing tag is 'latest'."""

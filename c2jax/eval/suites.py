@@ -149,16 +149,9 @@ def _check_terminal_bench(cfg) -> None:
   if not args.path:
     raise configlib.ConfigError("suite.args.path", "is empty; set it to a Harbor / "
                                 "Terminal-Bench task folder or a folder of them.")
-  try:
-    images.parse_base_images(args.base_images)
-  except ValueError as e:
-    raise configlib.ConfigError("suite.args.base_images", str(e)) from None
-  if args.build_images and cfg.agent.backend != "docker":
-    raise configlib.ConfigError(
-        "suite.args.build_images", f"is True but agent.backend is {cfg.agent.backend!r}, "
-        "which cannot start a sandbox from an image; set --config.agent.backend=docker, or "
-        "build_images=False (each task then runs in a copy of its environment/ folder with "
-        "the sandbox's own tools, not in its Dockerfile's image).")
+  if problem := images.settings_problem(args.build_images, args.base_images,
+                                        cfg.agent.backend):
+    raise configlib.ConfigError(f"suite.args.{problem[0]}", problem[1])
 
 
 @register_suite("terminal_bench", defaults=_args(path="", limit=0, build_images=False,

@@ -31,25 +31,16 @@ SOURCES = ("procgen", "revert_restore", "swebench", "harbor", "suite")
 def validate(tasks_cfg, backend: str = "") -> None:
   """Raises configlib.ConfigError naming the first bad `tasks.*` key; `backend` is the
   agent's sandbox backend (building task images needs 'docker')."""
-  build_images = getattr(tasks_cfg, "build_images", False)
-  base_images = tuple(getattr(tasks_cfg, "base_images", ()))
-  if (build_images or base_images) and tasks_cfg.source != "harbor":
-    key = "tasks.build_images" if build_images else "tasks.base_images"
-    raise configlib.ConfigError(key, f"is set, but tasks.source is {tasks_cfg.source!r}: "
-                                "only Harbor / Terminal-Bench task folders (source "
-                                "'harbor') have Dockerfiles to build.")
-  if base_images:
+  if tasks_cfg.build_images or tasks_cfg.base_images:
+    if tasks_cfg.source != "harbor":
+      key = "tasks.build_images" if tasks_cfg.build_images else "tasks.base_images"
+      raise configlib.ConfigError(key, f"is set, but tasks.source is {tasks_cfg.source!r}: "
+                                  "only Harbor / Terminal-Bench task folders (source "
+                                  "'harbor') have Dockerfiles to build.")
     from c2jax.env import images  # pylint: disable=g-import-not-at-top  # the docker SDK
-    try:
-      images.parse_base_images(base_images)
-    except ValueError as e:
-      raise configlib.ConfigError("tasks.base_images", str(e)) from None
-  if build_images and backend != "docker":
-    raise configlib.ConfigError(
-        "tasks.build_images", f"is True but agent.backend is {backend!r}, which cannot "
-        "start a sandbox from an image; set --config.agent.backend=docker, or "
-        "build_images=False (each task then runs in a copy of its environment/ folder with "
-        "the sandbox's own tools, not in its Dockerfile's image).")
+    if problem := images.settings_problem(tasks_cfg.build_images, tasks_cfg.base_images,
+                                          backend):
+      raise configlib.ConfigError(f"tasks.{problem[0]}", problem[1])
   if tasks_cfg.source == "procgen":
     return
   if not tasks_cfg.path:
