@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
     profile_dir = os.path.join(cfg.model, "profile", "serve")
   # Heavy imports after the settings are checked, so a typo fails fast.
   from c2jax.parallel import distributed  # pylint: disable=g-import-not-at-top
-  from c2jax.rollout import JaxEngine, jax_engine, lockstep, sharding  # pylint: disable=g-import-not-at-top
+  from c2jax.rollout import JaxEngine, jax_engine, lockstep, resident, sharding  # pylint: disable=g-import-not-at-top
   from c2jax.serve import (app, auth, loading, server,  # pylint: disable=g-import-not-at-top
                            validation)
   from c2jax.train import profiling  # pylint: disable=g-import-not-at-top
@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
   # SLURM step, a TPU VM slice): one engine over all their devices; process 0 serves.
   distributed.initialize(distributed.distributed_defaults())
   try:
-    loaded = loading.load(cfg.model)
+    loaded = loading.load(cfg.model, weights_quant=cfg.engine.weights_quant)
     engine = JaxEngine(loaded.cfg, loaded.params, num_slots=cfg.engine.slots,
                        max_length=cfg.engine.max_length, version=loaded.version,
                        detokenize=loaded.tokenizer.decode, seed=cfg.engine.seed,
@@ -136,6 +136,10 @@ def main(argv: list[str]) -> int:
   except (FileNotFoundError, ValueError) as e:
     print(f"c2jax serve: {e}", file=sys.stderr)
     return 2
+  stored = resident.held_schemes(loaded.params)
+  if stored:
+    print(f"c2jax serve: {cfg.model}'s routed experts are held as stored "
+          f"({'/'.join(stored)}), not dequantised and quantised again", flush=True)
   if not engine.is_leader:
     return _follow(engine, cfg)
   spread = engine.placement is not None and lockstep.spans_processes(engine.placement.mesh)

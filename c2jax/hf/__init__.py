@@ -18,7 +18,8 @@ On disk HF tensors use the legacy per-expert names of real checkpoints. DeepSeek
 multi-token-prediction layers (`num_nextn_predict_layers`) load into params['mtp_layers']
 and are saved back in the same layout; Kimi-K2.5's vision tower is skipped. Released
 quantised checkpoints (DeepSeek FP8 blocks, Kimi INT4 pack-quantized) are dequantised
-on load and can be written again with `save(..., quantize=)` (see quantized.py).
+on load (for an inference engine, `load(..., weights_quant=)` keeps the routed experts as
+stored) and can be written again with `save(..., quantize=)` (see quantized.py).
 """
 
 from c2jax.hf.checkpoint import load_checkpoint

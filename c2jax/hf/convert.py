@@ -17,6 +17,7 @@ import os
 import pathlib
 import shutil
 import warnings
+from collections.abc import Callable
 from typing import Protocol
 
 import ml_collections
@@ -93,8 +94,10 @@ def _read_hf_config(hf_dir: pathlib.Path) -> dict:
 
 
 def _hf_into(reader: safetensors_io.SafetensorsReader, cfg, layout: hf_config.Layout,
-             sink: Sink) -> list[tuple[str, str]]:
-  """Streams every HF tensor into its leaf slice; returns the (name, reason) skipped."""
+             sink: Sink, held: frozenset[names.Path] = frozenset()
+             ) -> list[tuple[str, str]]:
+  """Streams every HF tensor into its leaf slice; returns the (name, reason) skipped.
+  Leaves in `held` (read as stored by _held_experts) are checked but not written."""
   leaves = names.leaves(cfg, layout.prefix)
   pieces = {p.hf_name: (leaf, p) for leaf in leaves for p in leaf.pieces}
   missing = [name for name in pieces if name not in reader.tensors]
@@ -123,13 +126,15 @@ def _hf_into(reader: safetensors_io.SafetensorsReader, cfg, layout: hf_config.La
       raise ValueError(f"{reader.dir}: tensor {name!r} has shape {list(info.shape)}, the "
                        f"config.json implies {list(expected)}.")
   for leaf in leaves:
+    if leaf.path in held:
+      continue
     dtypes = {reader.tensors[p.hf_name].dtype for p in leaf.pieces}
     if len(dtypes) != 1:
       raise ValueError(f"{reader.dir}: the tensors of {'/'.join(leaf.path)} mix dtypes "
                        f"{sorted(map(str, dtypes))}; cast them to one dtype first.")
     sink.create(leaf.path, leaf.shape, dtypes.pop(), len(leaf.slice_shape))
   for name in reader.tensors:  # on-disk order: each shard is read front to back
-    if name not in pieces:
+    if name not in pieces or pieces[name][0].path in held:
       continue
     leaf, piece = pieces[name]
     sink.write(leaf.path, piece.index, piece.to_leaf(reader.read(name), leaf.slice_shape))
@@ -164,18 +169,88 @@ def _natural_key(name: str) -> list:
   return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in name.split(".")]
 
 
-def load(path: str | os.PathLike) -> tuple[ml_collections.ConfigDict, dict]:
+def load(path: str | os.PathLike, weights_quant: str = "none",
+         log: Callable[[str], None] = print) -> tuple[ml_collections.ConfigDict, dict]:
   """(validated c2jax config, params) of an HF directory; params are numpy arrays.
 
-  Quantised checkpoints (FP8 blocks, INT4 packed) are dequantised into their model dtype.
+  Quantised checkpoints (FP8 blocks, INT4 packed) are dequantised into their model dtype,
+  except, with `weights_quant` (an inference engine's engine.weights_quant), the routed
+  experts stored in that very format: those come as kernels.weight_quant.WeightQuant
+  leaves holding the stored values and scales (see _held_experts).
   """
   hf_dir = pathlib.Path(path)
   hf, reader = sources.open_tensors(hf_dir, _read_hf_config(hf_dir))
   cfg, layout = hf_config.from_hf(hf)
   cfg, _ = sources.stored_config(cfg, layout, set(reader.tensors), hf_dir)
+  held = _held_experts(reader, cfg, layout, weights_quant, log)
   sink = _MemorySink()
-  _hf_into(reader, cfg, layout, sink)
+  _hf_into(reader, cfg, layout, sink, frozenset(held))
+  for leaf_path, weight in held.items():
+    _set(sink.params, leaf_path, weight)
   return cfg, sink.params
+
+
+def _held_experts(reader, cfg, layout: hf_config.Layout, weights_quant: str,
+                  log: Callable[[str], None]) -> dict:
+  """{leaf path: WeightQuant} of the routed experts that an engine holding
+  `weights_quant` can keep exactly as the checkpoint stores them: DeepSeek-V3's fp8
+  128x128 blocks under 'fp8', Kimi-K2.5's int4 groups of 32 under 'int4' (its scales are
+  amax / 7.5 with values down to -8, which the engine's own quantisation, amax / 7, would
+  not reproduce). Values and scales are transposed to the engine's [..., K, N], never
+  dequantised. A leaf whose stored format or block is not the engine's (another bit
+  width, another group size, a ragged block) is left to be dequantised and quantised
+  again by the engine, which one log line says."""
+  if weights_quant == "none" or not isinstance(reader, quantized.DequantizingReader):
+    return {}
+  from c2jax_kernels.weight_quant import formats as weight_quant  # pylint: disable=g-import-not-at-top
+
+  scheme = weight_quant.get_scheme(weights_quant)
+  held, refused = {}, {}
+  for leaf in names.leaves(cfg, layout.prefix):
+    if not names.is_routed_expert(leaf.path):
+      continue
+    k, n = leaf.slice_shape
+    forms = {reader.held_as(piece.hf_name) for piece in leaf.pieces}
+    what = "/".join(leaf.path)
+    form = forms.pop() if len(forms) == 1 else None
+    if len(forms) > 0 or form is None:
+      refused[what] = ("its experts are stored in different formats" if forms else
+                       "stored unquantised or in a format no engine holds")
+      continue
+    if form[0] != weights_quant:
+      refused[what] = f"stored as {form[0]}"
+      continue
+    block = (form[1][1], form[1][0])  # [out, in] -> the engine's [K, N]
+    try:
+      ours = weight_quant.block_of(scheme, k, n, what)
+    except ValueError as err:
+      refused[what] = str(err)
+      continue
+    if block != ours:
+      refused[what] = f"stored blocks {block}, the engine's {ours}"
+      continue
+    values = scales = None
+    for piece in leaf.pieces:
+      stored = reader.read_stored(piece.hf_name)
+      if values is None:
+        values = np.empty(leaf.shape, stored.values.dtype)
+        scales = np.empty(leaf.shape[:-2] + (k // block[0], n // block[1]), np.float32)
+      values[piece.index] = stored.values.T
+      scales[piece.index] = stored.scales.T
+    held[leaf.path] = weight_quant.WeightQuant(values, scales, weights_quant, block)
+  if refused:
+    first = next(iter(refused))
+    log(f"init: {reader.dir}: {len(refused)} routed-expert weight(s) are not stored as "
+        f"weights_quant={weights_quant!r} holds them (e.g. {first}: {refused[first]}); "
+        "they are dequantised and the engine quantises them again.")
+  return held
+
+
+def _set(tree: dict, path: names.Path, value) -> None:
+  node = tree
+  for key in path[:-1]:
+    node = node.setdefault(key, {})
+  node[path[-1]] = value
 
 
 def save(cfg: ml_collections.ConfigDict, params: dict, path: str | os.PathLike, *,

@@ -55,6 +55,18 @@ class Scheme(Protocol):
   def dequantize(self, module: str, parts: dict[str, np.ndarray], dtype) -> np.ndarray: ...
   def quantize(self, module: str, array: np.ndarray) -> dict[str, np.ndarray]: ...
   def planned(self, module: str, shape: tuple) -> list[tuple[str, np.dtype, tuple]]: ...
+  def held_as(self, module: str, shape: tuple[int, int]) -> tuple[str, tuple[int, int]] | None: ...
+  def stored(self, module: str, parts: dict[str, np.ndarray]) -> Stored: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+  """One quantised weight as the checkpoint stores it, unpacked, in HF's [out, in] order:
+  `values` [out, in] (float8_e4m3fn, int4 or int8), `scales` float32 [out / bo, in / bi],
+  one per block of (bo, bi) values; weight = values * scale."""
+  values: np.ndarray
+  scales: np.ndarray
+  block: tuple[int, int]
 
 
 def _check_shape(module: str, suffix: str, got: tuple, want: tuple, why: str) -> None:
@@ -137,6 +149,19 @@ class Fp8Block:
     return [("weight", qf.FP8, tuple(shape)),
             ("weight_scale_inv", np.dtype(np.float32), qf.fp8_scale_shape(shape, self.block))]
 
+  def held_as(self, module, shape):
+    """(the engine's weights_quant that holds this weight [out, in] as stored, the block
+    of values one stored scale covers, [out, in]); None when no engine format can."""
+    del module
+    return "fp8", tuple(min(side, size) for side, size in zip(self.block, shape))
+
+  def stored(self, module, parts):
+    del module
+    # float32 holds every stored scale exactly (bfloat16 and e8m0 ones included).
+    weight = parts["weight"]
+    return Stored(weight, parts["weight_scale_inv"].astype(np.float32),
+                  tuple(min(side, size) for side, size in zip(self.block, weight.shape)))
+
 
 @dataclasses.dataclass(frozen=True)
 class IntGroup:
@@ -146,10 +171,11 @@ class IntGroup:
   group_size: int | None  # None: one scale per output channel
 
 
-# Kimi-K2-Thinking / K2.5 quantise only the routed experts.
+# Kimi-K2-Thinking / K2.5 quantise only the routed experts. (An MTP layer's copy of the
+# LM head, `shared_head.head`, stays plain like the head it copies.)
 KIMI_IGNORE = ("lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
                r"re:.*mlp\.(gate|up|gate_up|down)_proj.*", "re:.*eh_proj.*",
-               "re:.*vision_tower.*", "re:.*mm_projector.*")
+               r"re:.*shared_head\.head$", "re:.*vision_tower.*", "re:.*mm_projector.*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,6 +311,25 @@ class PackedInt:
             ("weight_scale", self.scale_dtype,
              (rows, 1 if group.group_size is None else -(-cols // group.group_size))),
             ("weight_shape", np.dtype(np.int64), (2,))]
+
+  def held_as(self, module, shape):
+    group = self._group(module)
+    name = _HELD_INTS.get(group.bits)
+    if name is None:
+      return None
+    return name, (1, min(group.group_size or shape[1], shape[1]))
+
+  def stored(self, module, parts):
+    group = self._group(module)
+    rows, cols = (int(v) for v in parts["weight_shape"])
+    q = qf.unpack_int32(parts["weight_packed"], group.bits, cols)
+    values = q.astype(ml_dtypes.int4) if group.bits == 4 else q
+    return Stored(values, parts["weight_scale"].astype(np.float32),
+                  (1, group.group_size or cols))
+
+
+# The packed int widths an engine holds as they are (engine.weights_quant).
+_HELD_INTS = {4: "int4", 8: "int8"}
 
 
 def _only(qc: dict, known: set[str]) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from c2jax.hf import safetensors_io
 from c2jax.hf.config import HFConfigError
-from c2jax.hf.quant_schemes import EXPORT_SCHEMES, FIELD, SCHEMES, Scheme
+from c2jax.hf.quant_schemes import EXPORT_SCHEMES, FIELD, SCHEMES, Scheme, Stored
 
 __all__ = ["DequantizingReader", "EXPORT_SCHEMES", "SCHEMES", "declared_dtype",
            "export_scheme", "open_hf", "quantize_for_export", "quantize_plan",
@@ -173,6 +173,20 @@ class DequantizingReader:
       return self.base.read(name)
     parts = {s: self.base.read(f"{module}.{s}") for s in self.scheme.suffixes}
     return self.scheme.dequantize(module, parts, self.dtype)
+
+  def held_as(self, name: str) -> tuple[str, tuple[int, int]] | None:
+    """For a quantised logical tensor: (the engine.weights_quant that holds it as stored,
+    its block [out, in]); None for a plain tensor or a format no engine holds."""
+    module = self._modules.get(name)
+    if module is None:
+      return None
+    return self.scheme.held_as(module, tuple(self.tensors[name].shape))
+
+  def read_stored(self, name: str) -> Stored:
+    """A quantised logical tensor's values and scales as stored (not dequantised)."""
+    module = self._modules[name]
+    parts = {s: self.base.read(f"{module}.{s}") for s in self.scheme.suffixes}
+    return self.scheme.stored(module, parts)
 
 
 def open_hf(hf_dir: str | os.PathLike, hf: dict,

@@ -139,6 +139,9 @@ class JaxEngine(Engine):
   new weights again, so the sampler holds exactly quantise(published weights)), and their
   grouped matmuls dequantise a tile at a time (kernels.weight_quant). The engine then keeps
   the stacked layout on every platform. `resident_weights()` reports what it holds.
+  Experts already held in `params` (WeightQuant leaves of that scheme: a released
+  checkpoint read as stored by c2jax.hf.load(weights_quant=)) are kept bit for bit; swaps
+  take full-precision weights as usual.
   `hang_timeout_s`: over several processes, the seconds a program or weight swap may take
   (first compiling calls aside) before the watchdog names the process holding it up and
   calls `on_hang` (default: print that, exit 1; lockstep.Watchdog)."""
@@ -233,8 +236,8 @@ class JaxEngine(Engine):
       stacked = jax.device_put(params)
     else:
       stacked = jax.device_put(params, self._param_shardings)
-    self._stacked_like = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), stacked)
+    # New versions arrive at full precision, experts held as stored (hf.load) included.
+    self._stacked_like = resident.plain_like(stacked)
     held = resident.quantize_resident(stacked, self.weights_quant)
     del stacked  # the unquantised experts go once quantised
     self._held_like = jax.tree.map(

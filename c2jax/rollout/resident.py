@@ -127,6 +127,12 @@ def _map_experts(params, weights_quant: str, quantize_leaf):
 
   def leaf(path, w):
     keys = _keys(path)
+    if weight_quant.is_quantized(w):  # held as a checkpoint stores it (hf.load)
+      if w.scheme != weights_quant:
+        raise ValueError(f"{'/'.join(keys)} is held as {w.scheme} but weights_quant = "
+                         f"{weights_quant!r}; load the checkpoint with the engine's "
+                         "weights_quant (c2jax.hf.load(weights_quant=)).")
+      return w
     if not quantizes(keys):
       return w
     what, sharding = "/".join(keys), getattr(w, "sharding", None)
@@ -137,7 +143,30 @@ def _map_experts(params, weights_quant: str, quantize_leaf):
           sharding, scale_sharding(sharding, w.shape, block), weights_quant, block)
     return quantize_leaf(w, what, shardings)
 
-  return jax.tree_util.tree_map_with_path(leaf, params)
+  return jax.tree_util.tree_map_with_path(leaf, params, is_leaf=weight_quant.is_quantized)
+
+
+def plain_like(params):
+  """ShapeDtypeStructs (with shardings) of `params` as an engine takes new versions of
+  them: a leaf held quantised (WeightQuant) as its full-precision weight, in the dtype of
+  the tree's other floating leaves (the dtype its checkpoint dequantises into)."""
+  is_held = weight_quant.is_quantized
+  floats = [jax.numpy.dtype(x.dtype) for x in jax.tree.leaves(params, is_leaf=is_held)
+            if not is_held(x) and jax.numpy.issubdtype(x.dtype, jax.numpy.floating)]
+  dtype = max(set(floats), key=floats.count) if floats else jax.numpy.dtype("float32")
+
+  def like(x):
+    if is_held(x):
+      return jax.ShapeDtypeStruct(x.shape, dtype, sharding=getattr(x.values, "sharding", None))
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None))
+  return jax.tree.map(like, params, is_leaf=is_held)
+
+
+def held_schemes(params) -> list[str]:
+  """The quantisation schemes of the leaves `params` already holds quantised (a released
+  checkpoint read as stored); empty for a full-precision tree."""
+  return sorted({leaf.scheme for leaf in jax.tree.leaves(params, is_leaf=weight_quant.is_quantized)
+                 if weight_quant.is_quantized(leaf)})
 
 
 def quantize_resident(params, weights_quant: str):

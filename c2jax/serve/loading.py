@@ -3,7 +3,8 @@
 PATH is a c2jax run directory (local or a URL c2jax.storage reads) or a local HF model
 directory, loaded by c2jax.train.run_loading (the loader eval and tools share) with the
 run's MTP drafter kept for speculative decoding; the policy version is the checkpoint
-step (0 for an HF directory) and the served name the directory's.
+step (0 for an HF directory) and the served name the directory's. A released checkpoint's
+quantised experts stay as stored when --weights_quant names their format.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class Loaded:
   version: int  # policy version of the weights (the checkpoint step)
 
 
-def load(path: str) -> Loaded:
-  run = run_loading.load_run(path, keep_mtp=True, flag="--model")
+def load(path: str, weights_quant: str = "none") -> Loaded:
+  """`weights_quant`: the engine's; routed experts an HF directory stores in that format
+  are loaded as stored (held bit for bit by the engine)."""
+  run = run_loading.load_run(path, keep_mtp=True, flag="--model", weights_quant=weights_quant)
   return Loaded(run.cfg, run.params, run.tokenizer, run.directory.name, run.step)

@@ -20,6 +20,10 @@ keep_mtp: keep the multi-token-prediction modules (for speculative decoding). Wi
 they are left out (scoring and greedy decoding do not use them) and model.num_mtp_layers
 is 0. With it, a drafter the checkpoint does not hold is left out too: an untrained
 drafter would only slow decoding.
+
+weights_quant: the engine.weights_quant of the engine that will hold the weights. An HF
+directory whose routed experts are stored in that format (DeepSeek-V3 fp8, Kimi-K2.5
+int4) gives them as stored (WeightQuant leaves, c2jax.hf.load), not dequantised.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ class LoadedRun:
 
 
 def load_run(path: str | os.PathLike, *, keep_mtp: bool = False, progress: bool = False,
-             flag: str = "run directory") -> LoadedRun:
+             flag: str = "run directory", weights_quant: str = "none") -> LoadedRun:
   """The model config, newest parameters, tokenizer and step of the run (or local HF
   directory) at `path`; `flag` names where the path came from in errors."""
   directory = storage.orbax_path(path, flag)
@@ -67,7 +71,7 @@ def load_run(path: str | os.PathLike, *, keep_mtp: bool = False, progress: bool 
     return _load_c2jax_run(directory, job, keep_mtp=keep_mtp, progress=progress)
   if "model_type" in job:
     return _load_hf(storage.require_local(path, flag, "an HF model directory"),
-                    keep_mtp=keep_mtp)
+                    keep_mtp=keep_mtp, weights_quant=weights_quant)
   raise ValueError(f"{flag} {path}: config.json is neither a c2jax run's (no "
                    "checkpoints/ beside it) nor an HF model's (no model_type).")
 
@@ -112,13 +116,13 @@ def _load_c2jax_run(directory, job: dict, *, keep_mtp: bool, progress: bool) -> 
   return LoadedRun(cfg, params, tokenizer, directory, int(step))
 
 
-def _load_hf(directory: pathlib.Path, *, keep_mtp: bool) -> LoadedRun:
+def _load_hf(directory: pathlib.Path, *, keep_mtp: bool, weights_quant: str) -> LoadedRun:
   tokenizer_file = directory / "tokenizer.json"
   if not tokenizer_file.is_file():
     raise FileNotFoundError(f"{directory} is an HF directory without tokenizer.json; copy "
                             "the model's tokenizer.json there.")
   tokenizer = Tokenizer.load(tokenizer_file)
-  cfg, params = hf.load(directory)
+  cfg, params = hf.load(directory, weights_quant=weights_quant)
   _check_vocab(directory, tokenizer, cfg)
   if not keep_mtp:
     cfg.num_mtp_layers = 0

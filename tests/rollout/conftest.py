@@ -47,7 +47,8 @@ class Setup:
     return logp, np.asarray(aux["expert_indices"])[:, 0, :len(tokens)].transpose(1, 0, 2)
 
   def engine(self, **kwargs):
-    return JaxEngine(self.cfg, self.params, num_slots=2, max_length=MAX_LENGTH,
+    params = kwargs.pop("params", self.params)
+    return JaxEngine(self.cfg, params, num_slots=2, max_length=MAX_LENGTH,
                      prefill_buckets=BUCKETS, detokenize=detokenize, **kwargs)
 
 
