@@ -72,10 +72,11 @@ def job_defaults(variant: str = "tiny") -> ml_collections.ConfigDict:
       # the published dtype), quantising every published version itself, so it samples
       # from exactly quantise(learner weights); rl: step's mismatch_* metrics measure it.
       weights_quant="none",
-      # JAX processes per actor (process backend): > 1 runs each actor's engine over that
-      # many processes' devices (jax.distributed among them; actors.parallel spans them),
-      # process 0 rolling out and the others following its engine; if one dies, the whole
-      # actor restarts and its leased prompt returns to the pool.
+      # JAX processes per actor: > 1 runs each actor's engine over that many processes'
+      # devices (jax.distributed among them; actors.parallel spans them), process 0
+      # rolling out and the others following its engine; if one dies, the whole actor
+      # restarts and its leased prompt returns to the pool. Process backend: child
+      # processes; Ray: that many tasks of one CPU each, on any nodes.
       processes=1,
       # With processes > 1: seconds a program or weight swap of the actor's engine may take
       # (its first, compiling call aside) before a process that holds it up is named and
@@ -144,10 +145,6 @@ def validate(cfg, num_devices: int | None = None) -> None:
   configlib.check_choice(cfg, "actors.weights_quant", weight_quant.WEIGHT_QUANT_CHOICES)
   configlib.check_positive(cfg, "actors.hang_timeout_s")
   configlib.check_positive(cfg, "actors.processes")
-  if cfg.actors.processes > 1 and cfg.actors.backend != "process":
-    raise configlib.ConfigError("actors.processes", f"is {cfg.actors.processes} with "
-                                f"actors.backend = {cfg.actors.backend!r}; multi-process "
-                                "actors run on the 'process' backend (use 1 for Ray).")
   from c2jax.rl.tasks import task_sources  # pylint: disable=g-import-not-at-top
 
   configlib.check_choice(cfg, "tasks.source", task_sources.SOURCES)

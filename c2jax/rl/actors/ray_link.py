@@ -15,6 +15,10 @@ any node) see the run only through the hub and a storage URL:
   infra counts hub.record_infra                      (c2jax.rl.actors.infra)
   placement    hub.placed: the node an actor's task started on, which the learner names
                when the task dies (a host lost from the network, say)
+  coordinator  hub.set_coordinator / coordinator: an actor of several JAX processes
+               (config.actors.processes) is that many Ray tasks, on any nodes; process 0
+               picks the jax.distributed coordinator's address on its node and the others
+               read it here (per incarnation: a restarted actor forms a new job)
   weights      a tensorstore URL (config.actors.weights_dir: gs://, s3://, file://)
   config and tokenizer: arguments of the Ray task.
 """
@@ -47,8 +51,10 @@ class RunHub:
     self.dirs = rollouts.RunDirs(pathlib.Path(workdir))
     cfg = ml_collections.ConfigDict(json.loads(config_json))
     self.pool, self.queue = self.dirs.pool(), self.dirs.queue(cfg)
-    # actor id -> (its current Ray task's id, the Ray node id, the node's address)
+    # actor id (".pN" for process N > 0 of a multi-process actor) -> (its current Ray
+    # task's id, the Ray node id, the node's address)
     self.nodes: dict[str, tuple[str, str, str]] = {}
+    self.coordinators: dict[tuple[str, str], str] = {}  # (actor id, incarnation) -> address
 
   def placed(self, actor_id: str, task_id: str, node_id: str, address: str) -> None:
     """Where an actor's task started (run_actor reports it first): the learner watches
@@ -57,6 +63,14 @@ class RunHub:
 
   def placement(self, actor_id: str) -> tuple[str, str, str] | None:
     return self.nodes.get(actor_id)
+
+  def set_coordinator(self, actor_id: str, incarnation: str, address: str) -> None:
+    self.coordinators = {key: value for key, value in self.coordinators.items()
+                         if key[0] != actor_id}  # an earlier incarnation's is stale
+    self.coordinators[(actor_id, incarnation)] = address
+
+  def coordinator(self, actor_id: str, incarnation: str) -> str | None:
+    return self.coordinators.get((actor_id, incarnation))
 
   def lease(self, actor_id: str):
     return self.pool.lease(actor_id)
@@ -171,21 +185,63 @@ class RepoCache:
     shutil.rmtree(self.root, ignore_errors=True)
 
 
-def run_actor(hub, config_json: str, tokenizer, actor_id: str, weights_url: str) -> int:
+# Seconds a process N > 0 of a multi-process actor waits for process 0 to name the
+# coordinator (process 0's task may wait for a free CPU first).
+COORDINATOR_WAIT_S = 600.0
+
+
+def run_actor(hub, config_json: str, tokenizer, actor_id: str, weights_url: str,
+              process: int = 0, incarnation: str = "") -> int:
   """The body of one Ray actor task: c2jax.rl.actors.actor.serve with the run reached through
-  `hub` and weights read from `weights_url`."""
+  `hub` and weights read from `weights_url`. With config.actors.processes = N > 1 the actor
+  is N such tasks (`process` 0..N-1, one `incarnation` per start): they form one
+  jax.distributed job whose coordinator process 0 names through the hub; process 0 rolls
+  out, the others follow its engine (each task in a Ray worker of its own, which exits
+  with it: a jax.distributed job cannot be left and joined again in one process)."""
   import ray  # pylint: disable=g-import-not-at-top
 
   from c2jax.rl.actors import actor  # pylint: disable=g-import-not-at-top
 
   context = ray.get_runtime_context()
-  ray.get(hub.placed.remote(actor_id, context.get_task_id(), context.get_node_id(),
-                           ray.util.get_node_ip_address()))
-  compile_cache.enable()
+  address = ray.util.get_node_ip_address()
+  ray.get(hub.placed.remote(actor_id if process == 0 else f"{actor_id}.p{process}",
+                            context.get_task_id(), context.get_node_id(), address))
   cfg = ml_collections.ConfigDict(json.loads(config_json))
+  if cfg.actors.processes > 1:
+    _join(ray, hub, actor_id, incarnation, process, int(cfg.actors.processes), address)
+  compile_cache.enable()
   repos = RepoCache(ray, hub, actor_id)
   try:
     return actor.serve(cfg, RemoteRun(ray, hub), RemotePool(ray, hub), RemoteQueue(ray, hub),
                        tokenizer, actor_id, weights_url, repos=repos)
   finally:
     repos.close()
+
+
+def _join(ray, hub, actor_id: str, incarnation: str, process: int, count: int,
+          address: str) -> None:
+  """Joins the actor's jax.distributed job: process 0 picks a port on its node and names
+  the coordinator through the hub; the others wait for that name."""
+  import os  # pylint: disable=g-import-not-at-top
+  import socket  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  from c2jax.parallel import distributed  # pylint: disable=g-import-not-at-top
+
+  if process == 0:
+    with socket.socket() as sock:
+      sock.bind(("", 0))
+      coordinator = f"{address}:{sock.getsockname()[1]}"
+    ray.get(hub.set_coordinator.remote(actor_id, incarnation, coordinator))
+  else:
+    deadline = time.monotonic() + COORDINATOR_WAIT_S
+    while (coordinator := ray.get(hub.coordinator.remote(actor_id, incarnation))) is None:
+      if time.monotonic() > deadline:
+        raise TimeoutError(f"{actor_id} process {process}: process 0 named no jax.distributed "
+                           f"coordinator within {COORDINATOR_WAIT_S:.0f} s (is there a free "
+                           "CPU for it in the Ray cluster?).")
+      time.sleep(0.2)
+  os.environ.update({distributed.ENV["coordinator_address"]: coordinator,
+                     distributed.ENV["num_processes"]: str(count),
+                     distributed.ENV["process_id"]: str(process)})
+  distributed.initialize(distributed.distributed_defaults())
