@@ -16,8 +16,21 @@ weight is ever formed. Implementations (IMPLS):
          slab of every group and running `lax.ragged_dot` (native grouped GEMM on TPU and
          GPU; on CPU XLA expands it to a dense product per group, G times the work, so
          the CPU default is 'tiled'). Peak temporary: one slab, K / chunk of the weight.
-default_impl(platform) picks 'tiled' on CPU and 'slabs' elsewhere. No VJP: an engine never
-differentiates its resident weights (the learner trains the full-precision ones).
+  tokamax  TPU: tokamax's Mosaic TPU ragged dot (`pip install -e .[kernels]`) on the
+         values and scales as held (a qwix QArray: int4, int8 or float8 values with
+         scales per block along K); the kernel reads each tile's values and scales and
+         applies them itself, never a dequantised weight. It takes one scale per output
+         column, so fp8's 128-column blocks are repeated across their columns for the
+         call, and it expands the scales 8-fold along K itself (its 8-sublane tiles): a
+         float32 temporary of 1 byte per int4 value per call. It needs K, N >= 128;
+         fewer rows than 128 are padded (the rows the kernel leaves unwritten past the
+         routed sum are zeroed here). Its numerics are checked in Pallas' TPU interpreter.
+default_impl(platform, k, n) picks 'tiled' on CPU; on TPU 'tokamax' where tokamax is
+installed, K, N >= 128 and the call traces per device (XLA cannot partition a Mosaic
+call: under expert parallelism's shard_map, or on one device), else 'slabs'
+(docs/kernels.md has the evidence: the TPU compiler's estimates at DeepSeek-V3's and
+Kimi-K2.5's expert shapes). No VJP: an engine never differentiates its resident weights
+(the learner trains the full-precision ones).
 """
 
 from __future__ import annotations
@@ -92,7 +105,9 @@ def tiled_gmm(lhs_MxK, w: formats.WeightQuant, group_sizes_G, *, out_dtype):
   return jax.lax.fori_loop(0, used, body, jnp.zeros((num_rows, n), out_dtype))
 
 
-def slabs_gmm(lhs_MxK, w: formats.WeightQuant, group_sizes_G, *, out_dtype):
+def slabs_gmm(lhs_MxK, w: formats.WeightQuant, group_sizes_G, *, out_dtype, unroll=False):
+  """`unroll`: the K loop unrolled (tools/compile: the TPU compiler's cost model counts a
+  loop's body once)."""
   num_rows, k = lhs_MxK.shape
   n = w.shape[2]
   (bk, bn), dtype = w.block, lhs_MxK.dtype
@@ -108,24 +123,70 @@ def slabs_gmm(lhs_MxK, w: formats.WeightQuant, group_sizes_G, *, out_dtype):
     return acc_MxN + jax.lax.ragged_dot(lhs_chunk, slab_GxCxN, sizes_G,
                                         preferred_element_type=jnp.float32)
 
-  acc = jax.lax.fori_loop(0, k // chunk, k_step, jnp.zeros((num_rows, n), jnp.float32))
+  acc = jax.lax.fori_loop(0, k // chunk, k_step, jnp.zeros((num_rows, n), jnp.float32),
+                          unroll=unroll)
   return acc.astype(out_dtype)
 
 
-IMPLS = {"tiled": tiled_gmm, "slabs": slabs_gmm}
+# tokamax's Mosaic TPU kernel takes no dimension but the groups' under this.
+TOKAMAX_MIN = 128
 
 
-def default_impl(platform: str | None = None) -> str:
-  """'tiled' on CPU, 'slabs' on TPU and GPU (the platform a step compiles for)."""
+def tokamax_gmm(lhs_MxK, w: formats.WeightQuant, group_sizes_G, *, out_dtype):
+  tokamax = platform_lib.library("quantised grouped matmul impl='tokamax'")
+  import qwix  # pylint: disable=g-import-not-at-top  # tokamax's own dependency
+
+  platform = platform_lib.target_platform()
+  if platform != "tpu":
+    raise ValueError(f"quantised grouped matmul impl='tokamax' runs on TPU (the target is "
+                     f"{platform!r}); use impl='slabs' or 'tiled', or the default.")
+  num_rows, k = lhs_MxK.shape
+  n = w.shape[2]
+  if min(k, n) < TOKAMAX_MIN:
+    raise ValueError(f"quantised grouped matmul impl='tokamax': tokamax's TPU kernel needs K "
+                     f"and N of at least {TOKAMAX_MIN} (weights {w.shape}); use impl='slabs'.")
+  scales = w.scales if w.block[1] == 1 else jnp.repeat(w.scales, w.block[1], axis=2)
+  rhs = qwix.QArray(w.values, scales, qtype=w.values.dtype)
+  rows = max(num_rows, TOKAMAX_MIN)
+  lhs = jnp.pad(lhs_MxK, ((0, rows - num_rows), (0, 0))) if rows > num_rows else lhs_MxK
+  out = tokamax.ragged_dot(lhs, rhs, group_sizes_G.astype(jnp.int32),
+                           preferred_element_type=out_dtype, implementation="mosaic")
+  routed = jnp.arange(rows) < jnp.sum(group_sizes_G)
+  return jnp.where(routed[:, None], out, 0).astype(out_dtype)[:num_rows]
+
+
+IMPLS = {"tiled": tiled_gmm, "slabs": slabs_gmm, "tokamax": tokamax_gmm}
+
+
+def default_impl(platform: str | None = None, k: int | None = None,
+                 n: int | None = None) -> str:
+  """'tiled' on CPU; on TPU 'tokamax' where it is installed, takes the weight's K and N and
+  the call traces per device; else 'slabs' (also on GPU); for the platform a step
+  compiles for."""
   platform = platform or platform_lib.target_platform()
-  return "tiled" if platform == "cpu" else "slabs"
+  if platform == "cpu":
+    return "tiled"
+  fits = k is None or n is None or min(k, n) >= TOKAMAX_MIN
+  if platform == "tpu" and fits and _per_device() and platform_lib.library_installed():
+    return "tokamax"
+  return "slabs"
+
+
+def _per_device() -> bool:
+  """Whether the call traces per device: no mesh axis of more than one device left to
+  XLA's partitioner (each is manual, inside a shard_map: expert parallelism's dispatch).
+  XLA cannot partition a Mosaic call, so an engine whose experts are sharded outside a
+  shard_map (fsdp over the experts) runs 'slabs'."""
+  mesh = jax.sharding.get_abstract_mesh()
+  manual = set(getattr(mesh, "manual_axes", ()))
+  return all(size == 1 or name in manual for name, size in dict(mesh.shape).items())
 
 
 def quantized_grouped_matmul(lhs_MxK, w: formats.WeightQuant, group_sizes_G, *, impl=None,
                              preferred_element_type=None):
   """out[m] = lhs[m] @ dequantize(w[group(m)]), a K-chunk of w dequantised at a time."""
   _check(lhs_MxK, w, group_sizes_G)
-  impl = impl or default_impl()
+  impl = impl or default_impl(k=w.shape[1], n=w.shape[2])
   if impl not in IMPLS:
     raise ValueError(f"Unknown quantised grouped-matmul impl {impl!r}; choose one of "
                      f"{tuple(IMPLS)}.")

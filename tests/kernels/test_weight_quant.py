@@ -48,7 +48,9 @@ def test_dequantised_error_is_within_the_format(scheme, tol):
       "fp8": 1, "int8": 1, "int4": 0.5}[scheme]
 
 
-@pytest.mark.parametrize("impl", sorted(wq.IMPLS))
+# 'tokamax' (a TPU kernel) runs in Pallas' TPU interpreter:
+# tests/plan/test_plan_target.py::test_tokamax_quantised_grouped_matmul_in_tpu_interpret_mode.
+@pytest.mark.parametrize("impl", sorted(set(wq.IMPLS) - {"tokamax"}))
 @pytest.mark.parametrize("scheme", sorted(wq.SCHEMES))
 def test_grouped_matmul_matches_dequantised_reference(impl, scheme):
   g, k, n = 4, 512, 128

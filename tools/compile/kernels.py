@@ -35,6 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import c2jax_kernels as kernels
+from c2jax_kernels import weight_quant
+from c2jax_kernels.weight_quant import grouped as weight_quant_grouped
 from c2jax.plan import target as target_lib
 from c2jax.plan import topologies
 
@@ -43,6 +45,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 # name -> (M routed rows, K hidden, N expert width, G experts on the device)
 SHAPES = {
     "tiny": (256, 64, 128, 4),
+    # An engine's decode step: 64 slots x top-8 routed rows over Kimi-K2.5's experts / EP 8.
+    "kimi_k25_decode": (64 * 8, 7168, 2048, 48),
     "small": (8192 * 2 // 4, 512, 256, 16),       # batch 32 x 256 tokens, top-2, 4 chips
     "deepseek_v3": (4096 * 8, 7168, 2048, 32),    # 4k tokens x top-8; 256 experts / EP 8
     "kimi_k25": (4096 * 8, 7168, 2048, 48),       # 384 experts / EP 8
@@ -64,21 +68,40 @@ def _loss(kind, dtype, out_dtype=jnp.float32):
   return jax.value_and_grad(grouped, argnums=(0, 1))
 
 
+def _resident(kind: str, out_dtype):
+  """'weight_quant:SCHEME[:IMPL]': an engine's forward against resident quantised experts
+  (kernels/weight_quant; no gradients). 'slabs' runs with its K loop unrolled, since the
+  TPU compiler's cost model counts a loop's body once."""
+  _, scheme, impl = (kind.split(":") + [""])[:3]
+  del scheme  # in the weight's type
+
+  def forward(lhs, w, sizes):
+    if impl == "slabs":
+      return weight_quant_grouped.slabs_gmm(lhs, w, sizes, out_dtype=out_dtype, unroll=True)
+    return weight_quant.quantized_grouped_matmul(
+        lhs, w, sizes, impl=impl or None, preferred_element_type=out_dtype)
+  return forward
+
+
 def compile_one(devices, kind: str, shape: tuple[int, int, int, int], dtype,
                 out_dtype=jnp.float32) -> dict:
-  """Compiles the forward and both backward matmuls on one device of `devices` under their
-  mesh; returns the compiler's figures or raises."""
+  """Compiles the forward and both backward matmuls (for 'weight_quant:...', the forward)
+  on one device of `devices` under their mesh; returns the compiler's figures or raises."""
   m, k, n, g = shape
   mesh = jax.sharding.Mesh(np.asarray(devices[:1]), ("x",))
   rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  args = (jax.ShapeDtypeStruct((m, k), dtype, sharding=rep),
-          jax.ShapeDtypeStruct((g, k, n), dtype, sharding=rep),
+  resident = kind.startswith("weight_quant:")
+  rhs = (weight_quant.abstract_quantized((g, k, n), kind.split(":")[1], sharding=rep,
+                                          scale_sharding=rep)
+         if resident else jax.ShapeDtypeStruct((g, k, n), dtype, sharding=rep))
+  args = (jax.ShapeDtypeStruct((m, k), dtype, sharding=rep), rhs,
           jax.ShapeDtypeStruct((g,), jnp.int32, sharding=rep))
+  fn = _resident(kind, out_dtype) if resident else _loss(kind, dtype, out_dtype)
   begun = time.perf_counter()
   with jax.set_mesh(mesh):
     if kernels.target_platform() not in ("tpu", "gpu", "cuda"):
       raise RuntimeError("the mesh's devices are not TPU or GPU devices")
-    compiled = jax.jit(_loss(kind, dtype, out_dtype)).lower(*args).compile()
+    compiled = jax.jit(fn).lower(*args).compile()
   cost = compiled.cost_analysis()
   cost = (cost[0] if isinstance(cost, list) and cost else cost) or {}
   mem = compiled.memory_analysis()
@@ -121,7 +144,8 @@ def main(argv=None) -> int:
   # accept bfloat16 and float32 operands only (docs/scaling.md).
   parser.add_argument("--dtypes", default="bfloat16")
   # grouped | block_scaled, each with the platform's default impl, or e.g. grouped:tiled
-  # for one of c2jax_kernels.grouped_matmul_impls().
+  # for one of c2jax_kernels.grouped_matmul_impls(); weight_quant:int4[:slabs|tokamax]
+  # (int8, fp8): an engine's forward against resident quantised experts.
   parser.add_argument("--kinds", default="grouped,block_scaled")
   # The matmuls' output dtype (accumulation is float32 either way); the MoE layer writes
   # the model dtype, bfloat16.
