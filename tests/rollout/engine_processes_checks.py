@@ -1,7 +1,8 @@
 """One JaxEngine over several JAX processes (2 fake CPU devices each), run by
 test_engine_processes: every process runs this file with JAX_COORDINATOR_ADDRESS /
 JAX_NUM_PROCESSES / JAX_PROCESS_ID set and ENGINE_MESH (JSON axis sizes); optionally
-ENGINE_WEIGHTS_QUANT, ENGINE_MODEL=small (by hand), ENGINE_HANG_AT / ENGINE_HANG_TIMEOUT_S.
+ENGINE_WEIGHTS_QUANT, ENGINE_MODEL=small (by hand), ENGINE_HANG_AT / ENGINE_HANG_TIMEOUT_S,
+ENGINE_ONE_PASS (the first pass of requests and swaps only, against one device).
 
     python tests/rollout/engine_processes_checks.py   -> one JSON line per process
 
@@ -60,6 +61,14 @@ def main() -> None:
     print(json.dumps({"process": jax.process_index(), "followed": spread.version}))
     return
   generations, layouts = checks.run(spread, host_updated)
+  if os.environ.get("ENGINE_ONE_PASS"):  # the first pass (its two swaps) only
+    spread.stop_followers()
+    reference, _ = checks.run(engine(weights_quant=quant), host_updated)
+    result = checks.compare(reference, generations, 0, 1)
+    result["processes"], result["devices"] = jax.process_count(), jax.device_count()
+    result["mesh"] = {k: v for k, v in spread.placement.mesh.shape.items() if v > 1}
+    print(json.dumps(result), flush=True)
+    return
   again, _ = checks.run(spread, params, 2)
   sequences = [r.tokens for r in checks.requests()[1:4]]
   scored = spread.logprobs(sequences)

@@ -2,8 +2,9 @@
 devices each): process 0 schedules, the others follow program by program
 (c2jax.rollout.lockstep), and the tokens, log-probs and expert routing equal a one-device
 engine's, through in-flight weight swaps, scoring and top log-probs; with expert
-parallelism across the processes and tensor parallelism inside them. A follower stuck
-loading weights is named by the leader's hang watchdog (lockstep.Watchdog)."""
+parallelism across the processes and tensor parallelism inside them; for 2 processes and
+for 4. A follower stuck loading weights is named by the leader's hang watchdog
+(lockstep.Watchdog)."""
 
 import json
 import pathlib
@@ -72,6 +73,25 @@ def test_two_processes_expert_parallel_across_them_match_one_device_then_a_hang_
   assert f"hang timeout {timeout_s} s" in line, line
   assert "waiting for process 1: process 1 (" in line, line
   assert "loading weights version 3" in line.split("waiting for process 1")[1], line
+
+
+@pytest.mark.slow
+def test_four_processes_expert_parallel_across_them_match_one_device():
+  """Four processes of two devices: experts over all four (expert=4), tensor parallelism
+  inside each (tensor=2); the first pass of requests through two in-flight swaps gives
+  the one-device engine's tokens, routing and log-probs (the pass above, less the second
+  pass and the hang, which two processes show)."""
+  group = start(4, {"expert": 4, "tensor": 2}, ENGINE_ONE_PASS="1")
+  try:
+    outputs = [p.communicate(timeout=TIMEOUT_S) for p in group]
+  finally:
+    for p in group:
+      p.kill()
+  assert [p.returncode for p in group] == [0, 0, 0, 0], outputs[0][1][-3000:]
+  leader = json.loads(outputs[0][0].strip().splitlines()[-1])
+  assert (leader["processes"], leader["devices"]) == (4, 8)
+  assert leader["mesh"] == {"expert": 4, "tensor": 2}
+  assert_same_as_one_device(leader)
 
 
 def test_the_watchdog_names_who_is_elsewhere():
