@@ -7,6 +7,7 @@ leased prompt goes back to the pool, no group is lost or trained twice, and the
 two-process engine's log-probs of an on-policy group are the learner's (mismatch_p99).
 (The process backend's: tests/rl/test_rl_actor_processes.py.)"""
 
+import json
 import os
 import pathlib
 import re
@@ -19,13 +20,9 @@ import pytest
 ray = pytest.importorskip(
     "ray", reason="the Ray backend test needs Ray: pip install 'c2jax[ray]' (in .[test])")
 
-from c2jax import config as configlib  # pylint: disable=g-import-not-at-top
-from c2jax.rl import trainer  # pylint: disable=g-import-not-at-top
-from c2jax.rl.queue.group_queue import GroupQueue  # pylint: disable=g-import-not-at-top
 from tests import ray_testlib  # pylint: disable=g-import-not-at-top
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-STEPS = 2
+from tests.rl.test_ray_backend import (STEPS, ray_config, train_during,  # pylint: disable=g-import-not-at-top
+                                      trained_once)
 
 
 def _actor_process(rank: int) -> list[int]:
@@ -57,13 +54,7 @@ def _kill_the_follower_mid_rollout(workdir: pathlib.Path, killed: list, stop: th
 @pytest.mark.slow
 def test_a_two_process_ray_actor_spans_two_nodes_and_restarts_whole(tmp_path, monkeypatch,
                                                                     capsys):
-  cfg = configlib.load_config_file(str(REPO / "configs/rl.py"), "test")
-  cfg.data.cache_dir = str(tmp_path / "data")
-  cfg.data.vocab_size = 1024
-  cfg.data.max_total_bytes = 4_000_000
-  cfg.data.tokenizer_train_bytes = 300_000
-  cfg.learner.steps = STEPS
-  cfg.actors.backend = "ray"
+  cfg = ray_config(tmp_path)
   cfg.actors.count = 1
   cfg.actors.processes = 2
   cfg.actors.parallel.mesh.expert = 2
@@ -71,30 +62,15 @@ def test_a_two_process_ray_actor_spans_two_nodes_and_restarts_whole(tmp_path, mo
   workdir = tmp_path / "run"
 
   with ray_testlib.two_nodes(monkeypatch, head_cpus=1, node_cpus=1):
-    killed, stop = [], threading.Event()
-    killer = threading.Thread(target=_kill_the_follower_mid_rollout,
-                              args=(workdir, killed, stop))
-    killer.start()
-    try:
-      summary = trainer.train(cfg, str(workdir))
-    finally:
-      stop.set()
-      killer.join()
+    summary, killed = train_during(cfg, workdir, _kill_the_follower_mid_rollout)
 
   assert summary["step"] == STEPS
   output = capsys.readouterr().out
   assert killed, "the follower never ran while the actor held a lease"
   assert re.search(r"actor0 died \(status 1\)( on node \S+)? \(process 1 of 2 ended "
                    r"first\); .*restart 1/", output), output[-3000:]
-  queue = GroupQueue(workdir / "queue", capacity=1, max_lag=0)
-  manifests = queue.trained_steps()
-  assert sorted(manifests) == list(range(1, STEPS + 1))
-  trained = [group for step in sorted(manifests) for group in manifests[step]]
-  assert len(trained) == len(set(trained)) == STEPS * cfg.learner.groups_per_step
-  assert not list((workdir / "pool" / "leased").rglob("*.json"))  # none held
-  rows = [line for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-  import json  # pylint: disable=g-import-not-at-top
-  rows = [json.loads(line) for line in rows]
+  trained_once(workdir, cfg)
+  rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   assert [row["step"] for row in rows if "loss" in row] == list(range(1, STEPS + 1))
   # Step 1 trains a group sampled by version 0, the weights the learner steps from: the
   # gap between the two-process engine's log-probs and the learner's is numerics alone.

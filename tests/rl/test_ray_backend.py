@@ -5,6 +5,7 @@ checkpoints to another file:// URL. The second node is lost while both actors ar
 mid-rollout (its raylet and workers killed): its actor's prompt goes back to the pool, the
 actor is restarted, and the run finishes with every group trained exactly once."""
 
+import functools
 import os
 import pathlib
 import re
@@ -33,6 +34,21 @@ def two_nodes(monkeypatch):
     yield nodes
 
 
+def train_during(cfg, workdir: pathlib.Path, fault) -> tuple[dict, list]:
+  """trainer.train(cfg, workdir) with `fault(workdir, fired, stop)` on a thread beside it
+  (it appends to `fired` when it strikes; `stop` is set once training ends): the run's
+  summary and `fired`."""
+  fired, stop = [], threading.Event()
+  thread = threading.Thread(target=fault, args=(workdir, fired, stop))
+  thread.start()
+  try:
+    summary = trainer.train(cfg, str(workdir))
+  finally:
+    stop.set()
+    thread.join()
+  return summary, fired
+
+
 def _lose_node2_mid_rollout(nodes, workdir: pathlib.Path, lost: list, stop: threading.Event):
   """Removes the second node once it runs an actor and both actors hold a lease."""
   leased = workdir / "pool" / "leased"
@@ -45,9 +61,8 @@ def _lose_node2_mid_rollout(nodes, workdir: pathlib.Path, lost: list, stop: thre
     time.sleep(0.1)
 
 
-@pytest.mark.slow
-def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_path, two_nodes,
-                                                                        capsys):
+def ray_config(tmp_path: pathlib.Path):
+  """configs/rl.py:test on the Ray backend, STEPS steps, a small corpus under tmp_path."""
   cfg = configlib.load_config_file(str(REPO / "configs/rl.py"), "test")
   cfg.data.cache_dir = str(tmp_path / "data")
   cfg.data.vocab_size = 1024
@@ -55,6 +70,25 @@ def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_pat
   cfg.data.tokenizer_train_bytes = 300_000
   cfg.learner.steps = STEPS
   cfg.actors.backend = "ray"
+  return cfg
+
+
+def trained_once(workdir: pathlib.Path, cfg) -> list[str]:
+  """The groups the learner trained: every step's, each once, none still leased."""
+  queue = GroupQueue(workdir / "queue", capacity=1, max_lag=0)
+  manifests = queue.trained_steps()
+  assert sorted(manifests) == list(range(1, STEPS + 1))
+  trained = [g for step in sorted(manifests) for g in manifests[step]]
+  assert len(trained) == len(set(trained)) == STEPS * cfg.learner.groups_per_step
+  # Every leased prompt was completed or returned when the actors stopped.
+  assert not list((workdir / "pool" / "leased").rglob("*.json"))
+  return trained
+
+
+@pytest.mark.slow
+def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_path, two_nodes,
+                                                                        capsys):
+  cfg = ray_config(tmp_path)
   cfg.actors.count = 2
   cfg.rl.queue.capacity = 2
   bucket = tmp_path / "bucket"
@@ -62,16 +96,8 @@ def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_pat
   cfg.learner.checkpoint_dir = f"file://{bucket}/ckpt/"
   workdir = tmp_path / "run"
 
-  lost, stop = [], threading.Event()
-  killer = threading.Thread(target=_lose_node2_mid_rollout,
-                            args=(two_nodes, workdir, lost, stop))
-  killer.start()
-  try:
-    summary = trainer.train(cfg, str(workdir))
-  finally:
-    stop.set()
-    killer.join()
-
+  summary, lost = train_during(cfg, workdir, functools.partial(_lose_node2_mid_rollout,
+                                                               two_nodes))
   assert summary["step"] == STEPS
   output = capsys.readouterr().out
   assert lost, "the second node never ran an actor mid-rollout"
@@ -86,14 +112,8 @@ def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_pat
   assert not list(pathlib.Path.cwd().glob("file:*"))
   # Groups came through the hub into the learner's queue: trained once each, persisted
   # with the step manifests that exactly-once recovery reads.
-  queue = GroupQueue(workdir / "queue", capacity=1, max_lag=0)
-  manifests = queue.trained_steps()
-  assert sorted(manifests) == list(range(1, STEPS + 1))
-  trained = [g for step in sorted(manifests) for g in manifests[step]]
-  assert len(trained) == len(set(trained)) == STEPS * cfg.learner.groups_per_step
+  trained = trained_once(workdir, cfg)
   groups = [Group.from_bytes(p.read_bytes()) for p in (workdir / "queue" / "trained").iterdir()]
   assert {g.info["actor"] for g in groups} <= {"actor0", "actor1"}
   assert all(g.segments and len(g.rewards_G) == cfg.rl.group_size for g in groups)
-  # Every leased prompt was completed or returned when the actors stopped.
-  assert not list((workdir / "pool" / "leased").rglob("*.json"))
   assert set(trained) <= set(os.listdir(workdir / "pool" / "done"))
