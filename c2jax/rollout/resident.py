@@ -122,6 +122,11 @@ def _map_experts(params, weights_quant: str, quantize_leaf):
   NamedShardings (None when w has none)."""
   check_weights_quant(weights_quant)
   if weights_quant == "none":
+    held = held_schemes(params)
+    if held:
+      raise ValueError(f"the parameters hold routed experts quantised ({'/'.join(held)}) but "
+                       "weights_quant = 'none'; give the engine that weights_quant, or load "
+                       "the checkpoint dequantised (c2jax.hf.load without weights_quant).")
     return params
   scheme = weight_quant.SCHEMES[weights_quant]
 
@@ -153,7 +158,9 @@ def plain_like(params):
   is_held = weight_quant.is_quantized
   floats = [jax.numpy.dtype(x.dtype) for x in jax.tree.leaves(params, is_leaf=is_held)
             if not is_held(x) and jax.numpy.issubdtype(x.dtype, jax.numpy.floating)]
-  dtype = max(set(floats), key=floats.count) if floats else jax.numpy.dtype("float32")
+  # The most common (ties: by name, so every process agrees).
+  dtype = min(set(floats), key=lambda d: (-floats.count(d), d.name), default=jax.numpy.dtype(
+      "float32"))
 
   def like(x):
     if is_held(x):

@@ -99,3 +99,6 @@ def test_a_released_int4_checkpoint_is_held_as_stored(setup, tmp_path):
     check_against_teacher(setup, reference, request.tokens, generation)
   engine.update_params(setup.params, version=1)  # the learner's weights: quantised anew
   generate_and_check(setup, engine, setup.params, "int4")
+  for other in ("none", "fp8"):  # an engine of another format does not take them as held
+    with pytest.raises(ValueError, match="held as int4|hold routed experts quantised"):
+      resident.quantize_resident(held, other)
