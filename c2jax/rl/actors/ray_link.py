@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pathlib
 import shutil
+import socket
 import tarfile
+import time
 
 import ml_collections
 
@@ -222,10 +225,6 @@ def _join(ray, hub, actor_id: str, incarnation: str, process: int, count: int,
           address: str) -> None:
   """Joins the actor's jax.distributed job: process 0 picks a port on its node and names
   the coordinator through the hub; the others wait for that name."""
-  import os  # pylint: disable=g-import-not-at-top
-  import socket  # pylint: disable=g-import-not-at-top
-  import time  # pylint: disable=g-import-not-at-top
-
   from c2jax.parallel import distributed  # pylint: disable=g-import-not-at-top
 
   if process == 0:
