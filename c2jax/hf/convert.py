@@ -29,6 +29,7 @@ from c2jax.hf import names
 from c2jax.hf import quantized
 from c2jax.hf import safetensors_io
 from c2jax.hf import sources
+from c2jax.model import moe
 
 DEFAULT_SHARD_BYTES = 5 * 2**30  # HF's usual shard size
 
@@ -49,10 +50,13 @@ class _MemorySink:
     self.params: dict = {}
 
   def create(self, path, shape, dtype, slice_rank):
+    self.put(path, np.empty(shape, dtype))
+
+  def put(self, path, value):
     node = self.params
     for key in path[:-1]:
       node = node.setdefault(key, {})
-    node[path[-1]] = np.empty(shape, dtype)
+    node[path[-1]] = value
 
   def write(self, path, index, array):
     _get(self.params, path)[index] = array
@@ -186,7 +190,7 @@ def load(path: str | os.PathLike, weights_quant: str = "none",
   sink = _MemorySink()
   _hf_into(reader, cfg, layout, sink, frozenset(held))
   for leaf_path, weight in held.items():
-    _set(sink.params, leaf_path, weight)
+    sink.put(leaf_path, weight)
   return cfg, sink.params
 
 
@@ -207,7 +211,7 @@ def _held_experts(reader, cfg, layout: hf_config.Layout, weights_quant: str,
   scheme = weight_quant.get_scheme(weights_quant)
   held, refused = {}, {}
   for leaf in names.leaves(cfg, layout.prefix):
-    if not names.is_routed_expert(leaf.path):
+    if not moe.is_routed_expert(leaf.path):
       continue
     k, n = leaf.slice_shape
     forms = {reader.held_as(piece.hf_name) for piece in leaf.pieces}
@@ -244,13 +248,6 @@ def _held_experts(reader, cfg, layout: hf_config.Layout, weights_quant: str,
         f"weights_quant={weights_quant!r} holds them (e.g. {first}: {refused[first]}); "
         "they are dequantised and the engine quantises them again.")
   return held
-
-
-def _set(tree: dict, path: names.Path, value) -> None:
-  node = tree
-  for key in path[:-1]:
-    node = node.setdefault(key, {})
-  node[path[-1]] = value
 
 
 def save(cfg: ml_collections.ConfigDict, params: dict, path: str | os.PathLike, *,

@@ -21,6 +21,7 @@ import re
 import ml_collections
 import numpy as np
 
+from c2jax.model import moe
 from c2jax.model import mtp
 
 Path = tuple[str, ...]
@@ -141,15 +142,6 @@ def leaves(cfg: ml_collections.ConfigDict, prefix: str = "") -> list[Leaf]:
   return [Leaf(path, shape, tuple(pieces)) for path, (shape, pieces) in table.items()]
 
 
-# The routed experts' weights (leaf paths end moe/experts/<proj>): the tensors released
-# checkpoints quantise and an engine may hold quantised.
-EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
-
-
-def is_routed_expert(path: Path) -> bool:
-  return len(path) >= 3 and path[-3:-1] == ("moe", "experts") and path[-1] in EXPERT_WEIGHTS
-
-
 def _decoder_layer(add, cfg, hf: str, stack_path: Path, i: int, count: int,
                    dense: bool) -> None:
   """The HF tensors of one decoder layer: slice i of the stack of `count` at stack_path."""
@@ -174,7 +166,7 @@ def _decoder_layer(add, cfg, hf: str, stack_path: Path, i: int, count: int,
     layer_add("mlp.gate.e_score_correction_bias", ("moe", "router", "correction_bias"),
               "copy", (E,))
   for e in range(E):
-    for proj, shape in zip(EXPERT_WEIGHTS, ((D, Fe), (D, Fe), (Fe, D))):
+    for proj, shape in zip(moe.EXPERT_WEIGHTS, ((D, Fe), (D, Fe), (Fe, D))):
       layer_add(f"mlp.experts.{e}.{proj}.weight", ("moe", "experts", proj), "linear", shape,
                 expert=e, experts=(E,))
   if S:

@@ -63,10 +63,9 @@ class Scheme(Protocol):
 class Stored:
   """One quantised weight as the checkpoint stores it, unpacked, in HF's [out, in] order:
   `values` [out, in] (float8_e4m3fn, int4 or int8), `scales` float32 [out / bo, in / bi],
-  one per block of (bo, bi) values; weight = values * scale."""
+  one per block of (bo, bi) values (the block `held_as` gives); weight = values * scale."""
   values: np.ndarray
   scales: np.ndarray
-  block: tuple[int, int]
 
 
 def _check_shape(module: str, suffix: str, got: tuple, want: tuple, why: str) -> None:
@@ -158,9 +157,7 @@ class Fp8Block:
   def stored(self, module, parts):
     del module
     # float32 holds every stored scale exactly (bfloat16 and e8m0 ones included).
-    weight = parts["weight"]
-    return Stored(weight, parts["weight_scale_inv"].astype(np.float32),
-                  tuple(min(side, size) for side, size in zip(self.block, weight.shape)))
+    return Stored(parts["weight"], parts["weight_scale_inv"].astype(np.float32))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,11 +318,10 @@ class PackedInt:
 
   def stored(self, module, parts):
     group = self._group(module)
-    rows, cols = (int(v) for v in parts["weight_shape"])
+    cols = int(parts["weight_shape"][1])
     q = qf.unpack_int32(parts["weight_packed"], group.bits, cols)
     values = q.astype(ml_dtypes.int4) if group.bits == 4 else q
-    return Stored(values, parts["weight_scale"].astype(np.float32),
-                  (1, group.group_size or cols))
+    return Stored(values, parts["weight_scale"].astype(np.float32))
 
 
 # The packed int widths an engine holds as they are (engine.weights_quant).

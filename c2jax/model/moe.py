@@ -42,9 +42,20 @@ from c2jax.model.moe_routing import ROUTERS
 from c2jax.parallel import expert as expert_parallel
 from c2jax_kernels import weight_quant
 
-__all__ = ["DISPATCH", "ROUTERS", "ExpertWeights", "MoE", "update_correction_bias"]
+__all__ = ["DISPATCH", "EXPERT_WEIGHTS", "ROUTERS", "ExpertWeights", "MoE",
+           "is_routed_expert", "update_correction_bias"]
 
 _BIAS_NAME = "correction_bias"
+# The routed experts' stacked weights, parameter leaves .../moe/experts/<name> (the MTP
+# module's too): what released checkpoints quantise and an inference engine may hold
+# quantised (engine.weights_quant).
+EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+
+
+def is_routed_expert(path: tuple[str, ...]) -> bool:
+  """Whether the parameter leaf at `path` (its keys) is a routed expert's weight."""
+  return len(path) >= 3 and tuple(path[-3:-1]) == ("moe", "experts") and (
+      path[-1] in EXPERT_WEIGHTS)
 
 
 class Router(nn.Module):

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from c2jax.model import attention as attention_lib
-from c2jax.model import moe_dispatch, projections
+from c2jax.model import moe, moe_dispatch, projections
 from c2jax.model.layers import MLP, Embed, Linear, RMSNorm, constrain
 from c2jax.model.moe import MoE
 
@@ -234,9 +234,6 @@ def cache_axes(cfg) -> dict:
           if count}
 
 
-_EXPERT_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
-
-
 def unstack_layers(params, split_experts: bool = False, fuse_experts: bool = False) -> dict:
   """`params` (model.init's tree) with each stacked layer stack [layers, ...] split into
   {'0': layer 0's params, '1': ...}: the tree Transformer(unrolled_layers=True) reads.
@@ -315,7 +312,7 @@ def projection_shapes(params) -> set[tuple[str, tuple[int, ...], tuple[int, ...]
 def _map_experts(layer, fn):
   """`layer` with fn applied to each routed expert weight (layer['moe']['experts'])."""
   experts = layer["moe"]["experts"]
-  new = {k: fn(v) if k in _EXPERT_WEIGHTS else v for k, v in experts.items()}
+  new = {k: fn(v) if k in moe.EXPERT_WEIGHTS else v for k, v in experts.items()}
   return {**layer, "moe": {**layer["moe"], "experts": new}}
 
 

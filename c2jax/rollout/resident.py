@@ -30,6 +30,8 @@ from jax.sharding import PartitionSpec as P
 from c2jax_kernels import weight_quant
 from c2jax_kernels.weight_quant import formats as quant_formats
 
+from c2jax.model import moe
+
 GROUPS = ("embedding", "attention", "dense mlp", "router", "shared experts",
           "routed experts", "lm_head", "mtp", "norms")
 
@@ -81,8 +83,6 @@ def _size(num_bytes: int) -> str:
   return f"{num_bytes} B"
 
 
-# The routed experts' stacked weights, the leaves engine.weights_quant quantises.
-QUANTIZED_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
 
 
 def _keys(path) -> tuple[str, ...]:
@@ -91,7 +91,7 @@ def _keys(path) -> tuple[str, ...]:
 
 def quantizes(keys: tuple[str, ...]) -> bool:
   """Whether engine.weights_quant quantises the leaf at this path (a routed expert's)."""
-  return "experts" in keys and keys[-1] in QUANTIZED_WEIGHTS
+  return moe.is_routed_expert(keys)
 
 
 def check_weights_quant(weights_quant: str, key: str = "weights_quant") -> str:

@@ -345,58 +345,6 @@ def test_the_actor_engine_is_planned_on_its_own_mesh_with_the_fleet_line(v5p_dev
 
 
 @pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
-def test_tokamax_quantised_grouped_matmul_in_tpu_interpret_mode(v5p_devices):
-  """Resident quantised experts on TPU (kernels/weight_quant, impl 'tokamax'): int4, int8
-  and fp8 (128-column blocks) in Pallas' TPU interpreter against the dequantised
-  reference, with an empty group, fewer rows than the kernel's 128 (padded) and rows past
-  the routed sum (zero); the default picks it on TPU for K, N >= 128 per device and
-  'slabs' below or where XLA partitions the call, and it compiles through Mosaic for v5p."""
-  from jax.experimental.pallas import tpu as pltpu
-  from c2jax_kernels import weight_quant as wq
-  from c2jax_kernels.grouped_matmul import reference
-  from c2jax_kernels.weight_quant import grouped
-
-  if not kernel_platform_installed():
-    pytest.skip("tokamax: pip install -e '.[kernels]'")
-  mesh = jax.sharding.Mesh(np.asarray(v5p_devices[:1]), ("x",))
-  keys = jax.random.split(jax.random.key(3), 2)
-  lhs = jax.random.normal(keys[1], (40, 256), jnp.float32).astype(jnp.bfloat16)
-  sizes = jnp.array([9, 0, 25, 3], jnp.int32)  # 37 of 40 rows
-  for scheme in ("int4", "int8", "fp8"):
-    w = wq.quantize_weight(jax.random.normal(keys[0], (4, 256, 128), jnp.float32), scheme)
-    want = reference.gmm(lhs.astype(jnp.float32), wq.dequantize_weight(w), sizes,
-                         transpose_rhs=False, out_dtype=jnp.float32)
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), pltpu.force_tpu_interpret_mode():
-      assert grouped.default_impl(k=256, n=128) == "tokamax"
-      assert grouped.default_impl(k=64, n=128) == "slabs"
-      got = wq.quantized_grouped_matmul(lhs, w, sizes, preferred_element_type=jnp.float32)
-    np.testing.assert_allclose(np.asarray(got[:37]), np.asarray(want[:37]), rtol=1e-5,
-                               atol=1e-4, err_msg=scheme)
-    np.testing.assert_array_equal(np.asarray(got[37:]), 0)
-  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  args = (jax.ShapeDtypeStruct((40, 256), jnp.bfloat16, sharding=rep),
-          wq.abstract_quantized((4, 256, 128), "int4", sharding=rep, scale_sharding=rep),
-          jax.ShapeDtypeStruct((4,), jnp.int32, sharding=rep))
-  with jax.set_mesh(mesh):
-    compiled = jax.jit(wq.quantized_grouped_matmul).lower(*args).compile()
-  assert 'custom_call_target="tpu_custom_call"' in compiled.as_text()
-  # Weights sharded by XLA's partitioner (no shard_map), which cannot split a Mosaic call.
-  four = jax.sharding.Mesh(np.asarray(v5p_devices[:4]), ("fsdp",))
-  with jax.sharding.use_abstract_mesh(four.abstract_mesh):
-    assert grouped.default_impl(k=256, n=128) == "slabs"
-  with pytest.raises(ValueError, match="needs K and N of at least 128"):
-    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      wq.quantized_grouped_matmul(lhs[:, :64], wq.quantize_weight(jnp.ones((4, 64, 128)),
-                                                                  "int8"), sizes,
-                                  impl="tokamax")
-
-
-def kernel_platform_installed() -> bool:
-  from c2jax_kernels import platform as kernel_platform
-  return kernel_platform.library_installed()
-
-
-@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
 def test_tokamax_attention_compiles_through_mosaic_per_shard(v5p_devices):
   """model.attention_impl='tokamax': tokamax's flash attention, forward and backward, for
   MLA's heads (q/k 192, v 128 as they are) with a packed-documents mask, batch split over

@@ -72,8 +72,7 @@ def _resident(kind: str, out_dtype):
   """'weight_quant:SCHEME[:IMPL]': an engine's forward against resident quantised experts
   (kernels/weight_quant; no gradients). 'slabs' runs with its K loop unrolled, since the
   TPU compiler's cost model counts a loop's body once."""
-  _, scheme, impl = (kind.split(":") + [""])[:3]
-  del scheme  # in the weight's type
+  impl = (kind.split(":") + [""])[2]  # the scheme is the weight's
 
   def forward(lhs, w, sizes):
     if impl == "slabs":
