@@ -42,6 +42,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
+def data_cache(tmp_path_factory):
+  """One data cache (corpora and tokenizers) for every job test of the run, shared by the
+  pytest-xdist workers: c2jax.data.cache keys each corpus and tokenizer by its settings
+  and builds it once, under a file lock, so the first job of each settings builds it and
+  the others read it."""
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = base.parent  # the run's folder, above each worker's own
+  path = base / "data_cache"
+  path.mkdir(exist_ok=True)
+  return path
+
+
+@pytest.fixture(scope="session")
 def slurm():
   """The one-node SLURM of tools/setup_slurm.sh, started if needed (root), else a skip."""
   from tests import slurm_testlib  # pylint: disable=g-import-not-at-top

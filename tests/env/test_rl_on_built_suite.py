@@ -30,6 +30,7 @@ def suite(tmp_path_factory):
   return path
 
 
+@pytest.mark.slow
 def test_task_source_split_and_errors(suite):
   cfg = type('Cfg', (), dict(source='suite', path=suite, repos_root='', seed=0,
                              heldout_count=1, train_count=2))

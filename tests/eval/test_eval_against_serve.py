@@ -143,6 +143,7 @@ def test_eval_through_serve_matches_the_engine(tmp_path, hf_dir, served, engine_
     assert tuple(np.asarray(ids).tolist()) in captured, task.id
 
 
+@pytest.mark.slow
 def test_state_tracking_through_serve_matches_the_engine(tmp_path, hf_dir, served):
   """The base-model suite over /v1/completions: the same greedy answers and scores. The
   budget is capped so both sides write max_new_tokens (the engine budgets from the

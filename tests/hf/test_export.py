@@ -104,6 +104,7 @@ def test_pretrain_from_transformers_dir_then_export_matches(run):
   assert diff <= TOLERANCE, f"max |transformers(export) - c2jax| = {diff:.3g}"
 
 
+@pytest.mark.slow
 def test_export_errors_name_the_fix(run, tmp_path):
   from c2jax.hf import export
   root, _, _ = run

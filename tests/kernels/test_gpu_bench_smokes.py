@@ -159,6 +159,7 @@ def test_gpu_check_passes_a_right_kernel_and_fails_a_wrong_one(monkeypatch, caps
           "grouped tiled ragged float32 dlhs"} <= set(check.failures)
 
 
+@pytest.mark.slow
 def test_gpu_all_runs_its_steps_into_one_log_and_a_summary_within_the_budget(tmp_path):
   """The script itself on this CPU (SMOKE=1): a step runs under its limit into all.txt
   with a header, the summary has the device line and each step's status and seconds;

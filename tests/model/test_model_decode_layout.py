@@ -110,6 +110,7 @@ def test_unstack_round_trip(small_moe):
 
 
 @pytest.mark.parametrize("prompt_len", [5, 20])
+@pytest.mark.slow
 def test_unstacked_layout_decodes_as_stacked(small_moe, prompt_len):
   """Prefill then one decode step against a cache: logits, routing and the cache agree.
   A 20-token prompt of 2 rows (40 tokens, over ALL_EXPERTS_MAX_TOKENS) prefills fused

@@ -8,6 +8,7 @@ they agree to FP32 summation order, far inside the ~3e-2 that MXFP8 itself moves
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from c2jax.model import moe_dispatch
 from c2jax.model.moe_dispatch import ExpertWeights
@@ -27,6 +28,7 @@ def _problem():
   return normal(T, D), weights, jnp.asarray(indices), experts
 
 
+@pytest.mark.slow
 def test_hopper_fused_path_matches_dequantize_path(monkeypatch):
   x, weights, indices, experts = _problem()
   moe = lambda x, experts=experts: moe_dispatch.ragged(x, weights, indices, experts,

@@ -123,6 +123,7 @@ def test_frozen_trunk_gets_no_gradient(setup):
                for g in jax.tree.leaves(param_grads[mtp.PARAMS_KEY]["eh_proj"]))
 
 
+@pytest.mark.slow
 def test_vocab_chunked_loss_matches_the_full_logits(setup):
   """The chunked loss (teacher recomputed from the shifted hidden state, no [B, L, V]
   array; 5 columns per chunk, which does not divide V = 32) gives the plain computation's

@@ -121,6 +121,7 @@ def _loss_and_grads(cfg, params, tokens):
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
+@pytest.mark.slow
 def test_remat_policies_and_unroll_do_not_change_loss_or_grads(mla_model):
   tokens = _tokens(seed=4)
   base_loss, base_grads = _loss_and_grads(mla_model.cfg, mla_model.params, tokens)

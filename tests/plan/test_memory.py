@@ -261,6 +261,7 @@ def tiny_plan():
                "--config.model.num_layers=4")
 
 
+@pytest.mark.slow
 def test_memory_plan_reports_sharded_state_and_batch(tiny_plan):
   text, result = tiny_plan
   assert result["devices"] == 4 and result["mesh"]["fsdp"] == 2
@@ -312,6 +313,7 @@ def rl_plan():
                "--config.rl.kl.coef=0.01")
 
 
+@pytest.mark.slow
 def test_memory_plan_of_the_rl_learner_step(rl_plan):
   """configs/rl.py (task 'rl'): the RL step on the shared runtime, sharded like
   pretraining, with the KL reference policy and a packed batch as arguments."""

@@ -92,6 +92,7 @@ def _gpu_python() -> str:
   return python
 
 
+@pytest.mark.slow
 def test_plan_memory_target_h100_tiny():
   """The tiny train step for eight compile-only H100s: the JSON fields (no cost model on
   GPU: FLOPs and time are null), and per-device arguments that are the plan's parameter
@@ -124,6 +125,7 @@ def test_plan_memory_target_h100_tiny():
   assert "GPU compiler estimate" in result.stdout
 
 
+@pytest.mark.slow
 def test_mosaic_gpu_kernels_compile_to_device_code_for_h100_and_b200():
   """The grouped matmul and the MXFP8 block-scaled one (FP8 WGMMA), forward and both
   gradients, through Mosaic GPU for sm_90a (ptxas runs during the compile); a B200 never
@@ -144,6 +146,7 @@ def test_mosaic_gpu_kernels_compile_to_device_code_for_h100_and_b200():
                    ("b200-8", "grouped"): 1, ("b200-8", "block_scaled"): 1}
 
 
+@pytest.mark.slow
 def test_tokamax_gpu_kernels_compile_for_h100_and_b200():
   """impl='tokamax': on sm_90a all three products are tokamax's Mosaic kernels; on sm_100a
   the forward and input gradient (tokamax has no Blackwell weight-gradient kernel: c2jax's

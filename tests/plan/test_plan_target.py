@@ -234,6 +234,7 @@ def test_a_report_without_its_cost_compile_says_why():
   assert "no cost analysis (--notarget_cost: no cost compile)" in text
 
 
+@pytest.mark.slow
 def test_plan_memory_target_v5p8_tiny():
   """The tiny train step for v5p-8 with expert and context parallelism (expert=2,
   context=2; dropless, so tokens travel by ragged all-to-all): the JSON fields; a positive time estimate with no op offloaded to the
@@ -285,6 +286,7 @@ def test_plan_memory_target_v5p8_tiny():
 
 
 @pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache entry")
+@pytest.mark.slow
 def test_the_actor_engine_is_planned_on_its_own_mesh_with_the_fleet_line(v5p_devices, capsys):
   """An RL config plans one actor's engine (actors.parallel: fsdp=2, on 2 of v5p-8's 4
   chips) with its slots x actors.max_length cache: prefill and decode through the TPU
@@ -385,6 +387,7 @@ def test_actor_weights_reports_a_program_the_compiler_cannot_fit():
   assert actor_weights._out_of_memory(ValueError("shapes")) is None  # pylint: disable=protected-access
 
 
+@pytest.mark.slow
 def test_actor_weights_table_counts_quantised_experts(v5p_devices, capsys):
   """tools/compile/actor_weights: per-chip engine bytes by weights_quant on a v5p actor
   mesh; the experts shrink by the formats' bytes per value (plus their scales); with

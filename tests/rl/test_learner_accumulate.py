@@ -69,6 +69,7 @@ def _train(cfg, rl_cfg, params, microbatches, steps=2):
   return state, history
 
 
+@pytest.mark.slow
 def test_four_microbatches_match_one_batch(policy):
   cfg, rl_cfg, params = policy
   whole, whole_history = _train(cfg, rl_cfg, params, 1)

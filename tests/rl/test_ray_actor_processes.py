@@ -52,9 +52,10 @@ def _kill_the_follower_mid_rollout(workdir: pathlib.Path, killed: list, stop: th
 
 
 @pytest.mark.slow
-def test_a_two_process_ray_actor_spans_two_nodes_and_restarts_whole(tmp_path, monkeypatch,
+def test_a_two_process_ray_actor_spans_two_nodes_and_restarts_whole(tmp_path, data_cache,
+                                                                    monkeypatch,
                                                                     capsys):
-  cfg = ray_config(tmp_path)
+  cfg = ray_config(data_cache)
   cfg.actors.count = 1
   cfg.actors.processes = 2
   cfg.actors.parallel.mesh.expert = 2

@@ -61,10 +61,10 @@ def _lose_node2_mid_rollout(nodes, workdir: pathlib.Path, lost: list, stop: thre
     time.sleep(0.1)
 
 
-def ray_config(tmp_path: pathlib.Path):
-  """configs/rl.py:test on the Ray backend, STEPS steps, a small corpus under tmp_path."""
+def ray_config(data_cache: pathlib.Path):
+  """configs/rl.py:test on the Ray backend, STEPS steps, a small corpus in data_cache."""
   cfg = configlib.load_config_file(str(REPO / "configs/rl.py"), "test")
-  cfg.data.cache_dir = str(tmp_path / "data")
+  cfg.data.cache_dir = str(data_cache)
   cfg.data.vocab_size = 1024
   cfg.data.max_total_bytes = 4_000_000
   cfg.data.tokenizer_train_bytes = 300_000
@@ -86,9 +86,10 @@ def trained_once(workdir: pathlib.Path, cfg) -> list[str]:
 
 
 @pytest.mark.slow
-def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_path, two_nodes,
+def test_ray_actors_on_two_nodes_feed_the_learner_and_survive_losing_one(tmp_path, data_cache,
+                                                                        two_nodes,
                                                                         capsys):
-  cfg = ray_config(tmp_path)
+  cfg = ray_config(data_cache)
   cfg.actors.count = 2
   cfg.rl.queue.capacity = 2
   bucket = tmp_path / "bucket"

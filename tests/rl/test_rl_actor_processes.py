@@ -30,8 +30,8 @@ def _process_of(pid: int) -> int:
 
 
 @pytest.mark.slow
-def test_a_two_process_actor_rolls_out_and_restarts_whole(tmp_path):
-  workdir, data_cache = tmp_path / "run", tmp_path / "data"
+def test_a_two_process_actor_rolls_out_and_restarts_whole(tmp_path, data_cache):
+  workdir = tmp_path / "run"
   command = [sys.executable, "-m", "c2jax.cli", "rl", "--config=configs/rl.py:test",
              f"--workdir={workdir}", f"--config.data.cache_dir={data_cache}",
              "--config.data.vocab_size=1024", "--config.data.max_total_bytes=4000000",

@@ -53,8 +53,9 @@ def _checkpoints(workdir):
 
 
 @pytest.mark.slow
-def test_rl_survives_actor_and_learner_kills_without_losing_or_repeating_groups(tmp_path):
-  workdir, data_cache = tmp_path / "run", tmp_path / "data"
+def test_rl_survives_actor_and_learner_kills_without_losing_or_repeating_groups(tmp_path,
+                                                                               data_cache):
+  workdir = tmp_path / "run"
   log_path = tmp_path / "rl.log"
   with open(log_path, "ab") as log:
     learner = _start(workdir, data_cache, log)

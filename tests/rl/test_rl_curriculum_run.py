@@ -35,8 +35,9 @@ def _curriculum_state(workdir, step):
 
 
 @pytest.mark.slow
-def test_running_curriculum_feeds_the_pool_and_resumes_from_the_checkpoint(tmp_path):
-  workdir, data_cache = tmp_path / "run", tmp_path / "data"
+def test_running_curriculum_feeds_the_pool_and_resumes_from_the_checkpoint(tmp_path,
+                                                                           data_cache):
+  workdir = tmp_path / "run"
   # The first run also traces its steps: the learner's, and the actor's rollouts for them.
   first = _rl(workdir, data_cache, 2, "--config.profile.steps=(1, 2)")
   assert "statistics from the prior; 2 drawn" in first

@@ -105,6 +105,7 @@ def test_config_requires_mtp_modules_for_speculation():
     job.validate(cfg)
 
 
+@pytest.mark.slow
 def test_mtp_loss_reaches_only_the_mtp_heads(setup):
   cfg, params, batch = setup
   hidden, _, _ = model.apply(cfg, params, batch["tokens"], segment_ids_BxL=batch["valid"],
@@ -126,6 +127,7 @@ def test_mtp_loss_counts_only_depths_predicting_generated_tokens(setup):
   assert float(base) > 0.0
 
 
+@pytest.mark.slow
 def test_online_mtp_training_leaves_the_policy_update_unchanged(setup):
   cfg, params, batch = setup
   with_mtp, history = _run(cfg, params, batch, 1.0)

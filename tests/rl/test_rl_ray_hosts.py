@@ -63,7 +63,7 @@ def _wait(what, ready, timeout, logs):
 
 
 @pytest.mark.slow
-def test_ray_actors_across_hosts_survive_a_host_cut_off_the_network(tmp_path):
+def test_ray_actors_across_hosts_survive_a_host_cut_off_the_network(tmp_path, data_cache):
   env = {**os.environ, **ray_testlib.worker_env(), "RAY_AUTH_MODE": "disabled", **HEALTH}
   # Short: Ray's Unix sockets live under it (~100 characters at most in a socket path).
   temp = pathlib.Path(tempfile.mkdtemp(prefix="rayh", dir="/tmp"))
@@ -85,7 +85,7 @@ def test_ray_actors_across_hosts_survive_a_host_cut_off_the_network(tmp_path):
       learner = subprocess.Popen(
           hosts.command(0, [
               sys.executable, "-u", "-m", "c2jax.cli", "rl", "--config=configs/rl.py:test",
-              f"--workdir={workdir}", f"--config.data.cache_dir={tmp_path / 'data'}",
+              f"--workdir={workdir}", f"--config.data.cache_dir={data_cache}",
               "--config.data.vocab_size=1024", "--config.data.max_total_bytes=4000000",
               "--config.data.tokenizer_train_bytes=300000",
               f"--config.learner.steps={STEPS}", "--config.actors.backend=ray",

@@ -26,9 +26,9 @@ def _checkpoints(workdir) -> list[int]:
 
 
 def test_rl_job_preempted_by_slurm_checkpoints_and_the_requeued_job_finishes(
-    slurm, tmp_path):
+    slurm, tmp_path, data_cache):
   del slurm
-  workdir, data_cache = tmp_path / "run", tmp_path / "data"
+  workdir = tmp_path / "run"
   args = [f"--config.data.cache_dir={data_cache}", "--config.data.vocab_size=1024",
           "--config.data.max_total_bytes=4000000", "--config.data.tokenizer_train_bytes=300000",
           f"--config.learner.steps={STEPS}", "--config.learner.checkpoint_every=1"]

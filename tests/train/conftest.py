@@ -2,12 +2,6 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def data_cache(tmp_path_factory):
-  """One small corpus + tokenizer shared by every job test (built by the first job)."""
-  return tmp_path_factory.mktemp("data_cache")
-
-
-@pytest.fixture(scope="session")
 def two_process_reference(tmp_path_factory, data_cache):
   """An uninterrupted 2-process run of distributed_testlib's settings (checkpoints at
   steps 10 and 14): what the preemption and resume tests of every launcher (loopback,

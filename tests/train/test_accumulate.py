@@ -88,6 +88,7 @@ def test_four_microbatches_match_one_batch(moe_mtp):
     assert not np.array_equal(before, after)
 
 
+@pytest.mark.slow
 def test_peak_temporaries_fall_with_more_microbatches():
   cfg = _moe_cfg(vocab_size=512)
   params = jax.eval_shape(lambda: random_params(cfg))

@@ -78,6 +78,7 @@ def _main_grads(cfg, params, batch, weights):
   return jax.jit(jax.grad(lambda p: train.loss_fn(cfg, p, batch, weights)[0]))(params)
 
 
+@pytest.mark.slow
 def test_frozen_trunk_gets_no_gradient_from_the_mtp_term(tiny):
   cfg, params, batch = tiny
   without = _main_grads(cfg, params, batch, MTPWeights(kl_weight=0.0))
