@@ -43,11 +43,11 @@ def test_eval_oracle_on_procgen_in_docker(real_docker, tmp_path):
 
 
 @pytest.mark.slow  # trains a tokenizer and compiles the tiny RL step
-def test_rl_in_docker(real_docker, tmp_path):
+def test_rl_in_docker(real_docker, tmp_path, data_cache):
   since = datetime.datetime.now(datetime.timezone.utc)
   workdir = tmp_path / 'run'
   _run(['rl', '--config=configs/rl.py:test', f'--workdir={workdir}',
-        f'--config.data.cache_dir={tmp_path / "data"}', '--config.data.vocab_size=1024',
+        f'--config.data.cache_dir={data_cache}', '--config.data.vocab_size=1024',
         '--config.data.max_total_bytes=3000000', '--config.data.tokenizer_train_bytes=300000',
         '--config.learner.steps=1', '--config.tasks.train_count=1',
         '--config.agent.backend=docker'], timeout=900)

@@ -43,10 +43,10 @@ def test_task_source_split_and_errors(suite):
 
 
 @pytest.mark.slow
-def test_rl_two_steps_on_a_built_suite(suite, tmp_path):
+def test_rl_two_steps_on_a_built_suite(suite, tmp_path, data_cache):
   workdir = tmp_path / 'run'
   command = [sys.executable, '-m', 'c2jax.cli', 'rl', '--config=configs/rl.py:test',
-             f'--workdir={workdir}', f'--config.data.cache_dir={tmp_path / "data"}',
+             f'--workdir={workdir}', f'--config.data.cache_dir={data_cache}',
              '--config.data.vocab_size=1024', '--config.data.max_total_bytes=4000000',
              '--config.data.tokenizer_train_bytes=300000', '--config.learner.steps=2',
              '--config.tasks.source=suite', f'--config.tasks.path={suite}',

@@ -38,12 +38,12 @@ def _cli(*args, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, data_cache):
   root = tmp_path_factory.mktemp("hf_e2e")
   # The README's command: the model config comes from the directory (MTP declared: one
   # module, started fresh since its tensors are absent).
   train_log = _cli("pretrain", f"--config=configs/from_hf.py:{SAVED}", f"--workdir={root / 'run'}",
-                   f"--config.data.cache_dir={root / 'data'}", f"--config.init_from={SAVED}",
+                   f"--config.data.cache_dir={data_cache}", f"--config.init_from={SAVED}",
                    *_TINY)
   export_log = _cli("export", f"--run={root / 'run'}", f"--to-hf={root / 'out'}",
                     "--dtype=float32")
