@@ -33,38 +33,6 @@ from c2jax import compile_cache  # noqa: E402
 compile_cache.enable()
 
 
-# Modules whose tests share a module fixture that takes long to build (seconds, in a
-# profile of the suite): pytest-xdist hands each of them to one worker whole, so the
-# fixture is built once rather than on both workers.
-SHARED_FIXTURE_MODULES = frozenset({
-    "tests/env/test_rl_on_built_suite.py",      # `suite`: an installed repository, 22 s
-    "tests/hf/test_export.py",                  # `run`: a pretraining run, 12-25 s
-    "tests/parallel/test_expert_parallel.py",   # `dispatch_results`: 8 devices, 15-31 s
-    "tests/eval/test_eval_against_serve.py",    # `hf_dir`, under `served` and `engine_dir`
-    "tests/rl/test_rl_mtp_chunked.py",
-})
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-  """Under `-n N` (xdist's `load`): every test is handed to whichever worker is free, one
-  at a time in the order below, except that SHARED_FIXTURE_MODULES go whole. (xdist's own
-  `loadgroup` marks do not group under pytest 9: its workers rename test ids that pytest
-  no longer reads.)"""
-  if config.getvalue("dist") != "load":
-    return None
-  from xdist.scheduler import LoadScopeScheduling  # pylint: disable=g-import-not-at-top
-
-  class Scheduling(LoadScopeScheduling):
-
-    def _split_scope(self, nodeid):
-      path = nodeid.split("::", 1)[0]
-      return path if path in SHARED_FIXTURE_MODULES else nodeid
-
-  config.option.loadscopereorder = False  # keep the order below, not the largest unit first
-  return Scheduling(config, log)
-
-
 def pytest_collection_modifyitems(config, items):
   """The heavy tests (marked slow) first, in their collected order: pytest-xdist hands
   tests out in this order, so the long ones start early and the short ones fill in around

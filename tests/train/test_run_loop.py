@@ -89,6 +89,9 @@ def test_a_resumed_run_starts_after_its_step_and_skips_the_first_eval(tmp_path):
 
 
 def test_a_stop_request_checkpoints_its_step_and_marks_the_run(tmp_path, capsys):
+  # What this process had before (SIG_DFL, or e.g. ray.init's handler left by a Ray test
+  # that ran earlier in the same pytest worker).
+  before = signal.getsignal(signal.SIGTERM)
   job = Job(stop_at=3)
   end = _run(job, tmp_path, run_loop.Cadence(steps=10, checkpoint_every=5, eval_every=5))
   assert end == run_loop.End(step=3, preempted=3)
@@ -97,7 +100,7 @@ def test_a_stop_request_checkpoints_its_step_and_marks_the_run(tmp_path, capsys)
   assert preemption.was_preempted(tmp_path)
   assert (f"preemption: the job stopped after step 3 with a checkpoint in {tmp_path / 'ckpt'}"
           in capsys.readouterr().out)
-  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # given back
+  assert signal.getsignal(signal.SIGTERM) is before  # given back
 
 
 def test_a_stop_while_waiting_for_data_saves_the_last_step_once(tmp_path):
