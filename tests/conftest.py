@@ -7,6 +7,9 @@ backend optimisation level for every test process (below).
 """
 
 import os
+import pathlib
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -33,12 +36,80 @@ from c2jax import compile_cache  # noqa: E402
 compile_cache.enable()
 
 
-def pytest_collection_modifyitems(config, items):
-  """The heavy tests (marked slow) first, in their collected order: pytest-xdist hands
-  tests out in this order, so the long ones start early and the short ones fill in around
-  them instead of one worker finishing a long test alone at the end."""
+TESTS = pathlib.Path(__file__).resolve().parent
+_ENV_IMAGES: list[subprocess.Popen] = []
+
+
+def _runs_env_tests(config) -> bool:
+  """Whether the run's paths (none: testpaths) hold tests/env, or are inside it."""
+  env = TESTS / "env"
+  for arg in config.args or [str(TESTS)]:
+    path = pathlib.Path(str(arg).split("::")[0]).resolve()
+    if path == env or env in path.parents or path in env.parents:
+      return True
+  return False
+
+
+def pytest_configure(config):
+  """In the run's main process, when tests/env is in the run and Docker answers: the
+  docker backend's environment images (Go, node, Rust: c2jax/env/env_images.py) start
+  building in the background. They are 0.4-1 GB of files each, so building them is disk
+  and docker work more than CPU, and it overlaps the tests that run meanwhile; a test
+  that needs one before it is ready waits for it on its lock instead of building it a
+  second time. The build's output: c2jax-test-env-images.log in the temporary folder."""
+  if hasattr(config, "workerinput") or not _runs_env_tests(config):
+    return  # a pytest-xdist worker, or a run that needs no images
+  from tests.env import env_testlib  # pylint: disable=g-import-not-at-top
+
+  if env_testlib.real_docker_engine():
+    return  # no engine or no sandbox image: the docker tests skip
+  log = open(os.path.join(tempfile.gettempdir(), "c2jax-test-env-images.log"), "w")
+  # In the order the suite first needs them (tests/env/test_languages.py: node, rust).
+  _ENV_IMAGES.append(subprocess.Popen(
+      [sys.executable, "-m", "c2jax.env.env_images", "node", "rust", "go"],
+      cwd=TESTS.parent, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+  log.close()
+
+
+def pytest_unconfigure(config):
   del config
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+  for process in _ENV_IMAGES:
+    if process.poll() is None:
+      process.terminate()
+    process.wait()
+
+
+# What a slow test weighs against an unmarked one when ordering the modules below: the
+# marked ones take 15 s to 2 min, most others well under 2 s.
+SLOW_WEIGHT = 30
+
+
+def xdist_scope(nodeid: str) -> str:
+  """pytest-xdist's unit of work under --dist loadscope (pytest.ini): a test module, or a
+  class inside one."""
+  return nodeid.rsplit("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config, items):
+  """The heaviest modules first, each kept whole. pytest.ini runs pytest-xdist with
+  --dist loadscope: every module (its module fixtures built once) goes to whichever worker
+  is free, in this order, so the long modules start early and the short ones fill in
+  around them instead of one worker finishing a long one alone at the end. (With xdist's
+  default `load`, the first quarter of the tests goes to each worker as one consecutive
+  block: every slow test, sorted first, landed on one worker, and the other ran out of
+  work a third of the way through.) A module weighs its slow tests at SLOW_WEIGHT and
+  every other at 1; ties keep the collected order."""
+  del config
+  weight, first = {}, {}
+  for index, item in enumerate(items):
+    scope = xdist_scope(item.nodeid)
+    first.setdefault(scope, index)
+    weight[scope] = weight.get(scope, 0) + (
+        SLOW_WEIGHT if item.get_closest_marker("slow") is not None else 1)
+  order = {index: (-weight[xdist_scope(item.nodeid)], first[xdist_scope(item.nodeid)], index)
+           for index, item in enumerate(items)}
+  ranked = sorted(range(len(items)), key=order.__getitem__)
+  items[:] = [items[i] for i in ranked]
 
 
 @pytest.fixture(scope="session")

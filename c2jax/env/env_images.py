@@ -24,13 +24,19 @@ format), on the same Debian release.
 Built once: the tag, `c2jax-env:<language>-<hash>`, hashes the sandbox image's id and
 every file's path, size, mode, modification time and link target, so a second task of
 the language (any repository of it) finds the image; an upgraded toolchain gets a new
-one. A failed build raises EnvImageError, which the episode reports as an
+one. Processes of one host that need the same image at once build it once: the others
+wait for it on a lock file in the temporary folder. To build them ahead of a run:
+
+    python -m c2jax.env.env_images [go] [node] [rust]   # default: each one installed here
+ A failed build raises EnvImageError, which the episode reports as an
 infrastructure error, never as the policy's failure. Remove the images with
 `docker images c2jax-env -q | xargs -r docker rmi`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import glob
 import hashlib
 import io
@@ -39,9 +45,11 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import threading
+import time
 
 from absl import logging
 
@@ -222,6 +230,46 @@ def _context(files: list[str], env: dict[str, str], runs: list[str], base: str,
     tar.addfile(info, io.BytesIO(dockerfile))
 
 
+def _has_image(client, tag: str) -> bool:
+  import docker  # pylint: disable=g-import-not-at-top
+
+  try:
+    client.images.get(tag)
+    return True
+  except docker.errors.ImageNotFound:
+    return False
+
+
+@contextlib.contextmanager
+def _host_lock(tag: str):
+  """Held while this process builds `tag`: another process of this host that needs the
+  same image waits here, then finds it built."""
+  path = os.path.join(tempfile.gettempdir(), 'c2jax-' + re.sub(r'[^\w.-]', '-', tag) + '.lock')
+  with open(path, 'a') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build_image(client, language, tag, files, env, runs, base) -> None:
+  import docker  # pylint: disable=g-import-not-at-top
+
+  logging.info('Building the %s environment image %s (%d host files)', language, tag,
+               len(files))
+  with tempfile.TemporaryFile() as context:
+    _context(files, env, runs, base, context)
+    context.seek(0)
+    try:
+      client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True,
+                          forcerm=True, network_mode='none')
+    except docker.errors.BuildError as e:
+      log = ''.join(str(part.get('stream', part)) for part in e.build_log)
+      raise EnvImageError(f'Building the {language} environment image {tag} '
+                          f'failed: {e}\n{log[-2000:]}') from e
+
+
 def build(language: str, layer: str = '', client=None) -> str:
   """The tag of the environment image of `language` (with the venv `layer` and its
   interpreter for a Python task), building it when the engine does not have it."""
@@ -254,21 +302,10 @@ def build(language: str, layer: str = '', client=None) -> str:
       files += _package_files(_library_packages(
           [f for f in files if not f.startswith('/usr/')], present))
       tag = f'{REPOSITORY}:{language}-{_digest(files, base_image.id + str(env) + str(runs))}'
-      try:
-        client.images.get(tag)
-      except docker.errors.ImageNotFound:
-        logging.info('Building the %s environment image %s (%d host files)', language, tag,
-                     len(files))
-        with tempfile.TemporaryFile() as context:
-          _context(files, env, runs, base, context)
-          context.seek(0)
-          try:
-            client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True,
-                                forcerm=True, network_mode='none')
-          except docker.errors.BuildError as e:
-            log = ''.join(str(part.get('stream', part)) for part in e.build_log)
-            raise EnvImageError(f'Building the {language} environment image {tag} '
-                                f'failed: {e}\n{log[-2000:]}') from e
+      if not _has_image(client, tag):
+        with _host_lock(tag):
+          if not _has_image(client, tag):  # else another process here built it meanwhile
+            _build_image(client, language, tag, files, env, runs, base)
     except docker.errors.DockerException as e:
       raise EnvImageError(f'The docker engine could not make the {language} environment '
                           f'image ({e}); is it running (`bash tools/setup.sh`)?') from e
@@ -290,3 +327,38 @@ def image_for(task) -> str:
   if layer:
     return build('python', layer)
   return ''
+
+
+# What each language's image copies from the host: without it there is nothing to build.
+_TOOL = {'go': 'go', 'node': 'node', 'rust': 'rustc'}
+
+
+def main(argv: list[str]) -> int:
+  """Builds the environment images of the languages named (default: each whose toolchain
+  is installed here), printing each one's tag and seconds; a language without its
+  toolchain is said and skipped."""
+  wanted = argv or sorted(_TOOL)
+  unknown = [name for name in wanted if name not in _TOOL]
+  if unknown:
+    print(f'env_images: unknown language(s) {unknown}; give any of {sorted(_TOOL)} (a '
+          "Python task's image is made from its venv layer, by `c2jax tasks install`).",
+          file=sys.stderr)
+    return 2
+  failed = False
+  for language in wanted:
+    if shutil.which(_TOOL[language]) is None:
+      print(f'{language}: skipped, {_TOOL[language]} is not installed on this host', flush=True)
+      continue
+    started = time.monotonic()
+    try:
+      tag = build(language)
+    except EnvImageError as e:
+      print(f'{language}: {e}', file=sys.stderr, flush=True)
+      failed = True
+      continue
+    print(f'{language}: {tag} ({time.monotonic() - started:.0f} s)', flush=True)
+  return 1 if failed else 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))

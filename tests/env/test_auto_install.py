@@ -6,7 +6,7 @@ contacted (the refused one is refused by the proxy before any connection).
 
 import pytest
 
-from c2jax.env import bubblewrap, reward, sandbox, task_builder
+from c2jax.env import bubblewrap, env_images, reward, sandbox, task_builder
 from c2jax.env import tasks as tasks_lib
 from c2jax.env.install import AllowlistProxy, InstallConfig, install
 from env_testlib import calc_repo as _repo, grade, real_docker_engine, write_tree
@@ -94,9 +94,25 @@ def test_install_pure_python_then_build_tasks(tmp_path, cache):
   # interpreter it was made with: c2jax/env/env_images.py), the test ids unchanged.
   if not real_docker_engine():
     task = tasks[0]
-    assert grade(task, '', 'docker').reward == 0.0
-    solved = grade(task, task.metadata['gold_patch'], 'docker')
-    assert solved.reward == 1.0, solved.output[-2000:]
+    try:
+      assert grade(task, '', 'docker').reward == 0.0
+      solved = grade(task, task.metadata['gold_patch'], 'docker')
+      assert solved.reward == 1.0, solved.output[-2000:]
+    finally:
+      # The layer lives in this test's temporary folder: its image would never be used
+      # again (360 MB a run).
+      _remove_image(env_images._BUILT.pop(('python', task.environment), ''))  # pylint: disable=protected-access
+
+
+def _remove_image(tag: str) -> None:
+  import docker  # pylint: disable=g-import-not-at-top
+
+  if tag:
+    client = docker.from_env()
+    try:
+      client.images.remove(tag, force=True)
+    finally:
+      client.close()
 
 
 def test_install_with_a_registry_dependency(tmp_path, cache):

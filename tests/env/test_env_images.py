@@ -46,3 +46,34 @@ def test_a_missing_image_is_an_infrastructure_error_of_the_episode(tmp_path, mon
   # It failed making the Go environment image, before any container started.
   (record,) = [json.loads(line) for line in (tmp_path / 'run' / 'results.jsonl').open()]
   assert 'EnvImageError' in record['infra_error'] and 'tools/setup.sh' in record['infra_error']
+
+
+def test_the_build_command_names_an_unknown_language_and_skips_a_missing_toolchain(
+    monkeypatch, capsys):
+  assert env_images.main(['cobol']) == 2
+  assert "unknown language(s) ['cobol']" in capsys.readouterr().err
+  monkeypatch.setattr(env_images.shutil, 'which', lambda name: None)
+  assert env_images.main(['go', 'rust']) == 0
+  out = capsys.readouterr().out
+  assert 'go: skipped, go is not installed' in out and 'rust: skipped, rustc is not' in out
+
+
+def test_a_second_process_waits_for_the_image_the_first_is_building():
+  """The lock build() holds while it builds a tag: another process taking it for the same
+  tag waits until the first lets go (then finds the image and builds nothing)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+
+  tag = f'c2jax-env:test-lock-{time.time_ns()}'
+  other = ('import sys, time\nfrom c2jax.env import env_images\nprint("trying", flush=True)\n'
+           'started = time.monotonic()\nwith env_images._host_lock(sys.argv[1]):\n'
+           '  print(f"waited {time.monotonic() - started:.2f}", flush=True)\n')
+  with env_images._host_lock(tag):  # pylint: disable=protected-access
+    child = subprocess.Popen([sys.executable, '-c', other, tag], stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout.readline() == 'trying\n'
+    time.sleep(1.0)
+    assert child.poll() is None  # still waiting
+  out, _ = child.communicate(timeout=60)
+  assert child.returncode == 0 and float(out.split()[-1]) >= 0.9, out

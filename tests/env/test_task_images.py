@@ -68,6 +68,7 @@ def test_the_workspace_is_the_image_workdir(harbor):
   assert '| PASSED ../tests/check_outputs.py::test_runs_in_the_image_workdir' in graded.output
 
 
+@pytest.mark.slow
 def test_oracle_scores_100_percent_through_c2jax_eval(harbor, tmp_path):
   folder, _ = harbor
   cfg = eval_configs.get_config('terminal_bench')
@@ -83,6 +84,7 @@ def test_oracle_scores_100_percent_through_c2jax_eval(harbor, tmp_path):
     runner.validate(cfg)
 
 
+@pytest.mark.slow
 def test_doing_nothing_fails(harbor, tmp_path):
   # test.sh exits 0 either way: only its reward file can fail the empty solution.
   _, task = harbor
@@ -118,6 +120,7 @@ def test_an_unbuilt_dockerfile_is_said_once_and_its_reward_file_still_grades(tmp
   assert '| ERROR: file or directory not found: /tests/check_outputs.py' in graded.output
 
 
+@pytest.mark.slow
 def test_a_terminal_bench_folder_with_a_mapped_base(real_docker, tmp_path):
   # Multi-stage, a FROM through a global ARG (the t-bench base of the table) and one
   # through base_images; tests in /tests with TEST_DIR, the exit status the verdict.
@@ -208,6 +211,7 @@ def test_the_engine_is_needed_only_to_build(tmp_path, monkeypatch):
     tasks.load_task_folder(folder, build_image=True)
 
 
+@pytest.mark.slow
 def test_rl_task_source_builds_the_folders_images(real_docker, tmp_path):
   # `c2jax rl --config.tasks.source=harbor --config.tasks.build_images=true` on docker:
   # the episodes start from the folder's image, its FROM mapped by tasks.base_images.

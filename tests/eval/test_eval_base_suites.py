@@ -103,6 +103,7 @@ def test_codebase_ppl_matches_the_base_eval_and_resumes(tmp_path, hf_dir):
   assert "codebase_ppl" in table and "perplexity" in table and "bits_per_byte" in table
 
 
+@pytest.mark.slow
 def test_state_tracking_on_the_engine_resumes(tmp_path, hf_dir):
   workdir = tmp_path / "st"
   _cli("state_tracking,tiny", workdir, f"--config.policy.run={hf_dir}")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import pytest
 
 from c2jax import model
 from c2jax.agent import config as agent_config
@@ -19,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TURN_TOKENS = 8
 
 
+@pytest.mark.slow
 def test_eval_command_runs_a_checkpoint_on_the_jax_engine(tmp_path):
   hf_dir = tmp_path / "hf"
   cfg = variants.get("tiny")

@@ -105,6 +105,7 @@ def test_cli_serves_a_run(run_dir, tmp_path):
     process.wait(30)
 
 
+@pytest.mark.slow
 def test_cli_serves_on_a_mesh(run_dir, served):
   """--mesh shards the engine over local devices (2 fake CPU devices here) and the
   greedy reply carries the one-device engine's log-probs. Started from configs/serve.py,
