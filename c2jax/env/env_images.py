@@ -246,11 +246,8 @@ def _host_lock(tag: str):
   same image waits here, then finds it built."""
   path = os.path.join(tempfile.gettempdir(), 'c2jax-' + re.sub(r'[^\w.-]', '-', tag) + '.lock')
   with open(path, 'a') as f:
-    fcntl.flock(f, fcntl.LOCK_EX)
-    try:
-      yield
-    finally:
-      fcntl.flock(f, fcntl.LOCK_UN)
+    fcntl.flock(f, fcntl.LOCK_EX)  # let go of when the file closes, raising or not
+    yield
 
 
 def _build_image(client, language, tag, files, env, runs, base) -> None:
