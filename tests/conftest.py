@@ -98,7 +98,7 @@ def pytest_collection_modifyitems(config, items):
   default `load`, the first quarter of the tests goes to each worker as one consecutive
   block: every slow test, sorted first, landed on one worker, and the other ran out of
   work a third of the way through.) A module weighs its slow tests at SLOW_WEIGHT and
-  every other at 1; ties keep the collected order."""
+  every other at 1; the sort is stable, so a module's tests keep their order."""
   del config
   weight, first = {}, {}
   for index, item in enumerate(items):
@@ -106,10 +106,7 @@ def pytest_collection_modifyitems(config, items):
     first.setdefault(scope, index)
     weight[scope] = weight.get(scope, 0) + (
         SLOW_WEIGHT if item.get_closest_marker("slow") is not None else 1)
-  order = {index: (-weight[xdist_scope(item.nodeid)], first[xdist_scope(item.nodeid)], index)
-           for index, item in enumerate(items)}
-  ranked = sorted(range(len(items)), key=order.__getitem__)
-  items[:] = [items[i] for i in ranked]
+  items.sort(key=lambda item: (-weight[xdist_scope(item.nodeid)], first[xdist_scope(item.nodeid)]))
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,8 @@ one. Processes of one host that need the same image at once build it once: the o
 wait for it on a lock file in the temporary folder. To build them ahead of a run:
 
     python -m c2jax.env.env_images [go] [node] [rust]   # default: each one installed here
- A failed build raises EnvImageError, which the episode reports as an
+
+A failed build raises EnvImageError, which the episode reports as an
 infrastructure error, never as the policy's failure. Remove the images with
 `docker images c2jax-env -q | xargs -r docker rmi`.
 """
