@@ -49,6 +49,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
+from c2jax import compile_cache
 from c2jax import config as configlib
 
 ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS",
@@ -194,6 +195,8 @@ def initialize(dist_cfg, environ=None) -> bool:
   _pin_gloo_address()
   if settings.peer_timeout_s > 0:
     PeerWatch.start(settings)
+    # Processes that look a program up together stop waiting for one that is gone.
+    compile_cache.watch_peers(unreachable_peers)
   return True
 
 

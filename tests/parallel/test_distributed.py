@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 
+from c2jax import compile_cache
 from c2jax import config as configlib
 from c2jax.parallel import distributed, mesh
 from tests.subprocess_checks import child_env, json_result
@@ -33,11 +34,7 @@ def _free_port() -> int:
 
 
 def _env(devices: int, **extra) -> dict:
-  # No compilation cache: JAX writes it from process 0 only, so with it process 0 loads
-  # while the others compile, and under load the first collective's Gloo rendezvous
-  # times out (30 s) waiting for them.
-  return child_env(C2JAX_XLA_CACHE="off",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
+  return child_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", **extra)
 
 
 def _result(process: subprocess.Popen) -> dict:
@@ -221,6 +218,7 @@ def _uneven_eval(rt, cfg, params) -> float:
 
 
 if __name__ == "__main__":
+  compile_cache.enable()  # the group's processes compile each shared program once
   _worker()
 
 

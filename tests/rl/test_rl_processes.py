@@ -97,9 +97,6 @@ def _free_port() -> int:
 
 def _rl(config_file, workdir, devices, log, *flags) -> subprocess.Popen:
   env = child_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
-  # As the other jax.distributed tests: no shared compilation cache across processes.
-  if any("distributed" in flag for flag in flags):
-    env["C2JAX_XLA_CACHE"] = "off"
   return subprocess.Popen(
       [sys.executable, "-m", "c2jax.cli", "rl", f"--config={config_file}",
        f"--workdir={workdir}", *flags], cwd=REPO, env=env, stdout=log,
@@ -231,8 +228,7 @@ def test_two_learner_processes_on_two_hosts_match_them_on_one(runs, tmp_path):
     try:
       processes = []
       for rank in range(2):
-        env = child_env(XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                        C2JAX_XLA_CACHE="off")
+        env = child_env(XLA_FLAGS="--xla_force_host_platform_device_count=2")
         processes.append(subprocess.Popen(
             hosts.command(rank, [
                 sys.executable, "-m", "c2jax.cli", "rl", f"--config={root / 'rl_config.py'}",

@@ -78,14 +78,11 @@ def test_four_learner_processes_of_two_devices_match_one_process():
   processes = 4
   port = _free_port()
   devices = 2 * processes
-  # No compilation cache: JAX writes it from process 0 only, so with it process 0 loads
-  # while the others compile, and under load the first collective's Gloo rendezvous
-  # times out (30 s) waiting for them.
   pair = [_start("distributed", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                 JAX_NUM_PROCESSES=processes, JAX_PROCESS_ID=rank, C2JAX_XLA_CACHE="off",
+                 JAX_NUM_PROCESSES=processes, JAX_PROCESS_ID=rank,
                  XLA_FLAGS="--xla_force_host_platform_device_count=2")
           for rank in range(processes)]
-  single = _start("distributed", C2JAX_XLA_CACHE="off",
+  single = _start("distributed",
                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
   pair, single = [_result(p) for p in pair], _result(single)
   for rank, result in enumerate(pair):

@@ -25,6 +25,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from c2jax import compile_cache  # noqa: E402
 from c2jax.parallel import distributed  # noqa: E402
 
 
@@ -102,4 +103,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+  compile_cache.enable()  # the processes compile each program of the engine once
   sys.exit(main())

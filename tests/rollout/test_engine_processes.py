@@ -28,9 +28,7 @@ def start(processes: int, mesh: dict, **env) -> list[subprocess.Popen]:
   return [subprocess.Popen(
       [sys.executable, str(WORKER)], cwd=REPO, text=True, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
-      # No compilation cache: JAX writes it from process 0 only, and a process that
-      # compiles while the others load waits past Gloo's rendezvous (as test_distributed).
-      env=child_env(C2JAX_XLA_CACHE="off", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+      env=child_env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                     JAX_NUM_PROCESSES=str(processes), JAX_PROCESS_ID=str(rank),
                     ENGINE_MESH=json.dumps(mesh), **env))
           for rank in range(processes)]

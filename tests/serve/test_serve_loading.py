@@ -203,7 +203,7 @@ def _start_two_processes(run_dir):
        "--mesh=expert=2,tensor=2"],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=os.getcwd(),
       env=child_env(XLA_FLAGS="--xla_force_host_platform_device_count=2",
-                    C2JAX_XLA_CACHE="off", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
                     JAX_NUM_PROCESSES=2, JAX_PROCESS_ID=rank)) for rank in (0, 1)]
   deadline, url, lines = time.time() + 300, None, []
   try:

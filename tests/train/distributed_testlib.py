@@ -20,11 +20,7 @@ ARGS = (f"--config.train.steps={STEPS}", "--config.train.checkpoint_every=10",
 
 
 def pair_env(**extra) -> dict:
-  # No compilation cache, as the other jax.distributed tests: JAX writes it from process 0
-  # only, so with it process 0 loads while process 1 compiles, and under load the first
-  # collective's Gloo rendezvous times out (30 s) waiting for process 1.
-  return child_env(C2JAX_XLA_CACHE="off",
-                   XLA_FLAGS="--xla_force_host_platform_device_count=2", **extra)
+  return child_env(XLA_FLAGS="--xla_force_host_platform_device_count=2", **extra)
 
 
 def free_port() -> int:

@@ -56,10 +56,6 @@ class ProcessActors(Actors):
       # keeps them from oversubscribing it.
       env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
                           "intra_op_parallelism_threads=1").strip()
-      if count > 1:
-        # JAX writes the compilation cache from process 0 only: a follower compiling
-        # while process 0 loads would miss Gloo's 30 s rendezvous of the first collective.
-        env["C2JAX_XLA_CACHE"] = "off"
     command = [sys.executable, "-m", "c2jax.rl.actors.actor", f"--workdir={self.dirs.root}",
                f"--actor_id={actor_id}", f"--weights={self.weights_dir}",
                f"--parent_pid={os.getpid()}"]

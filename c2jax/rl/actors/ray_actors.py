@@ -58,8 +58,6 @@ class RayActors(actor_set.Actors):
     if jax.default_backend() == "cpu":
       env["XLA_FLAGS"] = ("--xla_cpu_multi_thread_eigen=false "
                           "intra_op_parallelism_threads=1")
-      if self._count > 1:  # as on the process backend (JAX caches from process 0 only)
-        env["C2JAX_XLA_CACHE"] = "off"
 
     # Process N of a multi-process actor carries C2JAX_ACTOR_PROCESS=N; each such task has
     # a worker of its own that exits with it (max_calls=1): a jax.distributed job cannot be
