@@ -53,9 +53,10 @@ def launches(workdir):
 
 
 @pytest.fixture(scope="module")
-def killed_and_resumed(tmp_path_factory):
-  root = tmp_path_factory.mktemp("sweep")
-  workdir, data_cache = root / "sweep", root / "data"
+def killed_and_resumed(tmp_path_factory, data_cache):
+  # The suite's data cache: the job tests' corpus and tokenizer (the same settings) are
+  # built once for all of them.
+  workdir = tmp_path_factory.mktemp("sweep") / "sweep"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   runner = subprocess.Popen(sweep_command(workdir, data_cache), cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

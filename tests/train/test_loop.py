@@ -4,6 +4,7 @@ NaN stops, phase chaining, and multi-device equivalence."""
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -100,10 +101,20 @@ def test_sigterm_checkpoints_the_step_exits_0_and_resumes_exactly(
   assert losses(workdir) == losses(reference_run)
 
 
+def _stopped_at(reference, workdir, step):
+  """`workdir` as a run of `reference`'s that stopped after `step` leaves it: the
+  checkpoints up to `step` and the metrics of steps 1..step."""
+  for checkpoint in (reference / "checkpoints").iterdir():
+    if checkpoint.name.isdigit() and int(checkpoint.name) <= step:
+      shutil.copytree(checkpoint, workdir / "checkpoints" / checkpoint.name)
+  rows = [l for l in (reference / "metrics.jsonl").read_text().splitlines()
+          if json.loads(l).get("step", 0) <= step]
+  (workdir / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+  return workdir
+
+
 def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, data_cache, reference_run):
-  workdir = tmp_path / "corrupt"
-  run_job("pretrain", PRETRAIN, workdir, data_cache, "--config.train.steps=8",
-          "--config.train.checkpoint_every=4", "--config.train.eval_every=0")
+  workdir = _stopped_at(reference_run, tmp_path / "corrupt", 8)
   damaged = 0
   for path in (workdir / "checkpoints" / "8" / "state").rglob("*"):
     if path.is_file() and path.stat().st_size > 0 and "metadata" not in path.name:
@@ -117,10 +128,8 @@ def test_corrupt_checkpoint_falls_back_to_previous(tmp_path, data_cache, referen
   assert losses(workdir) == losses(reference_run)
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data_cache):
-  workdir = tmp_path / "nan"
-  run_job("pretrain", PRETRAIN, workdir, data_cache, "--config.train.steps=4",
-          "--config.train.checkpoint_every=4", "--config.train.eval_every=0")
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path, data_cache, reference_run):
+  workdir = _stopped_at(reference_run, tmp_path / "nan", 4)
   result = run_job("pretrain", PRETRAIN, workdir, data_cache, "--config.train.steps=12",
                    "--config.train.checkpoint_every=4", "--config.train.eval_every=0",
                    "--config.train.learning_rate=1e30", "--config.train.warmup_steps=0",
