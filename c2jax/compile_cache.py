@@ -143,8 +143,11 @@ def _wait_for(client, key: str, processes: list[int], module_name: str, *,
           f"process{'es' if len(gone) > 1 else ''} {', '.join(map(str, gone))} of this job "
           f"stopped while the processes were compiling {module_name!r} together")
     if time.monotonic() > deadline:
-      raise TimeoutError(f"no process of this job had compiled {module_name!r} after "
-                         "jax_share_binary_between_hosts_timeout_ms")
+      raise TimeoutError(
+          f"waited jax_share_binary_between_hosts_timeout_ms for the other processes of "
+          f"this job to look up or compile {module_name!r}: raise that JAX option if a "
+          "compile takes longer, or set C2JAX_XLA_CACHE=off (each process then compiles "
+          "on its own)")
 
 
 def _share_across_processes(jax) -> None:
