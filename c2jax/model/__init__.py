@@ -24,7 +24,7 @@ from c2jax.model.transformer import (REMAT_POLICIES, Transformer, cache_axes,
                                      projection_shapes, stack_layers, store_projections,
                                      transformer_for, unstack_layers)
 
-__all__ = ["REMAT_POLICIES", "Transformer", "apply", "cache_axes", "forward", "head",
+__all__ = ["REMAT_POLICIES", "Transformer", "abstract_params", "apply", "cache_axes", "forward", "head",
            "has_unstacked_layers", "init", "init_cache", "param_axes", "projection_shapes",
            "stack_layers", "store_projections", "trainable_mask", "transformer_for",
            "unstack_layers"]
@@ -53,6 +53,15 @@ def init(cfg, rng: jax.Array) -> dict:
 def param_axes(cfg) -> dict:
   """PartitionSpecs of logical axis names, one per parameter (no allocation)."""
   return nn.get_partition_spec(jax.eval_shape(lambda: _init_boxed(cfg, jax.random.key(0))))
+
+
+def abstract_params(cfg) -> tuple[dict, dict]:
+  """(shapes, axes): init's tree as ShapeDtypeStructs, as `jax.eval_shape` of init gives it,
+  and param_axes(cfg), from one trace of the model's init (no allocation). A job's start
+  needs both; each trace of init is a few tenths of a second even at tiny size."""
+  boxed, shapes = jax.eval_shape(
+      lambda: (lambda tree: (tree, nn.unbox(tree)))(_init_boxed(cfg, jax.random.key(0))))
+  return shapes, nn.get_partition_spec(boxed)
 
 
 def apply(cfg, params, tokens_BxL, **kwargs):

@@ -44,8 +44,7 @@ def param_plans(model_cfg, parallel_cfg, num_devices: int) -> list[ParamPlan]:
   """How every parameter of `model_cfg` is split over the mesh of `parallel_cfg`."""
   sizes = mesh_lib.mesh_shape(parallel_cfg.mesh, num_devices)
   rules = rules_of(parallel_cfg)
-  logical = model.param_axes(model_cfg)
-  shapes = jax.eval_shape(lambda: model.init(model_cfg, jax.random.key(0)))
+  shapes, logical = model.abstract_params(model_cfg)
   is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)
   plans = []
   for (path, spec), leaf in zip(

@@ -53,6 +53,9 @@ class Runtime:
   state_shardings: object
   batch_sharding: jax.sharding.NamedSharding  # [B, L] arrays
   seed: int = 0
+  # The TrainState as ShapeDtypeStructs, no shardings (abstract_state adds them): derived
+  # with the shardings, from the same trace of the model's init.
+  abstract: object = None
 
   def scope(self):
     return _Scope(self.mesh, self.rules)
@@ -133,15 +136,16 @@ def build_runtime(cfg, *, optimizer: optax.GradientTransformation, model_cfg=Non
   model_cfg = cfg.model if model_cfg is None else model_cfg
   mesh = parallel.make_mesh(cfg.parallel.mesh, devices)
   rules = parallel.rules_of(cfg.parallel)
-  param_specs = model.param_axes(model_cfg)
-  abstract_params = jax.eval_shape(lambda: model.init(model_cfg, jax.random.key(0)))
+  abstract_params, param_specs = model.abstract_params(model_cfg)
   abstract_opt = jax.eval_shape(optimizer.init, abstract_params)
   specs = TrainState(step=P(), params=param_specs,
                      opt_state=optimizer_specs(abstract_opt, param_specs))
   state_shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
   batch_sharding = nn.logical_to_mesh_sharding(P("batch", "length"), mesh, rules)
+  abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+                        opt_state=abstract_opt)
   return Runtime(cfg, model_cfg, mesh, rules, optimizer, state_shardings, batch_sharding,
-                 int(seed))
+                 int(seed), abstract)
 
 
 def _dict_keys(path) -> tuple:
@@ -179,11 +183,13 @@ def init_state(rt: Runtime) -> TrainState:
 
 def abstract_state(rt: Runtime) -> TrainState:
   """The TrainState as ShapeDtypeStructs with shardings (restore targets, AOT plans)."""
-  shapes = jax.eval_shape(
-      lambda: TrainState(step=jnp.zeros((), jnp.int32),
-                         params=model.init(rt.model_cfg, jax.random.key(0)),
-                         opt_state=None))
-  shapes = shapes.replace(opt_state=jax.eval_shape(rt.optimizer.init, shapes.params))
+  shapes = rt.abstract
+  if shapes is None:  # a Runtime built by hand
+    shapes = jax.eval_shape(
+        lambda: TrainState(step=jnp.zeros((), jnp.int32),
+                           params=model.init(rt.model_cfg, jax.random.key(0)),
+                           opt_state=None))
+    shapes = shapes.replace(opt_state=jax.eval_shape(rt.optimizer.init, shapes.params))
   return checkpoint_lib.abstract_like(shapes, rt.state_shardings)
 
 

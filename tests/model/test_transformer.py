@@ -83,6 +83,8 @@ def test_every_parameter_has_logical_axes_of_its_rank(case):
     assert len(spec) == flat_shapes[path].ndim, name
     assert set(spec) <= VOCABULARY, name
     assert (spec[0] == "layers") == ("_layers" in name), name
+  # A job's start takes both from one trace of init: the same trees.
+  assert model.abstract_params(cfg) == (shapes, axes)
 
 
 @pytest.mark.parametrize("variant,billions", [
