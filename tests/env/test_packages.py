@@ -152,7 +152,8 @@ def _same_tree(a: str, b: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize('deb, language, tools', [(GO_DEB, 'go', ('go',)),
-                                                  (RUST_DEB, 'rust', ('cargo',))])
+                                                  (RUST_DEB, 'rust', ('cargo',))],
+                         ids=['go', 'rust'])  # not the .deb's path: the same id in any checkout
 def test_a_suite_built_from_a_package_is_made_again_from_its_jsonl(tmp_path, deb, language,
                                                                    tools):
   missing = [t for t in tools + ('bwrap', 'git') if shutil.which(t) is None]
