@@ -58,19 +58,28 @@ def test_z_total():
 '''
 
 
-@pytest.mark.slow
-def test_install_pure_python_then_build_tasks(tmp_path, cache):
+@pytest.fixture(scope='module')
+def pure_python_tasks(tmp_path_factory, cache):
+  """A pure-Python repository installed (its layer) and a suite of tasks built over it;
+  what the two tests below grade, in bubblewrap and in the docker engine."""
+  tmp_path = tmp_path_factory.mktemp('pure_python')
   repo = _repo(tmp_path / 'calc', 'calc', [])
   write_tree(repo, {'tests/test_order.py': _ORDER_TESTS})
   result = install(repo, InstallConfig(cache_dir=cache))
   assert result.ok, result.report()
+  out = str(tmp_path / 'suite.jsonl')
+  records = task_builder.build_suite(result, out, max_tasks=3, max_candidates=12)
+  tasks = tasks_lib.load_swebench_jsonl(out, str(tmp_path / 'suite.repos'))
+  return repo, result, records, tasks
+
+
+@pytest.mark.slow
+def test_install_pure_python_then_build_tasks(pure_python_tasks, cache):
+  repo, result, records, tasks = pure_python_tasks
   assert result.verification['passed'] == 6 and result.verification['collected'] == 6
   assert install(repo, InstallConfig(cache_dir=cache)).cached  # by repository hash
 
-  out = str(tmp_path / 'suite.jsonl')
-  records = task_builder.build_suite(result, out, max_tasks=3, max_candidates=12)
   assert {r['created_by'] for r in records} == {'mutate', 'revert'}
-  tasks = tasks_lib.load_swebench_jsonl(out, str(tmp_path / 'suite.repos'))
   assert len(tasks) == len(records) >= 2
   # Graded as grading runs them, the order-dependent test is not a PASS_TO_PASS test of
   # a task whose FAIL_TO_PASS tests run test_z_total first.
@@ -90,18 +99,25 @@ def test_install_pure_python_then_build_tasks(tmp_path, cache):
       assert box.run_shell('patch -p1 < gold.patch && rm gold.patch').exit_code == 0
       after = reward.grade(box, task)
     assert after.reward == 1.0, after.output
-  # In the docker engine the layer runs from an environment image (the layer and the
-  # interpreter it was made with: c2jax/env/env_images.py), the test ids unchanged.
-  if not real_docker_engine():
-    task = tasks[0]
-    try:
-      assert grade(task, '', 'docker').reward == 0.0
-      solved = grade(task, task.metadata['gold_patch'], 'docker')
-      assert solved.reward == 1.0, solved.output[-2000:]
-    finally:
-      # The layer lives in this test's temporary folder: its image would never be used
-      # again (360 MB a run).
-      _remove_image(env_images._BUILT.pop(('python', task.environment), ''))  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+def test_pure_python_tasks_grade_the_same_in_the_docker_engine(pure_python_tasks):
+  """In the docker engine the layer runs from an environment image (the layer and the
+  interpreter it was made with: c2jax/env/env_images.py), the test ids unchanged."""
+  why_not = real_docker_engine()
+  if why_not:
+    pytest.skip(why_not)
+  _, _, _, tasks = pure_python_tasks
+  task = tasks[0]
+  try:
+    assert grade(task, '', 'docker').reward == 0.0
+    solved = grade(task, task.metadata['gold_patch'], 'docker')
+    assert solved.reward == 1.0, solved.output[-2000:]
+  finally:
+    # The layer lives in this test's temporary folder: its image would never be used
+    # again (360 MB a run).
+    _remove_image(env_images._BUILT.pop(('python', task.environment), ''))  # pylint: disable=protected-access
 
 
 def _remove_image(tag: str) -> None:
