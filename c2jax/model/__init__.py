@@ -24,10 +24,10 @@ from c2jax.model.transformer import (REMAT_POLICIES, Transformer, cache_axes,
                                      projection_shapes, stack_layers, store_projections,
                                      transformer_for, unstack_layers)
 
-__all__ = ["REMAT_POLICIES", "Transformer", "abstract_params", "apply", "cache_axes", "forward", "head",
-           "has_unstacked_layers", "init", "init_cache", "param_axes", "projection_shapes",
-           "stack_layers", "store_projections", "trainable_mask", "transformer_for",
-           "unstack_layers"]
+__all__ = ["REMAT_POLICIES", "Transformer", "abstract_params", "apply", "cache_axes",
+           "forward", "head", "has_unstacked_layers", "init", "init_cache", "param_axes",
+           "projection_shapes", "stack_layers", "store_projections", "trainable_mask",
+           "transformer_for", "unstack_layers"]
 
 _NOT_TRAINED = frozenset({"correction_bias"})
 

@@ -52,10 +52,10 @@ class Runtime:
   optimizer: optax.GradientTransformation
   state_shardings: object
   batch_sharding: jax.sharding.NamedSharding  # [B, L] arrays
-  seed: int = 0
   # The TrainState as ShapeDtypeStructs, no shardings (abstract_state adds them): derived
   # with the shardings, from the same trace of the model's init.
-  abstract: object = None
+  abstract: object
+  seed: int = 0
 
   def scope(self):
     return _Scope(self.mesh, self.rules)
@@ -145,7 +145,7 @@ def build_runtime(cfg, *, optimizer: optax.GradientTransformation, model_cfg=Non
   abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
                         opt_state=abstract_opt)
   return Runtime(cfg, model_cfg, mesh, rules, optimizer, state_shardings, batch_sharding,
-                 int(seed), abstract)
+                 abstract, int(seed))
 
 
 def _dict_keys(path) -> tuple:
@@ -183,14 +183,7 @@ def init_state(rt: Runtime) -> TrainState:
 
 def abstract_state(rt: Runtime) -> TrainState:
   """The TrainState as ShapeDtypeStructs with shardings (restore targets, AOT plans)."""
-  shapes = rt.abstract
-  if shapes is None:  # a Runtime built by hand
-    shapes = jax.eval_shape(
-        lambda: TrainState(step=jnp.zeros((), jnp.int32),
-                           params=model.init(rt.model_cfg, jax.random.key(0)),
-                           opt_state=None))
-    shapes = shapes.replace(opt_state=jax.eval_shape(rt.optimizer.init, shapes.params))
-  return checkpoint_lib.abstract_like(shapes, rt.state_shardings)
+  return checkpoint_lib.abstract_like(rt.abstract, rt.state_shardings)
 
 
 def copy_params(rt: Runtime, params):

@@ -83,33 +83,22 @@ def run(engine, swap_params, swap_version=1):
   returns the generations by seq id and the shardings seen after every step."""
   ids = [engine.submit(r) for r in requests()]
   results, steps, layouts = {}, 0, set()
+  param_shardings = engine.placement and engine.placement.param_shardings(engine.cfg,
+                                                                          engine._params)
   while len(results) < len(ids):
     if steps == SWAP_AT:
       engine.update_params(swap_params, swap_version)
     for g in engine.step():
       results[g.seq_id] = g
     steps += 1
-    layouts.add(layout(engine))
+    layouts.add(layout(engine, param_shardings))
   return [results[i] for i in ids], sorted(layouts)
 
 
-# The placement's shardings for an engine's parameters, by engine, with the tree they
-# were derived for: deriving them traces the model's init (model.param_axes), a few tenths
-# of a second, and layout() runs after every engine step.
-_PARAM_SHARDINGS: dict[int, tuple] = {}
-
-
-def _param_shardings(engine):
-  structure = jax.tree.structure(engine._params)
-  held = _PARAM_SHARDINGS.get(id(engine))
-  if held is None or held[0] is not engine or held[1] != structure:
-    held = (engine, structure, engine.placement.param_shardings(engine.cfg, engine._params))
-    _PARAM_SHARDINGS[id(engine)] = held
-  return held[2]
-
-
-def layout(engine):
-  """Whether params and decode state still have the placement's shardings (a summary)."""
+def layout(engine, param_shardings):
+  """Whether params and decode state still have the placement's shardings (a summary);
+  `param_shardings`: placement.param_shardings of the engine's parameters, derived once
+  a run (each derivation traces the model's init, and this runs after every step)."""
   if engine.placement is None:
     return "single"
   placement, cfg = engine.placement, engine.cfg
@@ -118,7 +107,7 @@ def layout(engine):
     return all(a.sharding.is_equivalent_to(s, a.ndim)
                for a, s in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
 
-  params_ok = same(engine._params, _param_shardings(engine))
+  params_ok = same(engine._params, param_shardings)
   cache_ok = same(engine._cache, placement.cache_shardings(cfg))
   if engine._num_draft:
     cache_ok = (cache_ok and same(engine._mtp_cache, placement.mtp_cache_shardings(cfg))
