@@ -11,6 +11,7 @@
 #      32; it takes host space only as it fills), so that per-container disk quotas
 #      (`--storage-opt size=`, the sandbox's disk_mb) are enforced: overlay2, the default
 #      driver, enforces them only on xfs with project quotas, which many kernels lack.
+#      Btrfs's simple quotas where the kernel has them (c2jax/env/btrfs.py).
 #      Log: /var/log/c2jax-dockerd.log.
 #   3. Builds the sandbox image $C2JAX_DOCKER_IMAGE (default c2jax-sandbox:bookworm) unless
 #      it exists at this script's recipe ($RECIPE, its c2jax.sandbox label): a minimal
@@ -32,6 +33,7 @@ RECIPE=2
 LOCAL_CAS=/usr/local/share/ca-certificates
 CA_HOOK='if ls '$LOCAL_CAS'/*.crt >/dev/null 2>&1; then mkdir -p "$1'$LOCAL_CAS'" &&
   cp '$LOCAL_CAS'/*.crt "$1'$LOCAL_CAS'/" && chroot "$1" update-ca-certificates >/dev/null; fi'
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DATA_ROOT=/var/lib/c2jax-docker
 DISK_IMAGE=/var/lib/c2jax-docker.btrfs
 LOG=/var/log/c2jax-dockerd.log
@@ -82,7 +84,17 @@ start_engine() {
   fi
   local driver=()
   if mountpoint -q "$DATA_ROOT"; then
-    btrfs quota enable "$DATA_ROOT" 2>/dev/null
+    # Simple quotas where the kernel has them (6.7+): a container's size counts what it
+    # writes, and deleting one costs the kernel no walk over its image's extents
+    # (c2jax/env/btrfs.py); else full quota groups.
+    local mode
+    if [ -x "$REPO/.venv/bin/python" ] &&
+       mode=$(cd "$REPO" && .venv/bin/python -m c2jax.env.btrfs simple "$DATA_ROOT" 2>&1); then
+      say "btrfs quotas on $DATA_ROOT: $mode"
+    else
+      say "no btrfs simple quotas (${mode:-no .venv to set them}); full quota groups instead"
+      btrfs quota enable "$DATA_ROOT" 2>/dev/null
+    fi
     driver=(--storage-driver btrfs)
   fi
   say "starting dockerd (log: $LOG)"

@@ -7,10 +7,12 @@ None nothing is copied: the workspace is what the image holds at /workspace (a t
 image of c2jax/env/images.py, whose /workspace links to the image's WORKDIR).
 
 Limits map to the engine's own: HostConfig Memory/MemorySwap (no swap), PidsLimit,
-NanoCpus, NetworkMode 'none', the fsize ulimit, and the disk quota StorageOpt size (the
-image's size plus Limits.disk_mb: what the sandbox may write). The engine enforces a size
-only on btrfs or zfs storage, or overlay2 on xfs mounted with project quotas
-(tools/setup.sh starts its dockerd on btrfs); other engines refuse the option, and the
+NanoCpus, NetworkMode 'none', the fsize ulimit, and the disk quota StorageOpt size
+(Limits.disk_mb, what the sandbox may write, plus the image's size where the engine counts
+the image's files too: all but btrfs with simple quotas, see btrfs.py). The engine
+enforces a size only on btrfs or zfs storage, or overlay2 on xfs mounted with project
+quotas (tools/setup.sh starts its dockerd on btrfs with simple quotas where the kernel
+has them); other engines refuse the option, and the
 sandbox then runs without a quota, with a warning, and `disk_quota_enforced` False. Past
 the quota, writes fail inside with EDQUOT ("Disk quota exceeded"; ENOSPC on xfs).
 Commands run as the container's root with every capability dropped and
@@ -50,6 +52,7 @@ import uuid
 from absl import logging
 import docker
 
+from c2jax.env import btrfs
 from c2jax.env import limits as limits_lib
 from c2jax.env import sandbox_base as sandbox_lib
 
@@ -64,6 +67,8 @@ _WRAPPER = 'timeout -s KILL "$0" "$@" 2>&1; rc=$?; kill -9 -1 2>/dev/null; exit 
 _INIT = ['/bin/sh', '-c', 'while :; do sleep 3600 & wait; done']
 _ENGINES_WITHOUT_QUOTA: set[str] = set()  # base URLs of engines that refused a size
 _ENGINE_CPUS: dict[str, float] = {}  # base URL -> the engine host's CPU count
+_QUOTA_COUNTS_IMAGE: dict[str, bool] = {}  # base URL -> whether a size counts image files
+_LOCAL_ENGINE = 'http+docker://localhost'  # the SDK's base URL for a unix socket
 
 
 def sandbox_image() -> str:
@@ -135,8 +140,8 @@ class DockerSandbox(sandbox_lib.Sandbox):
         security_opt=['no-new-privileges'], detach=True,
         ulimits=[docker.types.Ulimit(name='fsize', soft=self.limits.max_file_mb << 20,
                                      hard=self.limits.max_file_mb << 20)])
-    # btrfs and xfs count the image's files against the size too.
-    quota = {'size': f'{(size >> 20) + self.limits.disk_mb}m'}
+    counted = (size >> 20) if self._quota_counts_image() else 0
+    quota = {'size': f'{counted + self.limits.disk_mb}m'}
     url = self._client.api.base_url
     self.disk_quota_enforced = url not in _ENGINES_WITHOUT_QUOTA
     try:
@@ -167,6 +172,25 @@ class DockerSandbox(sandbox_lib.Sandbox):
     if url not in _ENGINE_CPUS:
       _ENGINE_CPUS[url] = float(self._client.info().get('NCPU') or 1)
     return _ENGINE_CPUS[url]
+
+  def _quota_counts_image(self) -> bool:
+    """Whether the engine's size counts the files a container shares with its image. Only
+    an engine on this host, on btrfs with simple quotas, is known to count just what a
+    container writes; any other (another host's, or a root folder this process may not
+    open) gets the image's size added, a quota looser by that much rather than one its
+    image alone would fill."""
+    url = self._client.api.base_url
+    if url not in _QUOTA_COUNTS_IMAGE:
+      mode = None
+      info = self._client.info()
+      if url == _LOCAL_ENGINE and info.get('Driver') == 'btrfs':
+        try:
+          mode = btrfs.quota_mode(os.path.join(info.get('DockerRootDir', ''), 'btrfs'))
+        except OSError as e:
+          logging.info('Cannot read the quota mode of the docker engine\'s btrfs (%s): '
+                       'sandbox sizes count the image\'s files.', e)
+      _QUOTA_COUNTS_IMAGE[url] = mode != 'simple'
+    return _QUOTA_COUNTS_IMAGE[url]
 
   def _create(self, image, options, storage_opt):
     container = self._client.containers.create(

@@ -1,11 +1,15 @@
 """Sandbox latency and concurrency benchmark.
 
   python -m tools.bench.sandbox --iterations 30 --max_concurrency 64
+  python -m tools.bench.sandbox --backend docker --iterations 30 --max_concurrency 0
 
 Measures, on the chosen backend:
   start:     make_sandbox over a small repository until a first command (`true`) ran;
   read_file / run_shell round trip: one tool call parsed from protocol text and run;
   teardown:  Sandbox.close (processes gone, workspace removed);
+  kernel CPU: the CPU time of this host's kernel threads (btrfs-cleaner, kworkers) from
+    the first start until they are idle again, per sandbox: the work a sandbox leaves
+    the kernel (an engine on another host does its own);
   concurrency: K sandboxes, each running `run_shell` calls back to back for a few
     seconds from its own thread; the largest K (doubling) whose calls all succeed with
     p99 latency under --p99_budget_s is reported as sustained.
@@ -13,6 +17,7 @@ Prints a markdown table (median, p99 in milliseconds).
 """
 
 import argparse
+import glob
 import os
 import statistics
 import tempfile
@@ -35,6 +40,30 @@ def _repo() -> str:
     with open(os.path.join(root, 'pkg', f'm{i}.py'), 'w') as f:
       f.write(''.join(f'def f{j}(x):\n    return x + {j}\n\n' for j in range(50)))
   return root
+
+
+def kernel_thread_cpu_s() -> float:
+  """CPU seconds of this host's kernel threads (children of kthreadd, pid 2)."""
+  ticks = 0
+  for path in glob.glob('/proc/[0-9]*/stat'):
+    try:
+      with open(path) as f:
+        fields = f.read().rsplit(')', 1)[1].split()
+    except OSError:  # a process that ended meanwhile
+      continue
+    if fields[1] == '2':
+      ticks += int(fields[11]) + int(fields[12])  # utime, stime
+  return ticks / os.sysconf('SC_CLK_TCK')
+
+
+def until_kernel_idle(poll_s: float = 3.0, idle_cpu_s: float = 0.1) -> float:
+  """Waits until the kernel threads use under `idle_cpu_s` in `poll_s`; their CPU then."""
+  while True:
+    before = kernel_thread_cpu_s()
+    time.sleep(poll_s)
+    after = kernel_thread_cpu_s()
+    if after - before < idle_cpu_s:
+      return after
 
 
 def latencies(backend: str, repo: str, iterations: int) -> dict[str, list[float]]:
@@ -88,15 +117,22 @@ def main():
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--backend', default='bubblewrap')
   parser.add_argument('--iterations', type=int, default=30)
-  parser.add_argument('--max_concurrency', type=int, default=64)
+  parser.add_argument('--max_concurrency', type=int, default=64,
+                      help='0: latencies only')
   parser.add_argument('--seconds', type=float, default=3.0, help='per concurrency level')
   parser.add_argument('--p99_budget_s', type=float, default=1.0)
   args = parser.parse_args()
   repo = _repo()
+  kernel_before = until_kernel_idle()
   print('| measurement | median (ms) | p99 (ms) |\n|---|---|---|')
   for name, values in latencies(args.backend, repo, args.iterations).items():
     print(f'| {name} | {1e3 * statistics.median(values):.1f} | '
           f'{1e3 * _p(values, 0.99):.1f} |')
+  kernel_s = until_kernel_idle() - kernel_before
+  print(f'\nkernel threads: {kernel_s:.1f} CPU-s until idle, '
+        f'{1e3 * kernel_s / (args.iterations + 1):.0f} ms per sandbox')
+  if args.max_concurrency < 1:
+    return
   print('\n| concurrent sandboxes | calls/s | failures | p99 call (ms) |\n|---|---|---|---|')
   sustained, workers = 0, 1
   while workers <= args.max_concurrency:
