@@ -182,8 +182,8 @@ class DockerSandbox(sandbox_lib.Sandbox):
     url = self._client.api.base_url
     if url not in _QUOTA_COUNTS_IMAGE:
       mode = None
-      info = self._client.info()
-      if url == _LOCAL_ENGINE and info.get('Driver') == 'btrfs':
+      info = self._client.info() if url == _LOCAL_ENGINE else {}
+      if info.get('Driver') == 'btrfs':
         try:
           mode = btrfs.quota_mode(os.path.join(info.get('DockerRootDir', ''), 'btrfs'))
         except OSError as e:
