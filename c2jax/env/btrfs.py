@@ -11,7 +11,7 @@ decides what the size bounds and what a container costs:
   per docker sandbox opened, used and closed, and about 5 s of kernel CPU each.
 - simple quotas (kernel 6.7+): an extent counts against the subvolume that wrote it, so a
   container's count is what it wrote, and the size is disk_mb itself; deleting one walks
-  nothing: 0.8-1.0 s per sandbox, 0.07 s of kernel CPU (docs/sandboxes.md).
+  nothing: 0.8-1.0 s per sandbox, 0.07 s of kernel CPU (docs/benchmarks.md, Sandboxes).
 
   python -m c2jax.env.btrfs mode DIR     # prints simple, full or off
   python -m c2jax.env.btrfs simple DIR   # as root: DIR's file system to simple quotas
@@ -60,10 +60,10 @@ def fs_uuid(path: str) -> str:
   return str(uuid.UUID(bytes=bytes(buf[16:32])))
 
 
-def quota_mode(path: str, sysfs: str = SYSFS) -> str:
+def quota_mode(path: str) -> str:
   """'simple', 'full' or 'off': how the btrfs file system holding `path` counts quota
   groups. OSError where `path` is not on btrfs or may not be opened."""
-  qgroups = os.path.join(sysfs, fs_uuid(path), 'qgroups')
+  qgroups = os.path.join(SYSFS, fs_uuid(path), 'qgroups')
   if not os.path.isdir(qgroups):
     return 'off'
   try:
@@ -74,12 +74,12 @@ def quota_mode(path: str, sysfs: str = SYSFS) -> str:
   return 'simple' if mode == 'squota' else 'full'
 
 
-def enable_simple_quotas(path: str, sysfs: str = SYSFS) -> None:
+def enable_simple_quotas(path: str) -> None:
   """Switches the btrfs file system holding `path` to simple quotas (root only). Full
   quota groups are turned off first: their counts are dropped, and from here on a
   subvolume counts what it writes. OSError naming the kernel's refusal (before 6.7 it has
   no simple quotas) or the missing privilege; the file system keeps no quotas then."""
-  mode = quota_mode(path, sysfs)
+  mode = quota_mode(path)
   if mode == 'simple':
     return
   if mode == 'full':

@@ -12,8 +12,8 @@ NanoCpus, NetworkMode 'none', the fsize ulimit, and the disk quota StorageOpt si
 the image's files too: all but btrfs with simple quotas, see btrfs.py). The engine
 enforces a size only on btrfs or zfs storage, or overlay2 on xfs mounted with project
 quotas (tools/setup.sh starts its dockerd on btrfs with simple quotas where the kernel
-has them); other engines refuse the option, and the
-sandbox then runs without a quota, with a warning, and `disk_quota_enforced` False. Past
+has them); other engines refuse the option, and the sandbox then runs without a quota,
+with a warning, and `disk_quota_enforced` False. Past
 the quota, writes fail inside with EDQUOT ("Disk quota exceeded"; ENOSPC on xfs).
 Commands run as the container's root with every capability dropped and
 no-new-privileges. Wall time and clean-up are enforced by wrapping each command in

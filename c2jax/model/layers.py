@@ -31,12 +31,8 @@ def logical_param(module: nn.Module, name: str, init_fn, shape: Sequence[int], a
     # Applying: Flax checks the given value's shape against an eval_shape of the init
     # function, a trace of the initialiser (a truncated normal is erf_inv and more) for
     # every parameter of every apply; zeros of the shape asked for check the same.
-    return module.param(name, _zeros, shape, dtype)
+    return module.param(name, nn.initializers.zeros, shape, dtype)
   return module.param(name, nn.with_logical_partitioning(init_fn, axes), shape, dtype)
-
-
-def _zeros(_, shape, dtype):
-  return jnp.zeros(shape, dtype)
 
 
 def constrain(x: jax.Array, axes: Axes) -> jax.Array:
